@@ -1,0 +1,1 @@
+//! Rank discovery and out-of-band exchange for oxccl.

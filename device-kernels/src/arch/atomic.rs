@@ -1,0 +1,279 @@
+//! The one atomic shim: every atomic access in oxccl's device code goes through here.
+//!
+//! Each operation takes an [`Ordering`] and a [`Scope`]. On nvptx they become explicit PTX
+//! (`ld.acquire.sys.global.u64`, `atom.relaxed.gpu.global.add.u64`, ...), because LLVM lowers
+//! every non-relaxed Rust atomic to `.sys` scope and every relaxed RMW to no scope at all, and
+//! the protocols here need both to be what they say. On the host they are core atomics (scope
+//! has no meaning between CPU threads); under `cfg(oxccl_loom)` they are `loom` atomics, so
+//! the FIFO and semaphore protocols above this module are model-checked unchanged.
+//!
+//! Memory shared with the host or a peer holds [`AtomicU64`] cells; handles carry their
+//! addresses as `u64` (see [`cell`]).
+
+#[cfg(oxccl_loom)]
+pub use loom::sync::atomic::AtomicU64;
+
+#[cfg(not(oxccl_loom))]
+pub use core::sync::atomic::AtomicU64;
+
+pub use core::sync::atomic::Ordering;
+
+/// Which threads an atomic access or fence is ordered against.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Threads of the same block (`.cta`).
+    Block,
+    /// Threads of the same device (`.gpu`): kernel threads among themselves, e.g. the FIFO head.
+    Gpu,
+    /// Every agent that can reach the memory (`.sys`): the host proxy, peer devices.
+    System,
+}
+
+/// Reinterprets an address held by a device handle as a reference to an atomic cell.
+///
+/// # Safety
+/// `addr` must be non-null, aligned to 8 bytes, and point to an [`AtomicU64`] that stays
+/// alive and is only accessed atomically for the lifetime `'a`.
+#[inline(always)]
+pub unsafe fn cell<'a>(addr: u64) -> &'a AtomicU64 {
+    // SAFETY: the caller guarantees the address points to a live AtomicU64 for 'a.
+    unsafe { &*(addr as usize as *const AtomicU64) }
+}
+
+/// Loads `a` with `order` (`Relaxed` or `Acquire`; `SeqCst` is treated as `Acquire`) at `scope`.
+#[inline(always)]
+pub fn load(a: &AtomicU64, order: Ordering, scope: Scope) -> u64 {
+    imp::load(a, order, scope)
+}
+
+/// Stores `v` into `a` with `order` (`Relaxed` or `Release`; `SeqCst` is treated as
+/// `Release`) at `scope`.
+#[inline(always)]
+pub fn store(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) {
+    imp::store(a, v, order, scope)
+}
+
+/// Adds `v` to `a` with `order` at `scope` and returns the previous value.
+#[inline(always)]
+pub fn fetch_add(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
+    imp::fetch_add(a, v, order, scope)
+}
+
+/// Raises `a` to at least `v` with `order` at `scope` and returns the previous value.
+#[inline(always)]
+pub fn fetch_max(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
+    imp::fetch_max(a, v, order, scope)
+}
+
+/// Publishes a 128-bit pair `[w0, w1]` so that an observer that acquires `w1` at `scope` also
+/// sees `w0`.
+///
+/// On the GPU this is one `st.release.sys.global.v2.u64`. On the host, where there is no
+/// 128-bit atomic, `w0` is stored relaxed and then `w1` with release; the reader must acquire
+/// `w1` before reading `w0` (pairs with the Acquire in the proxy's `Fifo::poll`).
+#[inline(always)]
+pub fn publish_pair(pair: &[AtomicU64; 2], w0: u64, w1: u64, scope: Scope) {
+    imp::publish_pair(pair, w0, w1, scope)
+}
+
+/// Stores a 128-bit pair `[w0, w1]` with no ordering against other accesses; each 64-bit half
+/// is single-copy atomic (what LL16 packets rely on), the pair as a whole is not.
+#[inline(always)]
+pub fn store_pair_relaxed(pair: &[AtomicU64; 2], w0: u64, w1: u64, scope: Scope) {
+    imp::store_pair_relaxed(pair, w0, w1, scope)
+}
+
+/// Loads a 128-bit pair with no ordering; each 64-bit half is single-copy atomic.
+#[inline(always)]
+pub fn load_pair_relaxed(pair: &[AtomicU64; 2], scope: Scope) -> [u64; 2] {
+    imp::load_pair_relaxed(pair, scope)
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+mod imp {
+    use super::{AtomicU64, Ordering, Scope};
+
+    fn load_order(order: Ordering) -> Ordering {
+        match order {
+            Ordering::Relaxed => Ordering::Relaxed,
+            _ => Ordering::Acquire,
+        }
+    }
+
+    fn store_order(order: Ordering) -> Ordering {
+        match order {
+            Ordering::Relaxed => Ordering::Relaxed,
+            _ => Ordering::Release,
+        }
+    }
+
+    #[inline(always)]
+    pub fn load(a: &AtomicU64, order: Ordering, _scope: Scope) -> u64 {
+        a.load(load_order(order))
+    }
+
+    #[inline(always)]
+    pub fn store(a: &AtomicU64, v: u64, order: Ordering, _scope: Scope) {
+        a.store(v, store_order(order))
+    }
+
+    #[inline(always)]
+    pub fn fetch_add(a: &AtomicU64, v: u64, order: Ordering, _scope: Scope) -> u64 {
+        a.fetch_add(v, order)
+    }
+
+    #[inline(always)]
+    pub fn fetch_max(a: &AtomicU64, v: u64, order: Ordering, _scope: Scope) -> u64 {
+        a.fetch_max(v, order)
+    }
+
+    #[inline(always)]
+    pub fn publish_pair(pair: &[AtomicU64; 2], w0: u64, w1: u64, _scope: Scope) {
+        // Relaxed: ordered before the observer's read by the Release store of w1 below.
+        pair[0].store(w0, Ordering::Relaxed);
+        // Release: pairs with the Acquire load of w1 in the reader.
+        pair[1].store(w1, Ordering::Release);
+    }
+
+    #[inline(always)]
+    pub fn store_pair_relaxed(pair: &[AtomicU64; 2], w0: u64, w1: u64, _scope: Scope) {
+        pair[0].store(w0, Ordering::Relaxed);
+        pair[1].store(w1, Ordering::Relaxed);
+    }
+
+    #[inline(always)]
+    pub fn load_pair_relaxed(pair: &[AtomicU64; 2], _scope: Scope) -> [u64; 2] {
+        [
+            pair[0].load(Ordering::Relaxed),
+            pair[1].load(Ordering::Relaxed),
+        ]
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+mod imp {
+    use super::{AtomicU64, Ordering, Scope};
+    use core::arch::asm;
+
+    /// Expands to a `match` over scope that runs the same instruction text with `.cta`,
+    /// `.gpu` or `.sys` spliced in, so each combination is a literal PTX string.
+    macro_rules! scoped {
+        ($scope:expr, $pre:literal, $post:literal, $($operands:tt)*) => {
+            match $scope {
+                Scope::Block => asm!(concat!($pre, ".cta", $post), $($operands)*),
+                Scope::Gpu => asm!(concat!($pre, ".gpu", $post), $($operands)*),
+                Scope::System => asm!(concat!($pre, ".sys", $post), $($operands)*),
+            }
+        };
+    }
+
+    #[inline(always)]
+    pub fn load(a: &AtomicU64, order: Ordering, scope: Scope) -> u64 {
+        let p = a.as_ptr();
+        let v: u64;
+        // SAFETY: `p` comes from a live `&AtomicU64` in global memory; the load has the
+        // ordering and scope asked for and touches only those 8 bytes.
+        unsafe {
+            match order {
+                Ordering::Relaxed => scoped!(scope, "ld.relaxed", ".global.u64 {v}, [{p}];",
+                    v = out(reg64) v, p = in(reg64) p, options(nostack)),
+                _ => scoped!(scope, "ld.acquire", ".global.u64 {v}, [{p}];",
+                    v = out(reg64) v, p = in(reg64) p, options(nostack)),
+            }
+        }
+        v
+    }
+
+    #[inline(always)]
+    pub fn store(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) {
+        let p = a.as_ptr();
+        // SAFETY: as in `load`; the store writes only the 8 bytes of the cell.
+        unsafe {
+            match order {
+                Ordering::Relaxed => scoped!(scope, "st.relaxed", ".global.u64 [{p}], {v};",
+                    v = in(reg64) v, p = in(reg64) p, options(nostack)),
+                _ => scoped!(scope, "st.release", ".global.u64 [{p}], {v};",
+                    v = in(reg64) v, p = in(reg64) p, options(nostack)),
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub fn fetch_add(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
+        let p = a.as_ptr();
+        let old: u64;
+        // SAFETY: as in `load`; `atom.add` reads and writes only the 8 bytes of the cell.
+        unsafe {
+            match order {
+                Ordering::Relaxed => {
+                    scoped!(scope, "atom.relaxed", ".global.add.u64 {o}, [{p}], {v};",
+                    o = out(reg64) old, v = in(reg64) v, p = in(reg64) p, options(nostack))
+                }
+                Ordering::Acquire => {
+                    scoped!(scope, "atom.acquire", ".global.add.u64 {o}, [{p}], {v};",
+                    o = out(reg64) old, v = in(reg64) v, p = in(reg64) p, options(nostack))
+                }
+                Ordering::Release => {
+                    scoped!(scope, "atom.release", ".global.add.u64 {o}, [{p}], {v};",
+                    o = out(reg64) old, v = in(reg64) v, p = in(reg64) p, options(nostack))
+                }
+                _ => scoped!(scope, "atom.acq_rel", ".global.add.u64 {o}, [{p}], {v};",
+                    o = out(reg64) old, v = in(reg64) v, p = in(reg64) p, options(nostack)),
+            }
+        }
+        old
+    }
+
+    #[inline(always)]
+    pub fn fetch_max(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
+        let p = a.as_ptr();
+        let old: u64;
+        // SAFETY: as in `fetch_add`.
+        unsafe {
+            match order {
+                Ordering::Relaxed => {
+                    scoped!(scope, "atom.relaxed", ".global.max.u64 {o}, [{p}], {v};",
+                    o = out(reg64) old, v = in(reg64) v, p = in(reg64) p, options(nostack))
+                }
+                _ => scoped!(scope, "atom.acq_rel", ".global.max.u64 {o}, [{p}], {v};",
+                    o = out(reg64) old, v = in(reg64) v, p = in(reg64) p, options(nostack)),
+            }
+        }
+        old
+    }
+
+    #[inline(always)]
+    pub fn publish_pair(pair: &[AtomicU64; 2], w0: u64, w1: u64, scope: Scope) {
+        let p = pair.as_ptr() as *mut u64;
+        // SAFETY: `pair` is a live, 16-byte aligned pair of cells in global memory (the
+        // trigger slot type is `align(16)`); one vector release store writes both words.
+        unsafe {
+            scoped!(scope, "st.release", ".global.v2.u64 [{p}], {{{a}, {b}}};",
+                a = in(reg64) w0, b = in(reg64) w1, p = in(reg64) p, options(nostack))
+        }
+    }
+
+    #[inline(always)]
+    pub fn store_pair_relaxed(pair: &[AtomicU64; 2], w0: u64, w1: u64, _scope: Scope) {
+        let p = pair.as_ptr() as *mut u64;
+        // SAFETY: as in `publish_pair`, without ordering. `volatile` is relaxed at system
+        // scope on sm_70 and later, and (unlike `.relaxed`) is accepted on vector stores.
+        unsafe {
+            asm!("st.volatile.global.v2.u64 [{p}], {{{a}, {b}}};",
+                a = in(reg64) w0, b = in(reg64) w1, p = in(reg64) p, options(nostack))
+        }
+    }
+
+    #[inline(always)]
+    pub fn load_pair_relaxed(pair: &[AtomicU64; 2], _scope: Scope) -> [u64; 2] {
+        let p = pair.as_ptr() as *mut u64;
+        let (a, b): (u64, u64);
+        // SAFETY: as in `publish_pair`; one volatile vector load of the two words.
+        unsafe {
+            asm!("ld.volatile.global.v2.u64 {{{a}, {b}}}, [{p}];",
+                a = out(reg64) a, b = out(reg64) b, p = in(reg64) p, options(nostack))
+        }
+        [a, b]
+    }
+}

@@ -1,0 +1,301 @@
+//! The arch layer in the CPU emulator.
+//!
+//! The emulator's launcher runs each kernel thread on an OS thread and calls [`enter`] with
+//! that thread's [`ThreadContext`] before it runs the kernel body; the index functions read
+//! it back from a thread-local. A thread that never entered a context (a kernel function
+//! called directly, a test) sees itself as the only thread of a one-block grid.
+//!
+//! Waits here must back off: several ranks, each with kernel threads and a proxy thread,
+//! share few cores, and a wait that spins forever starves the thread it waits for.
+
+use super::{Dim3, Scope};
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+pub(crate) const PREFERS_CONTIGUOUS_SPLIT: bool = true;
+
+/// Where one emulated kernel thread sits in its launch.
+#[derive(Clone, Debug)]
+pub struct ThreadContext {
+    /// `threadIdx` of this thread.
+    pub thread_idx: Dim3,
+    /// `blockIdx` of this thread's block.
+    pub block_idx: Dim3,
+    /// `blockDim` of the launch.
+    pub block_dim: Dim3,
+    /// `gridDim` of the launch.
+    pub grid_dim: Dim3,
+    /// The barrier shared by the threads of this block, for [`super::sync_threads`].
+    pub block_barrier: Arc<BlockBarrier>,
+}
+
+#[derive(Clone, Copy)]
+struct Indices {
+    thread_idx: Dim3,
+    block_idx: Dim3,
+    block_dim: Dim3,
+    grid_dim: Dim3,
+}
+
+const ALONE: Indices = Indices {
+    thread_idx: Dim3::ZERO,
+    block_idx: Dim3::ZERO,
+    block_dim: Dim3::ONE,
+    grid_dim: Dim3::ONE,
+};
+
+std::thread_local! {
+    static INDICES: Cell<Indices> = const { Cell::new(ALONE) };
+    static BARRIER: RefCell<Option<Arc<BlockBarrier>>> = const { RefCell::new(None) };
+}
+
+/// Makes the calling OS thread an emulated kernel thread at `ctx` until the guard drops.
+pub fn enter(ctx: ThreadContext) -> ContextGuard {
+    INDICES.with(|i| {
+        i.set(Indices {
+            thread_idx: ctx.thread_idx,
+            block_idx: ctx.block_idx,
+            block_dim: ctx.block_dim,
+            grid_dim: ctx.grid_dim,
+        })
+    });
+    BARRIER.with(|b| *b.borrow_mut() = Some(ctx.block_barrier));
+    ContextGuard {
+        _not_send: core::marker::PhantomData,
+    }
+}
+
+/// Restores the calling thread to "not in a kernel" when dropped.
+#[must_use = "the context ends when the guard drops"]
+pub struct ContextGuard {
+    _not_send: core::marker::PhantomData<*const ()>,
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        INDICES.with(|i| i.set(ALONE));
+        BARRIER.with(|b| *b.borrow_mut() = None);
+    }
+}
+
+#[inline]
+pub(crate) fn thread_idx() -> Dim3 {
+    INDICES.with(|i| i.get().thread_idx)
+}
+
+#[inline]
+pub(crate) fn block_idx() -> Dim3 {
+    INDICES.with(|i| i.get().block_idx)
+}
+
+#[inline]
+pub(crate) fn block_dim() -> Dim3 {
+    INDICES.with(|i| i.get().block_dim)
+}
+
+#[inline]
+pub(crate) fn grid_dim() -> Dim3 {
+    INDICES.with(|i| i.get().grid_dim)
+}
+
+pub(crate) fn sync_threads() {
+    let barrier = BARRIER.with(|b| b.borrow().clone());
+    // Outside a launch the caller is the block's only thread: nothing to wait for.
+    if let Some(barrier) = barrier {
+        barrier.wait();
+    }
+}
+
+#[inline]
+pub(crate) fn fence(_scope: Scope) {
+    #[cfg(oxccl_loom)]
+    loom::sync::atomic::fence(Ordering::AcqRel);
+    #[cfg(not(oxccl_loom))]
+    std::sync::atomic::fence(Ordering::AcqRel);
+}
+
+/// Nanoseconds since the first call in this process.
+pub(crate) fn clock_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Polls that only spin before the emulator starts yielding the core.
+const SPIN_ITERATIONS: u32 = 256;
+/// Polls that yield before the emulator starts sleeping.
+const YIELD_ITERATIONS: u32 = 1024;
+/// Longest sleep of one poll: bounds the extra latency a long wait sees at its end.
+const MAX_SLEEP: Duration = Duration::from_micros(200);
+
+#[inline]
+pub(crate) fn spin_pause(iteration: u32) {
+    #[cfg(oxccl_loom)]
+    {
+        let _ = iteration;
+        loom::thread::yield_now();
+    }
+    #[cfg(not(oxccl_loom))]
+    {
+        if iteration < SPIN_ITERATIONS {
+            core::hint::spin_loop();
+        } else if iteration < YIELD_ITERATIONS {
+            std::thread::yield_now();
+        } else {
+            let doublings = (iteration - YIELD_ITERATIONS) / 64;
+            let micros = 1u64 << doublings.min(8);
+            std::thread::sleep(Duration::from_micros(micros).min(MAX_SLEEP));
+        }
+    }
+}
+
+pub(crate) fn trap() -> ! {
+    panic!("kernel trapped")
+}
+
+/// A reusable barrier for the threads of one emulated block (`sync_threads`).
+///
+/// Generation-counting: the last thread to arrive resets the count and opens the next
+/// generation; the others poll the generation with [`spin_pause`] back-off.
+#[derive(Debug)]
+pub struct BlockBarrier {
+    threads: u32,
+    arrived: AtomicU32,
+    generation: AtomicU32,
+}
+
+impl BlockBarrier {
+    /// A barrier for `threads` threads (at least one).
+    pub fn new(threads: u32) -> Self {
+        Self {
+            threads: threads.max(1),
+            arrived: AtomicU32::new(0),
+            generation: AtomicU32::new(0),
+        }
+    }
+
+    /// Waits until all `threads` threads have called `wait` in this generation.
+    pub fn wait(&self) {
+        // Acquire: pairs with the Release bump below, so the previous generation's writes
+        // of every thread are visible once we pass.
+        let generation = self.generation.load(Ordering::Acquire);
+        // AcqRel: our writes are released to the last arriver, which releases them to all.
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.threads {
+            self.arrived.store(0, Ordering::Relaxed);
+            // Release: pairs with the Acquire loads of waiting threads.
+            self.generation.fetch_add(1, Ordering::Release);
+            return;
+        }
+        let mut iteration = 0;
+        while self.generation.load(Ordering::Acquire) == generation {
+            spin_pause(iteration);
+            iteration = iteration.saturating_add(1);
+        }
+    }
+}
+
+/// Wakes a parked proxy thread when a kernel thread publishes work for it.
+///
+/// The FIFO device handle carries this doorbell's address (zero on the GPU, where the proxy
+/// polls). Protocol, a Dekker handshake with SeqCst fences: the proxy marks itself sleeping,
+/// fences, re-checks the FIFO and only then parks; a producer publishes, fences and unparks
+/// if it sees the mark. At least one of the two sees the other's write, so no push is missed;
+/// the proxy's park also has a timeout as a second guard.
+#[derive(Debug, Default)]
+pub struct Doorbell {
+    sleeping: AtomicBool,
+    sleeper: OnceLock<Thread>,
+}
+
+impl Doorbell {
+    /// A doorbell with no sleeper yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Wakes the sleeper if it is parked or about to park.
+    #[inline]
+    pub fn ring(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) {
+            if let Some(t) = self.sleeper.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Parks the calling thread for at most `timeout`, unless `has_work` (checked after the
+    /// thread marks itself sleeping) says there is work already.
+    pub fn sleep_unless(&self, timeout: Duration, has_work: impl FnOnce() -> bool) {
+        let _ = self.sleeper.get_or_init(std::thread::current);
+        self.sleeping.store(true, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if !has_work() {
+            std::thread::park_timeout(timeout);
+        }
+        self.sleeping.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Rings the doorbell at `addr`, if any (zero means none).
+#[inline]
+pub fn ring_doorbell(addr: u64) {
+    if addr != 0 {
+        // SAFETY: a non-zero doorbell address in a FIFO handle is set by the host from a
+        // `Doorbell` that the proxy service keeps alive as long as the FIFO exists.
+        let bell = unsafe { &*(addr as usize as *const Doorbell) };
+        bell.ring();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against a barrier that lets a thread through before all have arrived, or that
+    /// cannot be reused for a second generation.
+    #[test]
+    fn block_barrier_orders_generations() {
+        let threads = 4;
+        let barrier = Arc::new(BlockBarrier::new(threads));
+        let counter = Arc::new(AtomicU32::new(0));
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (barrier, counter) = (barrier.clone(), counter.clone());
+                std::thread::spawn(move || {
+                    for round in 1..=50u32 {
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        barrier.wait();
+                        assert!(counter.load(Ordering::Relaxed) >= round * threads);
+                        barrier.wait();
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(counter.load(Ordering::Relaxed), 50 * threads);
+    }
+
+    /// Guards against indices leaking out of a launch into code that runs later on the thread.
+    #[test]
+    fn context_guard_restores_single_thread_view() {
+        let ctx = ThreadContext {
+            thread_idx: Dim3::index(3),
+            block_idx: Dim3::index(1),
+            block_dim: Dim3::extent(8),
+            grid_dim: Dim3::extent(2),
+            block_barrier: Arc::new(BlockBarrier::new(8)),
+        };
+        {
+            let _g = enter(ctx);
+            assert_eq!(thread_idx(), Dim3::index(3));
+            assert_eq!(crate::arch::thread_rank_in_grid(), 11);
+        }
+        assert_eq!(thread_idx(), Dim3::ZERO);
+        assert_eq!(block_dim(), Dim3::ONE);
+    }
+}

@@ -1,0 +1,168 @@
+//! The arch layer: where kernel code meets the machine it runs on.
+//!
+//! Every function here has two implementations with one contract: [`nvptx`] on the GPU
+//! (special registers, `bar.sync`, scoped PTX through `asm!`) and [`host`] in the CPU
+//! emulator (thread-locals set by the launcher, a per-block barrier, core atomics). Code above
+//! this module never uses `#[cfg]` for the target: it calls these functions.
+//!
+//! Atomics go through [`atomic`], the one shim that also serves `loom` under `cfg(oxccl_loom)`.
+
+pub mod atomic;
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod host;
+#[cfg(target_arch = "nvptx64")]
+mod nvptx;
+
+#[cfg(not(target_arch = "nvptx64"))]
+use host as imp;
+#[cfg(target_arch = "nvptx64")]
+use nvptx as imp;
+
+pub use atomic::Scope;
+
+/// A three-dimensional index or extent, as CUDA's `dim3`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Dim3 {
+    /// Fastest-varying component.
+    pub x: u32,
+    /// Middle component.
+    pub y: u32,
+    /// Slowest-varying component.
+    pub z: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<Dim3>() == 12);
+
+impl Dim3 {
+    /// The extent of a single element in every dimension.
+    pub const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
+    /// The index of the first element.
+    pub const ZERO: Dim3 = Dim3 { x: 0, y: 0, z: 0 };
+
+    /// An index or extent from its three components.
+    pub const fn new(x: u32, y: u32, z: u32) -> Dim3 {
+        Dim3 { x, y, z }
+    }
+
+    /// A one-dimensional extent: `x` elements along x, one along y and z.
+    pub const fn extent(x: u32) -> Dim3 {
+        Dim3 { x, y: 1, z: 1 }
+    }
+
+    /// A one-dimensional index: position `x` along x, zero along y and z.
+    pub const fn index(x: u32) -> Dim3 {
+        Dim3 { x, y: 0, z: 0 }
+    }
+
+    /// Number of elements of an extent (`x * y * z`), widened so it cannot overflow.
+    pub const fn volume(self) -> u64 {
+        self.x as u64 * self.y as u64 * self.z as u64
+    }
+
+    /// Row-major linear position of index `self` inside extent `extent`.
+    pub const fn linear_in(self, extent: Dim3) -> u64 {
+        (self.z as u64 * extent.y as u64 + self.y as u64) * extent.x as u64 + self.x as u64
+    }
+}
+
+/// Index of the calling thread within its block (`threadIdx`).
+#[inline(always)]
+pub fn thread_idx() -> Dim3 {
+    imp::thread_idx()
+}
+
+/// Index of the calling thread's block within the grid (`blockIdx`).
+#[inline(always)]
+pub fn block_idx() -> Dim3 {
+    imp::block_idx()
+}
+
+/// Extent of a block in threads (`blockDim`).
+#[inline(always)]
+pub fn block_dim() -> Dim3 {
+    imp::block_dim()
+}
+
+/// Extent of the grid in blocks (`gridDim`).
+#[inline(always)]
+pub fn grid_dim() -> Dim3 {
+    imp::grid_dim()
+}
+
+/// Linear rank of the calling thread within its block.
+#[inline(always)]
+pub fn thread_rank_in_block() -> u32 {
+    thread_idx().linear_in(block_dim()) as u32
+}
+
+/// Number of threads in a block.
+#[inline(always)]
+pub fn threads_per_block() -> u32 {
+    block_dim().volume() as u32
+}
+
+/// Linear rank of the calling thread's block within the grid.
+#[inline(always)]
+pub fn block_rank() -> u32 {
+    block_idx().linear_in(grid_dim()) as u32
+}
+
+/// Number of blocks in the grid.
+#[inline(always)]
+pub fn blocks_per_grid() -> u32 {
+    grid_dim().volume() as u32
+}
+
+/// Linear rank of the calling thread within the whole grid.
+#[inline(always)]
+pub fn thread_rank_in_grid() -> u64 {
+    block_rank() as u64 * threads_per_block() as u64 + thread_rank_in_block() as u64
+}
+
+/// Number of threads in the whole grid.
+#[inline(always)]
+pub fn threads_per_grid() -> u64 {
+    blocks_per_grid() as u64 * threads_per_block() as u64
+}
+
+/// Waits until every thread of the block has reached this call (`__syncthreads`), and makes
+/// their prior writes visible to each other. Every thread of the block must call it.
+#[inline(always)]
+pub fn sync_threads() {
+    imp::sync_threads()
+}
+
+/// Orders the calling thread's earlier memory accesses before its later ones for every
+/// observer within `scope` (acquire-release fence).
+#[inline(always)]
+pub fn fence(scope: Scope) {
+    imp::fence(scope)
+}
+
+/// A monotonic clock in nanoseconds, comparable between threads of one device.
+/// Used only to bound waits.
+#[inline(always)]
+pub fn clock_ns() -> u64 {
+    imp::clock_ns()
+}
+
+/// One step of a polling loop: the `iteration`-th unsuccessful poll of some condition.
+///
+/// On the GPU this is a short `nanosleep`; in the emulator it spins briefly, then yields,
+/// then sleeps, so that ranks sharing a few cores keep making progress.
+#[inline(always)]
+pub fn spin_pause(iteration: u32) {
+    imp::spin_pause(iteration)
+}
+
+/// Stops the kernel at once (`trap`); on the host, panics the calling kernel thread.
+#[inline(always)]
+pub fn trap() -> ! {
+    imp::trap()
+}
+
+/// Whether a thread should take one contiguous chunk of a copy (CPU cores, where caches and
+/// `memcpy` favour long runs) rather than a strided share (GPU warps, where neighbouring
+/// threads touching neighbouring words coalesce).
+pub const PREFERS_CONTIGUOUS_SPLIT: bool = imp::PREFERS_CONTIGUOUS_SPLIT;

@@ -1,0 +1,96 @@
+//! The arch layer on the GPU: special registers, `bar.sync`, fences and the global timer.
+
+use super::{Dim3, Scope};
+use core::arch::asm;
+use core::arch::nvptx;
+
+pub(crate) const PREFERS_CONTIGUOUS_SPLIT: bool = false;
+
+#[inline(always)]
+pub(crate) fn thread_idx() -> Dim3 {
+    // SAFETY: reading special registers has no preconditions inside a kernel.
+    unsafe {
+        Dim3 {
+            x: nvptx::_thread_idx_x() as u32,
+            y: nvptx::_thread_idx_y() as u32,
+            z: nvptx::_thread_idx_z() as u32,
+        }
+    }
+}
+
+#[inline(always)]
+pub(crate) fn block_idx() -> Dim3 {
+    // SAFETY: reading special registers has no preconditions inside a kernel.
+    unsafe {
+        Dim3 {
+            x: nvptx::_block_idx_x() as u32,
+            y: nvptx::_block_idx_y() as u32,
+            z: nvptx::_block_idx_z() as u32,
+        }
+    }
+}
+
+#[inline(always)]
+pub(crate) fn block_dim() -> Dim3 {
+    // SAFETY: reading special registers has no preconditions inside a kernel.
+    unsafe {
+        Dim3 {
+            x: nvptx::_block_dim_x() as u32,
+            y: nvptx::_block_dim_y() as u32,
+            z: nvptx::_block_dim_z() as u32,
+        }
+    }
+}
+
+#[inline(always)]
+pub(crate) fn grid_dim() -> Dim3 {
+    // SAFETY: reading special registers has no preconditions inside a kernel.
+    unsafe {
+        Dim3 {
+            x: nvptx::_grid_dim_x() as u32,
+            y: nvptx::_grid_dim_y() as u32,
+            z: nvptx::_grid_dim_z() as u32,
+        }
+    }
+}
+
+#[inline(always)]
+pub(crate) fn sync_threads() {
+    // SAFETY: `bar.sync 0` is the block-wide barrier; the contract of `arch::sync_threads`
+    // requires every thread of the block to reach it.
+    unsafe { nvptx::_syncthreads() }
+}
+
+#[inline(always)]
+pub(crate) fn fence(scope: Scope) {
+    // SAFETY: fences touch no memory; they only order this thread's accesses.
+    unsafe {
+        match scope {
+            Scope::Block => asm!("fence.acq_rel.cta;", options(nostack)),
+            Scope::Gpu => asm!("fence.acq_rel.gpu;", options(nostack)),
+            Scope::System => asm!("fence.acq_rel.sys;", options(nostack)),
+        }
+    }
+}
+
+#[inline(always)]
+pub(crate) fn clock_ns() -> u64 {
+    let t: u64;
+    // SAFETY: `%globaltimer` is a read-only special register (nanoseconds).
+    unsafe { asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t, options(nostack, nomem)) };
+    t
+}
+
+#[inline(always)]
+pub(crate) fn spin_pause(iteration: u32) {
+    if iteration >= 64 {
+        // SAFETY: `nanosleep` (sm_70+) only suspends this thread for a bounded time.
+        unsafe { asm!("nanosleep.u32 100;", options(nostack, nomem)) };
+    }
+}
+
+#[inline(always)]
+pub(crate) fn trap() -> ! {
+    // SAFETY: `trap` aborts the kernel; nothing after it runs.
+    unsafe { nvptx::trap() }
+}
