@@ -159,12 +159,20 @@ pub(crate) fn trap() -> ! {
 ///
 /// Generation-counting: the last thread to arrive resets the count and opens the next
 /// generation; the others poll the generation with [`spin_pause`] back-off.
+///
+/// Poisoning: when a thread of the block fails (its kernel body panicked), the emulator
+/// calls [`BlockBarrier::poison`]; every thread waiting in [`BlockBarrier::wait`], and every
+/// thread arriving later, then panics instead of waiting for a thread that will never come.
 #[derive(Debug)]
 pub struct BlockBarrier {
     threads: u32,
     arrived: AtomicU32,
     generation: AtomicU32,
+    poisoned: AtomicBool,
 }
+
+/// What a thread sees when it waits on a barrier of a block that lost a thread.
+const POISONED: &str = "block barrier poisoned: another thread of the block failed";
 
 impl BlockBarrier {
     /// A barrier for `threads` threads (at least one).
@@ -173,11 +181,19 @@ impl BlockBarrier {
             threads: threads.max(1),
             arrived: AtomicU32::new(0),
             generation: AtomicU32::new(0),
+            poisoned: AtomicBool::new(false),
         }
     }
 
     /// Waits until all `threads` threads have called `wait` in this generation.
+    ///
+    /// # Panics
+    /// If the barrier is poisoned, before or while waiting: a thread of the block failed
+    /// and will never arrive, so the caller's kernel thread fails too instead of hanging.
     pub fn wait(&self) {
+        if self.is_poisoned() {
+            panic!("{POISONED}");
+        }
         // Acquire: pairs with the Release bump below, so the previous generation's writes
         // of every thread are visible once we pass.
         let generation = self.generation.load(Ordering::Acquire);
@@ -190,9 +206,23 @@ impl BlockBarrier {
         }
         let mut iteration = 0;
         while self.generation.load(Ordering::Acquire) == generation {
+            if self.is_poisoned() {
+                panic!("{POISONED}");
+            }
             spin_pause(iteration);
             iteration = iteration.saturating_add(1);
         }
+    }
+
+    /// Marks the barrier failed: current and future waiters panic instead of waiting.
+    pub fn poison(&self) {
+        // Relaxed: the flag carries no data; waiters poll it.
+        self.poisoned.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`Self::poison`] was called.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Relaxed)
     }
 }
 
@@ -261,7 +291,7 @@ mod tests {
         let threads = 4;
         let barrier = Arc::new(BlockBarrier::new(threads));
         let counter = Arc::new(AtomicU32::new(0));
-        let handles: Vec<_> = (0..threads)
+        let handles: std::vec::Vec<_> = (0..threads)
             .map(|_| {
                 let (barrier, counter) = (barrier.clone(), counter.clone());
                 std::thread::spawn(move || {
@@ -278,6 +308,32 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(counter.load(Ordering::Relaxed), 50 * threads);
+    }
+
+    /// Guards against threads of a block hanging forever in `sync_threads` when another
+    /// thread of the block panicked and will never arrive.
+    #[test]
+    fn poisoned_block_barrier_releases_waiters() {
+        let barrier = Arc::new(BlockBarrier::new(3));
+        let waiters: std::vec::Vec<_> = (0..2)
+            .map(|_| {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || barrier.wait())
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+        barrier.poison();
+        for w in waiters {
+            let err = w.join().expect_err("a waiter passed a poisoned barrier");
+            let msg = err
+                .downcast_ref::<std::string::String>()
+                .map(std::string::String::as_str)
+                .unwrap_or("");
+            assert!(msg.contains("poisoned"), "{msg}");
+        }
+        // Late arrivals fail at once too.
+        let late = std::panic::catch_unwind(|| barrier.wait());
+        assert!(late.is_err());
     }
 
     /// Guards against indices leaking out of a launch into code that runs later on the thread.
