@@ -1,1 +1,178 @@
-//! (in progress)
+//! Cooperating threads as a type: who shares a piece of work, and how it is split.
+//!
+//! A device call that splits work (a copy, packet packing) takes `impl Coop` instead of a
+//! `(thread_id, num_threads)` pair. [`Coop::split`] gives each thread its share in the order
+//! that is fast on the target: on the GPU consecutive threads take consecutive elements
+//! (coalesced loads), in the CPU emulator each thread takes one contiguous chunk (cache lines
+//! stay with one core, and `memcpy` gets long runs). Kernel code is the same on both.
+
+use crate::arch;
+use core::ops::Range;
+
+/// A group of threads that call the same device function together, each knowing its rank.
+pub trait Coop: Copy {
+    /// Rank of the calling thread within the group, in `0..size()`.
+    fn thread_rank(&self) -> u64;
+    /// Number of threads in the group.
+    fn size(&self) -> u64;
+
+    /// The calling thread's share of `n` elements.
+    #[inline(always)]
+    fn split(&self, n: u64) -> Split {
+        Split::new(self.thread_rank(), self.size(), n)
+    }
+}
+
+/// A group that can also wait for all of its members.
+pub trait SyncCoop: Coop {
+    /// Waits until every thread of the group has reached this call.
+    fn sync(&self);
+}
+
+/// The calling thread alone.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Thread;
+
+/// All threads of the calling thread's block.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Block;
+
+/// All threads of the grid.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Grid;
+
+impl Coop for Thread {
+    #[inline(always)]
+    fn thread_rank(&self) -> u64 {
+        0
+    }
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        1
+    }
+}
+
+impl SyncCoop for Thread {
+    #[inline(always)]
+    fn sync(&self) {}
+}
+
+impl Coop for Block {
+    #[inline(always)]
+    fn thread_rank(&self) -> u64 {
+        arch::thread_rank_in_block() as u64
+    }
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        arch::threads_per_block() as u64
+    }
+}
+
+impl SyncCoop for Block {
+    #[inline(always)]
+    fn sync(&self) {
+        arch::sync_threads()
+    }
+}
+
+impl Coop for Grid {
+    #[inline(always)]
+    fn thread_rank(&self) -> u64 {
+        arch::thread_rank_in_grid()
+    }
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        arch::threads_per_grid()
+    }
+}
+
+/// A thread's share of `n` elements: the indices it handles, in increasing order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Split {
+    next: u64,
+    end: u64,
+    stride: u64,
+}
+
+impl Split {
+    /// The share of thread `rank` of `size` in `n` elements, in the target's preferred order.
+    #[inline(always)]
+    pub fn new(rank: u64, size: u64, n: u64) -> Self {
+        if arch::PREFERS_CONTIGUOUS_SPLIT {
+            let r = contiguous_chunk(rank, size, n);
+            Split {
+                next: r.start,
+                end: r.end,
+                stride: 1,
+            }
+        } else {
+            Split {
+                next: rank,
+                end: n,
+                stride: size.max(1),
+            }
+        }
+    }
+
+    /// The share as one range, if it is contiguous (always so in the emulator).
+    #[inline(always)]
+    pub fn as_range(&self) -> Option<Range<u64>> {
+        (self.stride == 1).then_some(self.next..self.end.max(self.next))
+    }
+}
+
+impl Iterator for Split {
+    type Item = u64;
+    #[inline(always)]
+    fn next(&mut self) -> Option<u64> {
+        if self.next < self.end {
+            let i = self.next;
+            self.next += self.stride;
+            Some(i)
+        } else {
+            None
+        }
+    }
+}
+
+/// Thread `rank`'s contiguous chunk when `n` elements are dealt to `size` threads as evenly
+/// as possible (the first `n % size` chunks hold one more).
+#[inline(always)]
+pub const fn contiguous_chunk(rank: u64, size: u64, n: u64) -> Range<u64> {
+    let size = if size == 0 { 1 } else { size };
+    let base = n / size;
+    let extra = n % size;
+    let start = rank * base + if rank < extra { rank } else { extra };
+    let len = base + if rank < extra { 1 } else { 0 };
+    let start = if start > n { n } else { start };
+    let end = if start + len > n { n } else { start + len };
+    start..end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against a split that drops or duplicates elements for uneven sizes.
+    #[test]
+    fn chunks_cover_exactly_once() {
+        for n in [0u64, 1, 7, 64, 1000, 1001] {
+            for size in [1u64, 2, 3, 8, 33] {
+                let mut seen = std::vec![0u8; n as usize];
+                for rank in 0..size {
+                    for i in Split::new(rank, size, n) {
+                        seen[i as usize] += 1;
+                    }
+                }
+                assert!(seen.iter().all(|&c| c == 1), "n={n} size={size}");
+            }
+        }
+    }
+
+    /// Guards against the emulator losing its contiguous chunks (and with them memcpy speed).
+    #[test]
+    fn emulator_split_is_contiguous() {
+        let s = Split::new(1, 4, 10);
+        assert_eq!(s.as_range(), Some(3..6));
+    }
+}

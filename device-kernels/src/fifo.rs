@@ -1,1 +1,481 @@
-//! (in progress)
+//! The trigger FIFO: kernel threads push [`ProxyTrigger`]s, the host proxy pops them.
+//!
+//! Memory and who touches it (`FifoDeviceHandle` holds the addresses):
+//!
+//! | cell | written by | read by | scope |
+//! |---|---|---|---|
+//! | `head` (u64 counter) | kernel threads, `fetch_add` | kernel threads | device (`.gpu`) |
+//! | `triggers[size]` (16-byte slots) | kernel threads, one release store per push | proxy | system |
+//! | `tail` (u64 counter) | proxy, release store after executing a trigger | kernel threads, acquire | system |
+//! | `tail_cache` (u64) | kernel threads | kernel threads | device |
+//!
+//! Invariants:
+//! - Position `p` lives in slot `p % size`. A push takes a position from `head`, waits until
+//!   `p < tail + size` (the slot's previous trigger was executed), then publishes.
+//! - A slot's commit bit is the parity of its lap, inverted: lap 0 writes 1, lap 1 writes 0,
+//!   ... The proxy at position `t` takes the slot only if its commit bit is
+//!   [`commit_bit_for`]`(t, size)`. So a zeroed ring reads empty, and a slot still holding
+//!   the previous lap's trigger is never taken for the new one — no slot is ever cleared.
+//! - `tail > p` means the proxy has *executed* trigger `p` (for a `SYNC` trigger: the
+//!   connection was flushed), which is what [`FifoDeviceHandle::sync`] waits for.
+
+use crate::arch::{self, Scope, atomic, atomic::AtomicU64, atomic::Ordering};
+use crate::error::DeviceError;
+use crate::wait::WaitPolicy;
+
+/// What a trigger asks the proxy to do; the bits combine.
+pub mod trigger_type {
+    /// Copy `size` bytes from source memory to destination memory.
+    pub const DATA: u64 = 0b001;
+    /// Raise the peer's semaphore of this channel (after the data, if any).
+    pub const FLAG: u64 = 0b010;
+    /// Flush the connection; the proxy advances `tail` past this trigger only afterwards.
+    pub const SYNC: u64 = 0b100;
+    /// Every defined bit.
+    pub const ALL: u64 = DATA | FLAG | SYNC;
+}
+
+/// Bit positions of [`ProxyTrigger`]'s two words. Each field is `(word >> SHIFT) & MASK`.
+pub mod trigger_bits {
+    /// Bytes to copy: word 0, bits 0..32.
+    pub const SIZE_SHIFT: u32 = 0;
+    /// Mask of `size`.
+    pub const SIZE_MASK: u64 = (1 << 32) - 1;
+    /// Byte offset into the source memory: word 0, bits 32..64.
+    pub const SRC_OFFSET_SHIFT: u32 = 32;
+    /// Mask of `src_offset`.
+    pub const SRC_OFFSET_MASK: u64 = (1 << 32) - 1;
+    /// Byte offset into the destination memory: word 1, bits 0..32.
+    pub const DST_OFFSET_SHIFT: u32 = 0;
+    /// Mask of `dst_offset`.
+    pub const DST_OFFSET_MASK: u64 = (1 << 32) - 1;
+    /// Id of the source memory: word 1, bits 32..41.
+    pub const SRC_MEMORY_ID_SHIFT: u32 = 32;
+    /// Mask of `src_memory_id` (512 ids).
+    pub const MEMORY_ID_MASK: u64 = (1 << 9) - 1;
+    /// Id of the destination memory: word 1, bits 41..50.
+    pub const DST_MEMORY_ID_SHIFT: u32 = 41;
+    /// Trigger type bits ([`super::trigger_type`]): word 1, bits 50..53.
+    pub const TYPE_SHIFT: u32 = 50;
+    /// Mask of the type.
+    pub const TYPE_MASK: u64 = (1 << 3) - 1;
+    /// Id of the semaphore (= the port channel): word 1, bits 53..63.
+    pub const SEMAPHORE_ID_SHIFT: u32 = 53;
+    /// Mask of `semaphore_id` (1024 ids).
+    pub const SEMAPHORE_ID_MASK: u64 = (1 << 10) - 1;
+    /// Lap-parity commit bit: word 1, bit 63.
+    pub const COMMIT_SHIFT: u32 = 63;
+}
+
+/// Largest number of distinct memory ids a trigger can name.
+pub const MAX_MEMORY_IDS: u32 = (trigger_bits::MEMORY_ID_MASK + 1) as u32;
+/// Largest number of distinct semaphore (channel) ids a trigger can name.
+pub const MAX_SEMAPHORE_IDS: u32 = (trigger_bits::SEMAPHORE_ID_MASK + 1) as u32;
+/// Largest offset or size one trigger can carry; larger puts are split into several.
+pub const MAX_TRIGGER_BYTES: u64 = trigger_bits::SIZE_MASK;
+
+/// One request from a kernel to the proxy: 128 bits, two words, as published in a FIFO slot.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ProxyTrigger {
+    /// `size` and `src_offset`.
+    pub fst: u64,
+    /// `dst_offset`, memory ids, type, semaphore id and the commit bit.
+    pub snd: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<ProxyTrigger>() == 16);
+const _: () = assert!(core::mem::align_of::<ProxyTrigger>() == 16);
+const _: () = assert!(core::mem::offset_of!(ProxyTrigger, snd) == 8);
+
+/// The fields of a trigger, decoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TriggerFields {
+    /// [`trigger_type`] bits.
+    pub kind: u64,
+    /// Destination memory id.
+    pub dst_memory_id: u32,
+    /// Byte offset into the destination memory.
+    pub dst_offset: u64,
+    /// Source memory id.
+    pub src_memory_id: u32,
+    /// Byte offset into the source memory.
+    pub src_offset: u64,
+    /// Bytes to copy.
+    pub size: u64,
+    /// Semaphore (channel) id.
+    pub semaphore_id: u32,
+}
+
+impl TriggerFields {
+    /// Whether every field fits its bit field.
+    pub const fn fits(&self) -> bool {
+        use trigger_bits::*;
+        self.kind & !TYPE_MASK == 0
+            && self.dst_memory_id as u64 <= MEMORY_ID_MASK
+            && self.src_memory_id as u64 <= MEMORY_ID_MASK
+            && self.dst_offset <= DST_OFFSET_MASK
+            && self.src_offset <= SRC_OFFSET_MASK
+            && self.size <= SIZE_MASK
+            && self.semaphore_id as u64 <= SEMAPHORE_ID_MASK
+    }
+}
+
+impl ProxyTrigger {
+    /// Packs `f` (commit bit clear). Fields wider than their bit field are truncated: check
+    /// [`TriggerFields::fits`] first.
+    pub const fn encode(f: &TriggerFields) -> ProxyTrigger {
+        use trigger_bits::*;
+        ProxyTrigger {
+            fst: (f.size & SIZE_MASK) << SIZE_SHIFT
+                | (f.src_offset & SRC_OFFSET_MASK) << SRC_OFFSET_SHIFT,
+            snd: (f.dst_offset & DST_OFFSET_MASK) << DST_OFFSET_SHIFT
+                | (f.src_memory_id as u64 & MEMORY_ID_MASK) << SRC_MEMORY_ID_SHIFT
+                | (f.dst_memory_id as u64 & MEMORY_ID_MASK) << DST_MEMORY_ID_SHIFT
+                | (f.kind & TYPE_MASK) << TYPE_SHIFT
+                | (f.semaphore_id as u64 & SEMAPHORE_ID_MASK) << SEMAPHORE_ID_SHIFT,
+        }
+    }
+
+    /// Unpacks the fields (the commit bit is not a field: see [`Self::commit_bit`]).
+    pub const fn decode(&self) -> TriggerFields {
+        use trigger_bits::*;
+        TriggerFields {
+            size: (self.fst >> SIZE_SHIFT) & SIZE_MASK,
+            src_offset: (self.fst >> SRC_OFFSET_SHIFT) & SRC_OFFSET_MASK,
+            dst_offset: (self.snd >> DST_OFFSET_SHIFT) & DST_OFFSET_MASK,
+            src_memory_id: ((self.snd >> SRC_MEMORY_ID_SHIFT) & MEMORY_ID_MASK) as u32,
+            dst_memory_id: ((self.snd >> DST_MEMORY_ID_SHIFT) & MEMORY_ID_MASK) as u32,
+            kind: (self.snd >> TYPE_SHIFT) & TYPE_MASK,
+            semaphore_id: ((self.snd >> SEMAPHORE_ID_SHIFT) & SEMAPHORE_ID_MASK) as u32,
+        }
+    }
+
+    /// The commit bit (0 or 1).
+    pub const fn commit_bit(&self) -> u64 {
+        self.snd >> trigger_bits::COMMIT_SHIFT
+    }
+
+    /// The same trigger with its commit bit set to `bit` (0 or 1).
+    pub const fn with_commit_bit(self, bit: u64) -> ProxyTrigger {
+        let mask = 1u64 << trigger_bits::COMMIT_SHIFT;
+        ProxyTrigger {
+            fst: self.fst,
+            snd: (self.snd & !mask) | ((bit & 1) << trigger_bits::COMMIT_SHIFT),
+        }
+    }
+}
+
+/// The commit bit a trigger at `position` carries in a ring of `size` slots: the parity of
+/// its lap, inverted, so lap 0 (a zeroed ring) is not mistaken for committed.
+#[inline(always)]
+pub const fn commit_bit_for(position: u64, size: u32) -> u64 {
+    ((position / size as u64) & 1) ^ 1
+}
+
+/// One FIFO slot: two 64-bit cells, 16-byte aligned so the GPU can publish both in one
+/// vector store.
+#[repr(C, align(16))]
+pub struct TriggerSlot {
+    /// `ProxyTrigger::fst`, then `snd` (which holds the commit bit).
+    pub words: [AtomicU64; 2],
+}
+
+#[cfg(not(oxccl_loom))]
+const _: () = assert!(core::mem::size_of::<TriggerSlot>() == 16);
+
+impl TriggerSlot {
+    /// An empty slot (commit bit 0).
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn new() -> Self {
+        TriggerSlot {
+            words: [AtomicU64::new(0), AtomicU64::new(0)],
+        }
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl Default for TriggerSlot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The kernel-side view of a FIFO: addresses of the cells in the table above.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct FifoDeviceHandle {
+    /// Address of `size` [`TriggerSlot`]s.
+    pub triggers: u64,
+    /// Address of the head counter.
+    pub head: u64,
+    /// Address of the tail counter.
+    pub tail: u64,
+    /// Address of the device-side cache of the tail.
+    pub tail_cache: u64,
+    /// Address of the host proxy's doorbell (CPU emulator), or 0.
+    pub doorbell: u64,
+    /// Number of slots (at least 1).
+    pub size: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Limit and abort flag of waits for room and for flushes.
+    pub wait: WaitPolicy,
+}
+
+const _: () = assert!(core::mem::size_of::<FifoDeviceHandle>() == 72);
+const _: () = assert!(core::mem::offset_of!(FifoDeviceHandle, size) == 40);
+const _: () = assert!(core::mem::offset_of!(FifoDeviceHandle, wait) == 48);
+
+impl FifoDeviceHandle {
+    #[inline(always)]
+    fn cell(&self, addr: u64) -> &AtomicU64 {
+        // SAFETY: the host builds a FIFO handle from a live FIFO whose counters outlive every
+        // kernel using the handle (the proxy service keeps them until it is dropped, after
+        // streams are synchronized).
+        unsafe { atomic::cell(addr) }
+    }
+
+    #[inline(always)]
+    fn slot(&self, position: u64) -> &[AtomicU64; 2] {
+        let index = (position % self.size as u64) as usize;
+        // SAFETY: `triggers` points to `size` slots (host invariant, as in `cell`), and the
+        // index is reduced modulo `size`.
+        unsafe { &(*(self.triggers as usize as *const TriggerSlot).add(index)).words }
+    }
+
+    /// Pushes `trigger` and returns its position. Any kernel thread may call it concurrently
+    /// with others; the trigger is visible to the proxy (system scope) when this returns.
+    ///
+    /// # Errors
+    /// [`DeviceError::Timeout`] / [`DeviceError::Aborted`] if the ring stays full past the
+    /// wait limit. The position is then lost and the channel unusable, as the host is told.
+    #[inline(always)]
+    pub fn push(&self, trigger: ProxyTrigger) -> Result<u64, DeviceError> {
+        // Relaxed, device scope: the head only hands out positions; the slot's publish
+        // carries the ordering.
+        let position = atomic::fetch_add(self.cell(self.head), 1, Ordering::Relaxed, Scope::Gpu);
+        let size = self.size as u64;
+        // Acquire: pairs with the Release in `fetch_max` below, which another pusher did
+        // after acquiring `tail`, so our slot write is ordered after the proxy's read of it.
+        let cached = atomic::load(self.cell(self.tail_cache), Ordering::Acquire, Scope::Gpu);
+        if position >= cached + size {
+            self.wait.wait_until(|| {
+                // Acquire: pairs with the proxy's Release store of `tail` after it read
+                // (and executed) the slot's previous trigger.
+                let tail = atomic::load(self.cell(self.tail), Ordering::Acquire, Scope::System);
+                if position < tail + size {
+                    atomic::fetch_max(
+                        self.cell(self.tail_cache),
+                        tail,
+                        Ordering::AcqRel,
+                        Scope::Gpu,
+                    );
+                    true
+                } else {
+                    false
+                }
+            })?;
+        }
+        let t = trigger.with_commit_bit(commit_bit_for(position, self.size));
+        atomic::publish_pair(self.slot(position), t.fst, t.snd, Scope::System);
+        arch::ring_doorbell(self.doorbell);
+        Ok(position)
+    }
+
+    /// Waits until the proxy has executed the trigger at `position` (and so every earlier
+    /// one: the proxy executes in order).
+    ///
+    /// # Errors
+    /// [`DeviceError::Timeout`] / [`DeviceError::Aborted`] past the wait limit.
+    #[inline(always)]
+    pub fn sync(&self, position: u64) -> Result<(), DeviceError> {
+        // Acquire: pairs with the proxy's Release store of `tail`, so effects of the
+        // executed triggers (e.g. a flushed write) are ordered before what follows.
+        self.wait.wait_until(|| {
+            atomic::load(self.cell(self.tail), Ordering::Acquire, Scope::System) > position
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> TriggerFields {
+        TriggerFields {
+            kind: trigger_type::DATA | trigger_type::FLAG,
+            dst_memory_id: 0x1a5,
+            dst_offset: 0xdead_beef,
+            src_memory_id: 0x0c3,
+            src_offset: 0x1234_5678,
+            size: 0xffff_fff0,
+            semaphore_id: 0x2f1,
+        }
+    }
+
+    /// Guards against fields overlapping or being shifted into each other's bits.
+    #[test]
+    fn each_field_round_trips() {
+        let f = sample();
+        assert!(f.fits());
+        let t = ProxyTrigger::encode(&f);
+        assert_eq!(t.decode(), f);
+        // One field at a time at its maximum, all others zero: nothing leaks.
+        let maxes = [
+            TriggerFields {
+                size: MAX_TRIGGER_BYTES,
+                ..Default::default()
+            },
+            TriggerFields {
+                src_offset: MAX_TRIGGER_BYTES,
+                ..Default::default()
+            },
+            TriggerFields {
+                dst_offset: MAX_TRIGGER_BYTES,
+                ..Default::default()
+            },
+            TriggerFields {
+                src_memory_id: MAX_MEMORY_IDS - 1,
+                ..Default::default()
+            },
+            TriggerFields {
+                dst_memory_id: MAX_MEMORY_IDS - 1,
+                ..Default::default()
+            },
+            TriggerFields {
+                kind: trigger_type::ALL,
+                ..Default::default()
+            },
+            TriggerFields {
+                semaphore_id: MAX_SEMAPHORE_IDS - 1,
+                ..Default::default()
+            },
+        ];
+        for f in maxes {
+            let t = ProxyTrigger::encode(&f);
+            assert_eq!(t.decode(), f, "{f:?}");
+            assert_eq!(t.commit_bit(), 0);
+        }
+    }
+
+    /// Guards against the bit layout drifting from the documented positions (the CUDA
+    /// backend and any other consumer read the same bits).
+    #[test]
+    fn bit_positions_match_documentation() {
+        let t = |f: TriggerFields| ProxyTrigger::encode(&f);
+        assert_eq!(
+            t(TriggerFields {
+                size: 1,
+                ..Default::default()
+            })
+            .fst,
+            1
+        );
+        assert_eq!(
+            t(TriggerFields {
+                src_offset: 1,
+                ..Default::default()
+            })
+            .fst,
+            1 << 32
+        );
+        assert_eq!(
+            t(TriggerFields {
+                dst_offset: 1,
+                ..Default::default()
+            })
+            .snd,
+            1
+        );
+        assert_eq!(
+            t(TriggerFields {
+                src_memory_id: 1,
+                ..Default::default()
+            })
+            .snd,
+            1 << 32
+        );
+        assert_eq!(
+            t(TriggerFields {
+                dst_memory_id: 1,
+                ..Default::default()
+            })
+            .snd,
+            1 << 41
+        );
+        assert_eq!(
+            t(TriggerFields {
+                kind: trigger_type::DATA,
+                ..Default::default()
+            })
+            .snd,
+            1 << 50
+        );
+        assert_eq!(
+            t(TriggerFields {
+                kind: trigger_type::SYNC,
+                ..Default::default()
+            })
+            .snd,
+            1 << 52
+        );
+        assert_eq!(
+            t(TriggerFields {
+                semaphore_id: 1,
+                ..Default::default()
+            })
+            .snd,
+            1 << 53
+        );
+        assert_eq!(ProxyTrigger::default().with_commit_bit(1).snd, 1 << 63);
+    }
+
+    /// Guards against the commit bit clobbering a field, or a field clobbering it.
+    #[test]
+    fn commit_bit_is_independent() {
+        let t = ProxyTrigger::encode(&sample());
+        let c = t.with_commit_bit(1);
+        assert_eq!(c.commit_bit(), 1);
+        assert_eq!(c.decode(), sample());
+        assert_eq!(c.with_commit_bit(0), t);
+    }
+
+    /// Guards against a zeroed ring reading as full of lap-0 triggers, and a stale slot of
+    /// the previous lap reading as committed.
+    #[test]
+    fn commit_parity_alternates_by_lap() {
+        let size = 4;
+        assert_eq!(commit_bit_for(0, size), 1);
+        assert_eq!(commit_bit_for(3, size), 1);
+        assert_eq!(commit_bit_for(4, size), 0);
+        assert_eq!(commit_bit_for(8, size), 1);
+        assert_ne!(commit_bit_for(1, size), commit_bit_for(5, size));
+    }
+
+    /// Guards against a field too wide for its bits being accepted.
+    #[test]
+    fn oversized_fields_do_not_fit() {
+        assert!(
+            !TriggerFields {
+                dst_offset: 1 << 32,
+                ..Default::default()
+            }
+            .fits()
+        );
+        assert!(
+            !TriggerFields {
+                semaphore_id: MAX_SEMAPHORE_IDS,
+                ..Default::default()
+            }
+            .fits()
+        );
+        assert!(
+            !TriggerFields {
+                kind: 8,
+                ..Default::default()
+            }
+            .fits()
+        );
+    }
+}

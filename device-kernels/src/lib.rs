@@ -34,6 +34,7 @@ extern crate self as oxccl_device;
 
 pub mod arch;
 pub mod coop;
+pub mod copy;
 pub mod device_slice;
 pub mod error;
 pub mod fifo;

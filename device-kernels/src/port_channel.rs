@@ -1,1 +1,164 @@
-//! (in progress)
+//! Port channels: a kernel asks the host proxy to move data and raise the peer's semaphore.
+//!
+//! Each call pushes one [`ProxyTrigger`] into the FIFO (see [`crate::fifo`]); the proxy
+//! executes triggers in order, checking each against the registered sizes and known ids
+//! (a refused trigger writes nothing and stops the channel; the host reports it). Offsets
+//! are bytes into the memories the host bound to the channel (`dst_memory_id` on the peer,
+//! `src_memory_id` here). One trigger carries at most [`MAX_TRIGGER_BYTES`] of offset and
+//! size; `put` splits larger copies.
+//!
+//! Ordering: triggers of one channel execute in push order, so a `signal` after a `put`
+//! arrives after the data. A `put` returns when the request is queued, not done: reuse the
+//! source only after `flush` (or after the peer's answer).
+
+use crate::error::DeviceError;
+use crate::fifo::{FifoDeviceHandle, MAX_TRIGGER_BYTES, ProxyTrigger, TriggerFields, trigger_type};
+use crate::semaphore::Host2DeviceSemaphoreDeviceHandle;
+
+/// Kernel-side handle of a port channel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct PortChannelDeviceHandle {
+    /// The FIFO of the proxy serving this channel.
+    pub fifo: FifoDeviceHandle,
+    /// The semaphore the peer's proxy raises when the peer signals us.
+    pub semaphore: Host2DeviceSemaphoreDeviceHandle,
+    /// The channel's id at the proxy (its semaphore id).
+    pub semaphore_id: u32,
+    /// Id of the destination memory (the peer's) at the proxy.
+    pub dst_memory_id: u32,
+    /// Id of the source memory (ours) at the proxy.
+    pub src_memory_id: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<PortChannelDeviceHandle>() == 128);
+const _: () = assert!(core::mem::offset_of!(PortChannelDeviceHandle, semaphore) == 72);
+const _: () = assert!(core::mem::offset_of!(PortChannelDeviceHandle, semaphore_id) == 112);
+
+impl PortChannelDeviceHandle {
+    #[inline(always)]
+    fn trigger(&self, kind: u64, dst_off: u64, src_off: u64, bytes: u64) -> ProxyTrigger {
+        ProxyTrigger::encode(&TriggerFields {
+            kind,
+            dst_memory_id: self.dst_memory_id,
+            dst_offset: dst_off,
+            src_memory_id: self.src_memory_id,
+            src_offset: src_off,
+            size: bytes,
+            semaphore_id: self.semaphore_id,
+        })
+    }
+
+    /// Pushes data triggers for `bytes` from `src_off` to `dst_off`, in pieces a trigger can
+    /// carry; the last piece gets `last_kind` bits added. Returns the last position.
+    #[inline(always)]
+    fn push_copy(
+        &self,
+        dst_off: u64,
+        src_off: u64,
+        bytes: u64,
+        last_kind: u64,
+    ) -> Result<u64, DeviceError> {
+        let mut done = 0;
+        loop {
+            let piece = (bytes - done).min(MAX_TRIGGER_BYTES);
+            let last = done + piece == bytes;
+            let (dst, src) = (dst_off + done, src_off + done);
+            if dst > MAX_TRIGGER_BYTES || src > MAX_TRIGGER_BYTES {
+                return Err(self.fifo.wait.raise(DeviceError::OutOfBounds));
+            }
+            let kind = trigger_type::DATA | if last { last_kind } else { 0 };
+            let position = self.fifo.push(self.trigger(kind, dst, src, piece))?;
+            if last {
+                return Ok(position);
+            }
+            done += piece;
+        }
+    }
+
+    /// Asks the proxy to copy `bytes` from our memory at `src_off` to the peer's at
+    /// `dst_off`. Returns once queued. One thread calls it.
+    ///
+    /// # Errors
+    /// [`DeviceError::OutOfBounds`] for an offset a trigger cannot carry; FIFO wait errors.
+    #[inline(always)]
+    pub fn put(&self, dst_off: u64, src_off: u64, bytes: u64) -> Result<(), DeviceError> {
+        self.push_copy(dst_off, src_off, bytes, 0).map(drop)
+    }
+
+    /// Asks the proxy to raise the peer's semaphore after every earlier request of this
+    /// channel has been carried out.
+    ///
+    /// # Errors
+    /// FIFO wait errors.
+    #[inline(always)]
+    pub fn signal(&self) -> Result<(), DeviceError> {
+        self.fifo
+            .push(self.trigger(trigger_type::FLAG, 0, 0, 0))
+            .map(drop)
+    }
+
+    /// [`Self::put`] then [`Self::signal`], in one trigger.
+    ///
+    /// # Errors
+    /// As [`Self::put`].
+    #[inline(always)]
+    pub fn put_with_signal(
+        &self,
+        dst_off: u64,
+        src_off: u64,
+        bytes: u64,
+    ) -> Result<(), DeviceError> {
+        self.push_copy(dst_off, src_off, bytes, trigger_type::FLAG)
+            .map(drop)
+    }
+
+    /// [`Self::put_with_signal`], then waits until the proxy has carried it out and flushed
+    /// the connection (the source may be reused when this returns).
+    ///
+    /// # Errors
+    /// As [`Self::put`], and FIFO wait errors while waiting for the flush.
+    #[inline(always)]
+    pub fn put_with_signal_and_flush(
+        &self,
+        dst_off: u64,
+        src_off: u64,
+        bytes: u64,
+    ) -> Result<(), DeviceError> {
+        let position = self.push_copy(
+            dst_off,
+            src_off,
+            bytes,
+            trigger_type::FLAG | trigger_type::SYNC,
+        )?;
+        self.fifo.sync(position)
+    }
+
+    /// Waits until the proxy has carried out every earlier request of this channel and
+    /// flushed the connection.
+    ///
+    /// # Errors
+    /// FIFO wait errors.
+    #[inline(always)]
+    pub fn flush(&self) -> Result<(), DeviceError> {
+        let position = self.fifo.push(self.trigger(trigger_type::SYNC, 0, 0, 0))?;
+        self.fifo.sync(position)
+    }
+
+    /// Waits for the peer's next signal on this channel; its data sent before is visible.
+    ///
+    /// # Errors
+    /// [`DeviceError::Timeout`] / [`DeviceError::Aborted`] past the wait limit.
+    #[inline(always)]
+    pub fn wait(&self) -> Result<(), DeviceError> {
+        self.semaphore.wait()
+    }
+
+    /// Consumes the peer's next signal if it has arrived; never blocks.
+    #[inline(always)]
+    pub fn poll(&self) -> bool {
+        self.semaphore.poll()
+    }
+}

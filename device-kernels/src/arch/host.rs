@@ -248,6 +248,11 @@ impl Doorbell {
     /// Wakes the sleeper if it is parked or about to park.
     #[inline]
     pub fn ring(&self) {
+        // Under loom the proxy never parks (it polls with yields), and std fences are
+        // invisible to the model.
+        if cfg!(oxccl_loom) {
+            return;
+        }
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::Relaxed) {
             if let Some(t) = self.sleeper.get() {
@@ -271,7 +276,7 @@ impl Doorbell {
 
 /// Rings the doorbell at `addr`, if any (zero means none).
 #[inline]
-pub fn ring_doorbell(addr: u64) {
+pub(crate) fn ring_doorbell(addr: u64) {
     if addr != 0 {
         // SAFETY: a non-zero doorbell address in a FIFO handle is set by the host from a
         // `Doorbell` that the proxy service keeps alive as long as the FIFO exists.

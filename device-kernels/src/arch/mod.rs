@@ -156,6 +156,13 @@ pub fn spin_pause(iteration: u32) {
     imp::spin_pause(iteration)
 }
 
+/// Wakes the host proxy that consumes a FIFO, given the FIFO handle's doorbell address
+/// (zero: nobody to wake; always the case on the GPU, where the proxy polls).
+#[inline(always)]
+pub fn ring_doorbell(addr: u64) {
+    imp::ring_doorbell(addr)
+}
+
 /// Stops the kernel at once (`trap`); on the host, panics the calling kernel thread.
 #[inline(always)]
 pub fn trap() -> ! {

@@ -94,3 +94,6 @@ pub(crate) fn trap() -> ! {
     // SAFETY: `trap` aborts the kernel; nothing after it runs.
     unsafe { nvptx::trap() }
 }
+
+#[inline(always)]
+pub(crate) fn ring_doorbell(_addr: u64) {}

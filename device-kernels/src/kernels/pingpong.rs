@@ -1,0 +1,76 @@
+//! Ping-pong between two ranks: round-trip latency of a channel. The initiator sends and
+//! waits for the answer `iters` times; the other side waits and answers. With `bytes == 0`
+//! only signals travel.
+
+use crate::arch;
+use crate::error::DeviceError;
+use crate::kernel;
+use crate::memory_channel::MemoryChannelDeviceHandle;
+use crate::port_channel::PortChannelDeviceHandle;
+
+/// Ping-pong over a port channel (thread 0 of the grid runs it).
+#[kernel]
+pub fn port_pingpong(chan: PortChannelDeviceHandle, iters: u32, initiator: u32, bytes: u64) {
+    if arch::thread_rank_in_grid() == 0 {
+        let _ = port_rounds(&chan, iters, initiator != 0, bytes);
+    }
+}
+
+fn port_rounds(
+    chan: &PortChannelDeviceHandle,
+    iters: u32,
+    initiator: bool,
+    bytes: u64,
+) -> Result<(), DeviceError> {
+    let send = || {
+        if bytes == 0 {
+            chan.signal()
+        } else {
+            chan.put_with_signal(0, 0, bytes)
+        }
+    };
+    for _ in 0..iters {
+        if initiator {
+            send()?;
+            chan.wait()?;
+        } else {
+            chan.wait()?;
+            send()?;
+        }
+    }
+    chan.flush()
+}
+
+/// Ping-pong over a memory channel (thread 0 of the grid runs it; `bytes` are stored with
+/// `write` before each signal).
+#[kernel]
+pub fn memory_pingpong(chan: MemoryChannelDeviceHandle, iters: u32, initiator: u32, bytes: u64) {
+    if arch::thread_rank_in_grid() == 0 {
+        let _ = memory_rounds(&chan, iters, initiator != 0, bytes);
+    }
+}
+
+fn memory_rounds(
+    chan: &MemoryChannelDeviceHandle,
+    iters: u32,
+    initiator: bool,
+    bytes: u64,
+) -> Result<(), DeviceError> {
+    let send = |round: u32| -> Result<(), DeviceError> {
+        for i in 0..bytes / 8 {
+            chan.write::<u64>(i, round as u64)?;
+        }
+        chan.signal();
+        Ok(())
+    };
+    for round in 0..iters {
+        if initiator {
+            send(round)?;
+            chan.wait()?;
+        } else {
+            chan.wait()?;
+            send(round)?;
+        }
+    }
+    Ok(())
+}
