@@ -1,10 +1,119 @@
-//! Errors of the proxy.
+//! Errors of the proxy: refused triggers and failed connections.
 
-/// Why the proxy refused a trigger or failed to execute it.
+use std::fmt;
+
+/// Which side of a copy a memory id was named for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The source (this rank's memory).
+    Src,
+    /// The destination (the peer's memory).
+    Dst,
+}
+
+impl fmt::Display for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Side::Src => "source",
+            Side::Dst => "destination",
+        })
+    }
+}
+
+/// Why the proxy refused a trigger. Nothing of a refused trigger is written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The channel (semaphore) id names no channel of this proxy.
+    #[error("unknown channel id {id}")]
+    UnknownChannel {
+        /// The id in the trigger.
+        id: u32,
+    },
+    /// A memory id names no registered memory.
+    #[error("unknown {side} memory id {id}")]
+    UnknownMemory {
+        /// Source or destination.
+        side: Side,
+        /// The id in the trigger.
+        id: u32,
+    },
+    /// An offset and size fall outside the registered memory.
+    #[error("{side} memory {id}: bytes {offset}..{end} outside its {size} bytes")]
+    OutOfBounds {
+        /// Source or destination.
+        side: Side,
+        /// The memory id.
+        id: u32,
+        /// Start of the requested range.
+        offset: u64,
+        /// End of the requested range (exclusive).
+        end: u64,
+        /// Registered size of the memory.
+        size: u64,
+    },
+    /// The memory does not belong to the rank the trigger may touch on that side.
+    #[error("{side} memory {id} belongs to rank {owner}, the channel's {side} is rank {expected}")]
+    WrongRank {
+        /// Source or destination.
+        side: Side,
+        /// The memory id.
+        id: u32,
+        /// Rank owning the memory.
+        owner: u32,
+        /// Rank the channel connects to on that side.
+        expected: u32,
+    },
+    /// Type bits that are zero or undefined.
+    #[error("invalid trigger type bits {bits:#05b}")]
+    InvalidType {
+        /// The bits.
+        bits: u64,
+    },
+}
+
+/// Everything the proxy can report.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProxyError {
-    /// Placeholder until the proxy lands.
-    #[error("internal: {0}")]
-    Internal(String),
+    /// A trigger was refused; its channel is stopped.
+    #[error("rank {rank}: proxy refused a trigger on channel {channel} (peer {peer:?}): {refusal}")]
+    TriggerRefused {
+        /// This rank.
+        rank: u32,
+        /// The channel (semaphore) id.
+        channel: u32,
+        /// The channel's peer, if the channel is known.
+        peer: Option<u32>,
+        /// Why.
+        refusal: Refusal,
+    },
+    /// A connection failed to execute a trigger; its channel is stopped.
+    #[error(
+        "rank {rank}: connection to peer {peer} ({transport}) failed on channel {channel}: {message}"
+    )]
+    Connection {
+        /// This rank.
+        rank: u32,
+        /// The peer.
+        peer: u32,
+        /// Transport name.
+        transport: &'static str,
+        /// The channel (semaphore) id.
+        channel: u32,
+        /// What failed.
+        message: String,
+    },
+    /// A registration or configuration the proxy cannot accept.
+    #[error("invalid usage: {0}")]
+    InvalidUsage(String),
+    /// More errors happened than are kept; the first ones are reported.
+    #[error("{dropped} more proxy errors were not kept")]
+    More {
+        /// How many were dropped.
+        dropped: u64,
+    },
+    /// The proxy thread could not be started or stopped.
+    #[error("proxy thread: {0}")]
+    Thread(String),
 }

@@ -1,6 +1,22 @@
-//! Host side of the trigger FIFO and the proxy service.
+//! Host side of oxccl's trigger FIFO, and the proxy service that executes kernels'
+//! requests.
+//!
+//! - [`fifo`]: the ring's cells and its single consumer.
+//! - [`connection`]: the [`Connection`] trait a transport implements.
+//! - [`memory_region`]: what the proxy knows of registered memory.
+//! - [`proxy_service`]: the thread, the id tables, and the checks on every trigger.
 #![warn(missing_docs)]
 
+pub mod connection;
 pub mod error;
+pub mod fifo;
+pub mod memory_region;
+#[cfg(not(oxccl_loom))]
+pub mod proxy_service;
 
-pub use error::ProxyError;
+pub use connection::Connection;
+pub use error::{ProxyError, Refusal, Side};
+pub use fifo::Fifo;
+pub use memory_region::MemoryRegion;
+#[cfg(not(oxccl_loom))]
+pub use proxy_service::{MemoryId, ProxyConfig, ProxyService, SemaphoreId};
