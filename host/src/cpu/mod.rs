@@ -1,0 +1,150 @@
+//! The CPU emulator: how kernels run without a GPU.
+//!
+//! - [`memory`]: emulated device memory (page-aligned, zeroed host memory).
+//! - [`pool`]: the process-wide pool of OS threads that run kernel threads, all threads of
+//!   a launch at once.
+//! - [`launch`]: one launch — its copied parameters, block barriers, running count and
+//!   failures.
+//! - [`stream`]: the in-order queue of launches of one stream, and waiting for it.
+//!
+//! Every wait here backs off (spin, then yield, then sleep on a condition variable or
+//! park), so that several ranks, each with kernel threads and a proxy, progress on few
+//! cores.
+
+pub(crate) mod launch;
+pub(crate) mod memory;
+pub(crate) mod pool;
+pub(crate) mod stream;
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The most kernel threads one launch may start on the CPU backend: each is an OS thread,
+/// and all of a launch's threads run at once.
+pub(crate) const MAX_THREADS_PER_LAUNCH: u64 = 1024;
+
+/// State of one emulated device shared by its handles, streams and buffers.
+#[derive(Debug)]
+pub(crate) struct CpuDevice {
+    pub(crate) ordinal: usize,
+    /// Launches enqueued on any stream of this device and not yet complete.
+    in_flight: AtomicU64,
+    /// Raised when `in_flight` drops to zero.
+    idle: Signal,
+    /// Numbers the device's streams, for messages.
+    next_stream: AtomicU64,
+}
+
+impl CpuDevice {
+    pub(crate) fn new(ordinal: usize) -> Self {
+        Self {
+            ordinal,
+            in_flight: AtomicU64::new(0),
+            idle: Signal::default(),
+            next_stream: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn next_stream_id(&self) -> u64 {
+        self.next_stream.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn launch_enqueued(&self) {
+        // SeqCst: the Dekker pair of `Signal` (see there).
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn launch_completed(&self) {
+        // SeqCst: the Dekker pair of `Signal`; also releases the launch's writes to a
+        // thread that then frees memory (`wait_idle`).
+        if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.idle.notify();
+        }
+    }
+
+    /// Whether no launch of this device is queued or running.
+    pub(crate) fn is_idle(&self) -> bool {
+        // SeqCst: as in `wait_idle`; acquires the writes of the last completed launch.
+        self.in_flight.load(Ordering::SeqCst) == 0
+    }
+
+    /// Waits until no launch of this device is queued or running, at most `timeout`.
+    /// Returns whether the device went idle.
+    pub(crate) fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now().checked_add(timeout);
+        self.idle.wait_until(|| self.is_idle(), deadline)
+    }
+}
+
+/// Wakes host threads that wait for a condition kernel threads make true.
+///
+/// A waiter polls the condition for a short while (a kernel often finishes within
+/// microseconds), then sleeps on a condition variable. Dekker handshake: the waiter
+/// increments `sleepers` and then checks the condition; the notifier makes the condition
+/// true and then checks `sleepers`, both with SeqCst, so at least one sees the other and
+/// a wake-up is never lost. The condition is re-checked under `lock`, which the notifier
+/// takes before notifying.
+#[derive(Debug, Default)]
+pub(crate) struct Signal {
+    sleepers: AtomicU32,
+    lock: Mutex<()>,
+    cond: Condvar,
+}
+
+/// How long a host wait polls before it sleeps.
+const HOST_POLL: Duration = Duration::from_micros(50);
+
+impl Signal {
+    /// Wakes every sleeping waiter. Call after making the condition true.
+    pub(crate) fn notify(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+            self.cond.notify_all();
+        }
+    }
+
+    /// Waits until `done()` holds or `deadline` passes (`None`: no deadline). Returns
+    /// whether `done()` held.
+    pub(crate) fn wait_until(&self, done: impl Fn() -> bool, deadline: Option<Instant>) -> bool {
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            if done() {
+                return true;
+            }
+            polls += 1;
+            if !polls.is_multiple_of(32) {
+                std::hint::spin_loop();
+            } else if start.elapsed() < HOST_POLL {
+                std::thread::yield_now();
+            } else {
+                break;
+            }
+        }
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let mut guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let finished = loop {
+            if done() {
+                break true;
+            }
+            let wait = match deadline {
+                None => Duration::from_secs(1),
+                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => break false,
+                },
+            };
+            guard = self
+                .cond
+                .wait_timeout(guard, wait)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        };
+        drop(guard);
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        finished
+    }
+}

@@ -1,0 +1,209 @@
+//! The emulator's kernel threads: a process-wide pool of parked OS threads.
+//!
+//! Every thread of a launch runs at once on its own OS thread (blocks of a kernel may wait
+//! on each other's flags, as co-resident blocks do on a GPU), so a launch of `n` threads
+//! takes `n` idle workers, spawning only what is missing: the pool grows to the largest
+//! number of kernel threads running at the same time, and never spawns per launch.
+//!
+//! Hand-off: the dispatcher puts a [`Task`] in a worker's slot, raises `posted` (Release)
+//! and unparks the worker; the worker polls `posted` (Acquire) for a short while after its
+//! last task (back-to-back launches then cost no wake-up), then parks. `unpark` before
+//! `park` makes that `park` return at once, so no hand-off is lost.
+//!
+//! A worker puts itself back on the idle list *before* it reports its task done: the launch
+//! that the report completes (or the next one it starts) finds the worker idle instead of
+//! spawning another.
+
+use super::launch::Launch;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker keeps polling for its next task before it parks: long enough to
+/// catch the next launch of a loop of short kernels, short enough that idle workers leave
+/// the cores to ranks and proxies that have work.
+const IDLE_POLL: Duration = Duration::from_micros(50);
+
+/// Polls between two looks at the clock while a worker is idle.
+const POLLS_PER_CLOCK_READ: u32 = 32;
+
+/// Stack of a kernel thread. Kernels are small; the default (2 MiB) is kept so a deep
+/// debug-build kernel still fits.
+const WORKER_STACK: usize = 2 << 20;
+
+/// One kernel thread to run: thread `index` (linear in the grid) of `launch`.
+pub(crate) struct Task {
+    pub(crate) launch: Arc<Launch>,
+    pub(crate) index: u32,
+}
+
+/// The process-wide pool.
+pub(crate) struct Pool {
+    /// Workers waiting for a task.
+    idle: Mutex<Vec<Arc<Worker>>>,
+    /// Workers spawned so far (names the next one).
+    spawned: AtomicUsize,
+}
+
+/// A parked (or polling) OS thread and its task slot.
+struct Worker {
+    /// The task handed over, taken by the worker once it sees `posted`.
+    slot: Mutex<Option<Task>>,
+    /// Raised (Release) after `slot` is filled; pairs with the worker's Acquire poll.
+    posted: AtomicBool,
+    /// The worker's OS thread, for `unpark`; set once, right after spawning.
+    thread: OnceLock<Thread>,
+}
+
+/// The pool of this process.
+pub(crate) fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| Pool {
+        idle: Mutex::new(Vec::new()),
+        spawned: AtomicUsize::new(0),
+    })
+}
+
+impl Pool {
+    /// Starts every thread of `launch` on a worker of its own.
+    ///
+    /// All or nothing: if a worker cannot be spawned, no thread of the launch starts (a
+    /// partial launch could leave its threads waiting in `sync_threads` for ones that never
+    /// run) and the OS error is returned.
+    pub(crate) fn dispatch(&'static self, launch: &Arc<Launch>) -> std::io::Result<()> {
+        let threads = launch.total_threads() as usize;
+        let mut workers = {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let keep = idle.len().saturating_sub(threads);
+            idle.split_off(keep)
+        };
+        while workers.len() < threads {
+            match self.spawn() {
+                Ok(worker) => workers.push(worker),
+                Err(err) => {
+                    self.idle
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .append(&mut workers);
+                    return Err(err);
+                }
+            }
+        }
+        for (index, worker) in (0u32..).zip(workers) {
+            worker.post(Task {
+                launch: launch.clone(),
+                index,
+            });
+        }
+        Ok(())
+    }
+
+    /// Spawns a worker that waits for its first task.
+    fn spawn(&'static self) -> std::io::Result<Arc<Worker>> {
+        let worker = Arc::new(Worker {
+            slot: Mutex::new(None),
+            posted: AtomicBool::new(false),
+            thread: OnceLock::new(),
+        });
+        let n = self.spawned.fetch_add(1, Ordering::Relaxed);
+        let me = worker.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("oxccl-cpu-kernel-{n}"))
+            .stack_size(WORKER_STACK)
+            .spawn(move || me.run(self))?;
+        let _ = worker.thread.set(handle.thread().clone());
+        // The handle is dropped: workers live as long as the process.
+        Ok(worker)
+    }
+
+    /// Workers spawned since the process started.
+    #[cfg(test)]
+    pub(crate) fn spawned(&self) -> usize {
+        self.spawned.load(Ordering::Relaxed)
+    }
+
+    fn put_back(&self, worker: Arc<Worker>) {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(worker);
+    }
+}
+
+impl Worker {
+    fn post(&self, task: Task) {
+        *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+        // Release: pairs with the Acquire poll in `next_task`; the slot's mutex orders the
+        // task itself.
+        self.posted.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.get() {
+            thread.unpark();
+        }
+    }
+
+    /// The worker thread: take a task, run it, go back on the idle list, report it done.
+    fn run(self: Arc<Self>, pool: &'static Pool) {
+        loop {
+            let Task { launch, index } = self.next_task();
+            launch.run_thread(index);
+            pool.put_back(self.clone());
+            launch.thread_done();
+        }
+    }
+
+    fn next_task(&self) -> Task {
+        let mut polls = 0u32;
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            // Acquire: pairs with the Release in `post`.
+            if self.posted.swap(false, Ordering::Acquire)
+                && let Some(task) = self
+                    .slot
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take()
+            {
+                return task;
+            }
+            polls = polls.wrapping_add(1);
+            if !polls.is_multiple_of(POLLS_PER_CLOCK_READ) {
+                std::hint::spin_loop();
+                continue;
+            }
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < IDLE_POLL {
+                std::thread::yield_now();
+            } else {
+                // `post` unparks after raising `posted`: a wake-up is never lost, and a
+                // spurious one only costs another poll.
+                std::thread::park();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pool;
+    use crate::Device;
+    use oxccl_device::kernel;
+    use oxccl_device::launch::LaunchConfig;
+
+    #[kernel]
+    fn nothing() {}
+
+    /// Guards against an OS thread spawned per launch (or per launched thread): 200
+    /// launches of 8 threads each must reuse the pool's workers. The bound leaves room for
+    /// other tests of this process launching at the same time.
+    #[test]
+    fn workers_are_reused_across_launches() {
+        let device = Device::cpu(0);
+        let stream = device.stream().unwrap();
+        for _ in 0..200 {
+            nothing::launch(&stream, LaunchConfig::grid(2).block(4), ()).unwrap();
+            stream.synchronize().unwrap();
+        }
+        assert!(pool().spawned() < 200, "{} workers", pool().spawned());
+    }
+}

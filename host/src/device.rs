@@ -1,0 +1,163 @@
+//! A device: where kernels run and device memory lives.
+//!
+//! On [`Backend::Cpu`] a device is an emulated GPU: its memory is page-aligned host memory
+//! and its kernels run on the emulator's threads. Any number of devices (one per rank, for
+//! ranks run as threads of one process) can coexist; each has its own streams.
+
+use crate::backend::Backend;
+use crate::cpu::CpuDevice;
+use crate::device_buffer::DeviceBuffer;
+use crate::stream::Stream;
+use crate::{Error, Result};
+use bytemuck::Pod;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Environment variable giving the default timeout of a stream's `synchronize`, in seconds
+/// (fractions allowed).
+pub const TIMEOUT_ENV: &str = "OXCCL_TIMEOUT_SECS";
+
+/// The timeout of `synchronize` when `OXCCL_TIMEOUT_SECS` is unset.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A handle to one device of a backend. Cheap to clone: clones share the device.
+///
+/// # Examples
+/// ```
+/// let device = oxccl::Device::cpu(0);
+/// let buf = device.alloc_from(&[1u32, 2, 3])?;
+/// assert_eq!(buf.to_vec()?, [1, 2, 3]);
+/// # Ok::<(), oxccl::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<DeviceInner>,
+}
+
+struct DeviceInner {
+    backend: Backend,
+    cpu: Arc<CpuDevice>,
+}
+
+impl Device {
+    /// Opens device `ordinal` of `backend`.
+    ///
+    /// On [`Backend::Cpu`] every ordinal exists: it only names the emulated device in
+    /// messages (use the rank's local index).
+    ///
+    /// # Errors
+    /// [`Error::BackendUnavailable`] if the backend cannot be used on this machine (never
+    /// for `Cpu`).
+    pub fn new(backend: Backend, ordinal: usize) -> Result<Device> {
+        match backend {
+            Backend::Cpu => Ok(Device::cpu(ordinal)),
+        }
+    }
+
+    /// Opens emulated device `ordinal` of the CPU backend, which is always available.
+    pub fn cpu(ordinal: usize) -> Device {
+        Device {
+            inner: Arc::new(DeviceInner {
+                backend: Backend::Cpu,
+                cpu: Arc::new(CpuDevice::new(ordinal)),
+            }),
+        }
+    }
+
+    /// The device's index within its backend.
+    pub fn ordinal(&self) -> usize {
+        self.inner.cpu.ordinal
+    }
+
+    /// The backend the device belongs to.
+    pub fn backend(&self) -> Backend {
+        self.inner.backend
+    }
+
+    /// Allocates `len` zeroed elements of device memory.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] if `len` elements of `T` do not fit in the address space;
+    /// [`Error::System`] if the memory cannot be allocated.
+    pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        DeviceBuffer::zeroed(self, len)
+    }
+
+    /// Allocates device memory holding a copy of `data`.
+    ///
+    /// # Errors
+    /// As [`Self::alloc`].
+    pub fn alloc_from<T: Pod>(&self, data: &[T]) -> Result<DeviceBuffer<T>> {
+        let mut buf = DeviceBuffer::zeroed(self, data.len())?;
+        buf.copy_from_host(data)?;
+        Ok(buf)
+    }
+
+    /// Creates a stream: an in-order queue of kernel launches on this device.
+    ///
+    /// Its `synchronize` timeout is `OXCCL_TIMEOUT_SECS` seconds if that is set, else
+    /// [`DEFAULT_TIMEOUT`]; change it with [`Stream::set_timeout`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] if `OXCCL_TIMEOUT_SECS` is set but is not a positive number
+    /// of seconds.
+    pub fn stream(&self) -> Result<Stream> {
+        Ok(Stream::new(self.clone(), timeout_from_env()?))
+    }
+
+    pub(crate) fn cpu_device(&self) -> &Arc<CpuDevice> {
+        &self.inner.cpu
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({} {})", self.backend(), self.ordinal())
+    }
+}
+
+/// The default `synchronize` timeout: `OXCCL_TIMEOUT_SECS`, else [`DEFAULT_TIMEOUT`].
+pub(crate) fn timeout_from_env() -> Result<Duration> {
+    match std::env::var(TIMEOUT_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(DEFAULT_TIMEOUT),
+        Ok(value) if value.trim().is_empty() => Ok(DEFAULT_TIMEOUT),
+        Ok(value) => parse_timeout(&value),
+        Err(std::env::VarError::NotUnicode(raw)) => Err(Error::InvalidUsage(format!(
+            "{TIMEOUT_ENV}={raw:?} is not valid Unicode; expected a number of seconds"
+        ))),
+    }
+}
+
+fn parse_timeout(value: &str) -> Result<Duration> {
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|secs| *secs > 0.0)
+        .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+        .ok_or_else(|| {
+            Error::InvalidUsage(format!(
+                "{TIMEOUT_ENV}=`{value}` is not a positive number of seconds"
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against a mistyped OXCCL_TIMEOUT_SECS silently becoming no timeout, a zero
+    /// timeout, or a panic.
+    #[test]
+    fn timeout_values() {
+        assert_eq!(parse_timeout("5").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_timeout(" 0.25 ").unwrap(), Duration::from_millis(250));
+        for bad in ["0", "-1", "abc", "inf", "NaN", "1e300"] {
+            assert!(
+                matches!(parse_timeout(bad), Err(Error::InvalidUsage(_))),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Streams: in-order queues of kernel launches on a device.
+//!
+//! A [`Stream`] is the [`Launcher`] that `#[kernel]`-generated `launch` functions take.
+//! Launches are asynchronous: `launch` validates the configuration, copies the arguments
+//! and enqueues; [`Stream::synchronize`] waits for everything enqueued so far and reports
+//! what failed.
+//!
+//! On the CPU backend every thread of a launch (`grid * block` of them, at most
+//! [`CPU_MAX_THREADS_PER_LAUNCH`]) runs at once on its own OS thread, taken from a pool of
+//! parked threads shared by the process, so kernels whose blocks wait on each other behave
+//! as on a GPU with co-resident blocks. A kernel thread that panics fails the launch: the
+//! next `synchronize` returns [`Error::KernelFailed`], and the stream remains usable.
+
+use crate::cpu::MAX_THREADS_PER_LAUNCH;
+use crate::cpu::stream::CpuStream;
+use crate::device::Device;
+use crate::{Error, Result};
+use oxccl_device::launch::{KernelInfo, LaunchConfig, Launcher};
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The most threads (`grid` volume times `block` volume) one launch may have on the CPU
+/// backend, where each kernel thread is an OS thread.
+pub const CPU_MAX_THREADS_PER_LAUNCH: u64 = MAX_THREADS_PER_LAUNCH;
+
+/// An in-order queue of kernel launches on one device.
+///
+/// # Examples
+/// ```
+/// use oxccl_device::{arch, kernel, launch::LaunchConfig, DeviceSlice};
+///
+/// #[kernel]
+/// fn iota(out: DeviceSlice<u64>) {
+///     let i = arch::thread_rank_in_grid();
+///     // SAFETY: each thread writes its own element; the host reads after synchronize.
+///     unsafe { out.write(i, i) };
+/// }
+///
+/// fn main() -> Result<(), oxccl::Error> {
+///     let device = oxccl::Device::cpu(0);
+///     let stream = device.stream()?;
+///     let out = device.alloc::<u64>(8)?;
+///     iota::launch(&stream, LaunchConfig::grid(2).block(4), (out.device_slice(),))?;
+///     stream.synchronize()?;
+///     assert_eq!(out.to_vec()?, [0, 1, 2, 3, 4, 5, 6, 7]);
+///     Ok(())
+/// }
+/// ```
+pub struct Stream {
+    device: Device,
+    cpu: Arc<CpuStream>,
+    timeout: Duration,
+}
+
+// Streams, devices and buffers are shared between the threads of a program (ranks run as
+// threads, a proxy, a host thread that synchronizes).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Stream>();
+    send_sync::<Device>();
+    send_sync::<crate::DeviceBuffer<u64>>();
+};
+
+impl Stream {
+    pub(crate) fn new(device: Device, timeout: Duration) -> Stream {
+        let cpu = Arc::new(CpuStream::new(device.cpu_device().clone()));
+        Stream {
+            device,
+            cpu,
+            timeout,
+        }
+    }
+
+    /// The device the stream's kernels run on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// How long [`Self::synchronize`] waits before it gives up.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sets how long [`Self::synchronize`] waits before it gives up.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Waits until every launch enqueued before this call has completed, then reports the
+    /// first failure since the previous `synchronize` (and forgets it: the stream stays
+    /// usable).
+    ///
+    /// Kernel writes are visible to the host when this returns `Ok`.
+    ///
+    /// # Errors
+    /// - [`Error::Timeout`] if the launches did not complete within [`Self::timeout`],
+    ///   naming the device, the stream and the kernel still running. The launches go on
+    ///   running (a kernel thread cannot be cancelled); a later `synchronize` may succeed.
+    /// - [`Error::KernelFailed`] if a kernel thread panicked (or trapped), with the thread's
+    ///   indices and message.
+    /// - [`Error::System`] if the emulator could not start a launch's threads.
+    pub fn synchronize(&self) -> Result<()> {
+        self.cpu.synchronize(self.timeout)
+    }
+
+    fn validate(
+        &self,
+        kernel: &'static KernelInfo,
+        config: &LaunchConfig,
+        params: &[*const c_void],
+    ) -> Result<()> {
+        let refuse = |why: String| {
+            Err(Error::InvalidUsage(format!(
+                "launch of kernel `{}` on {} device {}: {why}",
+                kernel.name,
+                self.device.backend(),
+                self.device.ordinal()
+            )))
+        };
+        if params.len() != kernel.params.len() {
+            return refuse(format!(
+                "the kernel takes {} parameters, the launch passed {}",
+                kernel.params.len(),
+                params.len()
+            ));
+        }
+        if let Some(i) = params.iter().position(|p| p.is_null()) {
+            return refuse(format!("the pointer to parameter {i} is null"));
+        }
+        let (g, b) = (config.grid, config.block);
+        if g.volume() == 0 || b.volume() == 0 {
+            return refuse(format!(
+                "grid {}x{}x{} and block {}x{}x{} must have no zero extent",
+                g.x, g.y, g.z, b.x, b.y, b.z
+            ));
+        }
+        if config.total_threads() > CPU_MAX_THREADS_PER_LAUNCH {
+            return refuse(format!(
+                "grid {}x{}x{} times block {}x{}x{} is {} threads; the cpu backend runs at most \
+                 {CPU_MAX_THREADS_PER_LAUNCH} per launch",
+                g.x,
+                g.y,
+                g.z,
+                b.x,
+                b.y,
+                b.z,
+                config.total_threads()
+            ));
+        }
+        if config.shared_mem_bytes != 0 {
+            return refuse(format!(
+                "{} bytes of dynamic shared memory requested; the cpu backend has none",
+                config.shared_mem_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Launcher for Stream {
+    type Error = Error;
+
+    /// Validates the launch, copies the parameter values and enqueues the kernel; it runs
+    /// after every launch enqueued on this stream before it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`], naming the kernel, if the parameter count does not match
+    /// the kernel's, a parameter pointer is null, the grid or block has a zero extent, the
+    /// launch has more than [`CPU_MAX_THREADS_PER_LAUNCH`] threads, or it asks for dynamic
+    /// shared memory.
+    ///
+    /// # Safety
+    /// `params` must hold one pointer per parameter of `kernel`, the i-th pointing to a
+    /// valid value of the i-th parameter's type.
+    unsafe fn launch_raw(
+        &self,
+        kernel: &'static KernelInfo,
+        config: LaunchConfig,
+        params: &[*const c_void],
+    ) -> Result<()> {
+        self.validate(kernel, &config, params)?;
+        // SAFETY: the count is checked above; the values are valid by our caller's contract.
+        unsafe { self.cpu.launch(kernel, config, params) }
+    }
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("device", &self.device)
+            .field("id", &self.cpu.id)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}

@@ -1,0 +1,581 @@
+//! Kernel launch on the CPU backend: `#[kernel]` shims, streams, the emulator's threads.
+#![allow(missing_docs)]
+
+use oxccl::{Device, Error, Stream};
+use oxccl_device::arch::atomic::{self, Ordering, Scope};
+use oxccl_device::arch::{self, Dim3};
+use oxccl_device::launch::{LaunchConfig, Launcher};
+use oxccl_device::{DevicePtr, DeviceSlice, kernel};
+use std::ffi::c_void;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------------------
+// Kernels
+// ---------------------------------------------------------------------------------------
+
+/// Each thread writes its rank in the grid at that rank.
+#[kernel]
+pub fn write_grid_rank(out: DeviceSlice<u64>) {
+    let rank = arch::thread_rank_in_grid();
+    // SAFETY: each thread writes only its own element; the host reads after synchronize.
+    unsafe { out.write(rank, rank) };
+}
+
+/// Each thread writes its `threadIdx`, `blockIdx`, `blockDim` and `gridDim` (12 words) at
+/// its rank in the grid.
+#[kernel]
+pub fn write_indices(out: DeviceSlice<[u32; 12]>) {
+    let (t, b, bd, gd) = (
+        arch::thread_idx(),
+        arch::block_idx(),
+        arch::block_dim(),
+        arch::grid_dim(),
+    );
+    let v = [
+        t.x, t.y, t.z, b.x, b.y, b.z, bd.x, bd.y, bd.z, gd.x, gd.y, gd.z,
+    ];
+    // SAFETY: each thread writes only its own element.
+    unsafe { out.write(arch::thread_rank_in_grid(), v) };
+}
+
+/// Round after round, each thread writes a value, waits at the block barrier, and reads
+/// its right neighbour's (within the block); the sum of what it read goes to `out`.
+#[kernel]
+pub fn neighbour_exchange(scratch: DeviceSlice<u64>, out: DeviceSlice<u64>, rounds: u32) {
+    let n = u64::from(arch::threads_per_block());
+    let me = u64::from(arch::thread_rank_in_block());
+    let base = u64::from(arch::block_rank()) * n;
+    let mut sum = 0;
+    for round in 0..u64::from(rounds) {
+        // SAFETY: between two barriers each thread writes only its own element and reads
+        // only its neighbour's, after the barrier that follows the neighbour's write.
+        unsafe { scratch.write(base + me, round * 1000 + me) };
+        arch::sync_threads();
+        // SAFETY: as above.
+        sum += unsafe { scratch.read(base + (me + 1) % n) }.unwrap_or(u64::MAX);
+        arch::sync_threads();
+    }
+    // SAFETY: each thread writes only its own element.
+    unsafe { out.write(base + me, sum) };
+}
+
+/// Appends `value` to `log` at position `counter[0]` and bumps the counter, without
+/// atomics: overlapping launches would lose updates or write out of order.
+#[kernel]
+pub fn append(log: DeviceSlice<u64>, counter: DevicePtr<u64>, value: u64) {
+    // SAFETY: one thread, and launches of one stream do not overlap; the host reads after
+    // synchronize.
+    unsafe {
+        let n = counter.as_ptr().read();
+        log.write(n, value);
+        counter.as_ptr().write(n + 1);
+    }
+}
+
+/// Thread 0 of the grid raises `flag` to `value` (Release).
+#[kernel]
+pub fn set_flag(flag: DevicePtr<u64>, value: u64) {
+    if arch::thread_rank_in_grid() == 0 {
+        // SAFETY: `flag` is an 8-byte aligned u64 in a live device buffer, only accessed
+        // atomically while kernels run.
+        let cell = unsafe { atomic::cell(flag.addr()) };
+        // Release: pairs with the Acquire in `wait_flag`.
+        atomic::store(cell, value, Ordering::Release, Scope::System);
+    }
+}
+
+/// Every thread waits (with back-off) until `flag` reaches `value`, then writes 1 at its
+/// rank in `out`.
+#[kernel]
+pub fn wait_flag(flag: DevicePtr<u64>, value: u64, out: DeviceSlice<u64>) {
+    // SAFETY: as in `set_flag`.
+    let cell = unsafe { atomic::cell(flag.addr()) };
+    let mut i = 0;
+    // Acquire: pairs with the Release in `set_flag`.
+    while atomic::load(cell, Ordering::Acquire, Scope::System) < value {
+        arch::spin_pause(i);
+        i = i.saturating_add(1);
+    }
+    // SAFETY: each thread writes only its own element.
+    unsafe { out.write(arch::thread_rank_in_grid(), 1) };
+}
+
+/// Each rank's thread 0 raises its flag in `flags[rank]`; then every thread waits until all
+/// `flags` are raised and writes 1 at its rank in `out`.
+#[kernel]
+pub fn all_ranks_meet(flags: DeviceSlice<u64>, rank: u64, out: DeviceSlice<u64>) {
+    let cell = |i: u64| {
+        // SAFETY: `flags` is a live device buffer of u64 cells, only accessed atomically
+        // while kernels run; `i < flags.len()`.
+        unsafe { atomic::cell(flags.addr() + 8 * i) }
+    };
+    if arch::thread_rank_in_grid() == 0 {
+        // Release: pairs with the Acquire loads below, on every rank.
+        atomic::store(cell(rank), 1, Ordering::Release, Scope::System);
+    }
+    for peer in 0..flags.len() {
+        let mut i = 0;
+        // Acquire: pairs with the Release store of `peer`.
+        while atomic::load(cell(peer), Ordering::Acquire, Scope::System) == 0 {
+            arch::spin_pause(i);
+            i = i.saturating_add(1);
+        }
+    }
+    // SAFETY: each thread writes only its own element.
+    unsafe { out.write(arch::thread_rank_in_grid(), 1) };
+}
+
+/// Waits (with back-off) for `STUCK_ABORT`, which only the timeout test raises, after it
+/// has seen the timeout; then writes 1 at `out`.
+#[kernel]
+pub fn wait_for_abort(out: DevicePtr<u64>) {
+    let mut i = 0;
+    while !STUCK_ABORT.load(Ordering::Relaxed) {
+        arch::spin_pause(i);
+        i = i.saturating_add(1);
+    }
+    // SAFETY: one thread writes; the host reads after synchronize.
+    unsafe { out.as_ptr().write(1) };
+}
+
+/// Thread 3 of each block panics; the others wait at the block barrier for it.
+#[kernel]
+pub fn panics_in_thread_3() {
+    if arch::thread_rank_in_block() == 3 {
+        panic!("thread 3 gives up");
+    }
+    arch::sync_threads();
+}
+
+/// Stores `value` at `out`.
+#[kernel]
+pub fn store_value(out: DevicePtr<u64>, value: u64) {
+    // SAFETY: one thread writes; the host reads after synchronize.
+    unsafe { out.as_ptr().write(value) };
+}
+
+/// Does nothing: measures launch overhead.
+#[kernel]
+pub fn empty() {}
+
+/// Raised by `stuck_kernel_gives_timeout` to release its stuck kernel thread once the
+/// timeout is seen, so that the thread ends and the process exits cleanly.
+static STUCK_ABORT: AtomicBool = AtomicBool::new(false);
+
+fn stream_with_timeout(device: &Device, timeout: Duration) -> Stream {
+    let mut stream = device.stream().unwrap();
+    stream.set_timeout(timeout);
+    stream
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------
+
+/// Guards against threads of a launch not all running, or computing wrong grid ranks
+/// (block-major, thread-minor), on the simplest multi-block launch.
+#[test]
+fn each_thread_writes_its_grid_rank() {
+    let device = Device::cpu(0);
+    let stream = device.stream().unwrap();
+    let out = device.alloc::<u64>(8).unwrap();
+    write_grid_rank::launch(
+        &stream,
+        LaunchConfig::grid(2).block(4),
+        (out.device_slice(),),
+    )
+    .unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(out.to_vec().unwrap(), (0..8).collect::<Vec<u64>>());
+}
+
+/// Guards against y/z components being dropped or transposed when the emulator turns a
+/// linear thread number into `threadIdx`/`blockIdx` (CUDA: x fastest).
+#[test]
+fn three_dimensional_indices_follow_cuda() {
+    let device = Device::cpu(0);
+    let stream = device.stream().unwrap();
+    let (grid, block) = (Dim3::new(2, 1, 3), Dim3::new(2, 3, 2));
+    let total = (grid.volume() * block.volume()) as usize;
+    let out = device.alloc::<[u32; 12]>(total).unwrap();
+    let config = LaunchConfig {
+        grid,
+        block,
+        shared_mem_bytes: 0,
+    };
+    write_indices::launch(&stream, config, (out.device_slice(),)).unwrap();
+    stream.synchronize().unwrap();
+    let got = out.to_vec().unwrap();
+    let mut seen = 0;
+    for bz in 0..grid.z {
+        for by in 0..grid.y {
+            for bx in 0..grid.x {
+                for tz in 0..block.z {
+                    for ty in 0..block.y {
+                        for tx in 0..block.x {
+                            let b = Dim3::new(bx, by, bz);
+                            let t = Dim3::new(tx, ty, tz);
+                            let rank = b.linear_in(grid) * block.volume() + t.linear_in(block);
+                            let want = [
+                                tx, ty, tz, bx, by, bz, block.x, block.y, block.z, grid.x, grid.y,
+                                grid.z,
+                            ];
+                            assert_eq!(got[rank as usize], want, "rank {rank}");
+                            seen += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(seen, total);
+}
+
+/// Guards against a block barrier that lets a thread through before its block has
+/// arrived (it would read a neighbour's value from the previous round), that mixes blocks,
+/// or that breaks when reused round after round.
+#[test]
+fn sync_threads_orders_writes_within_a_block() {
+    let device = Device::cpu(0);
+    let stream = device.stream().unwrap();
+    let (blocks, threads, rounds) = (3u32, 4u32, 50u32);
+    let n = (blocks * threads) as usize;
+    let scratch = device.alloc::<u64>(n).unwrap();
+    let out = device.alloc::<u64>(n).unwrap();
+    neighbour_exchange::launch(
+        &stream,
+        LaunchConfig::grid(blocks).block(threads),
+        (scratch.device_slice(), out.device_slice(), rounds),
+    )
+    .unwrap();
+    stream.synchronize().unwrap();
+    let rounds_sum: u64 = (0..u64::from(rounds)).map(|r| r * 1000).sum();
+    let want: Vec<u64> = (0..n as u64)
+        .map(|i| {
+            let me = i % u64::from(threads);
+            rounds_sum + u64::from(rounds) * ((me + 1) % u64::from(threads))
+        })
+        .collect();
+    assert_eq!(out.to_vec().unwrap(), want);
+}
+
+/// Guards against launches of one stream overlapping or running out of order (the counter
+/// kernel is not atomic: overlap loses updates, reordering scrambles the log).
+#[test]
+fn launches_on_one_stream_run_in_order() {
+    let device = Device::cpu(0);
+    let stream = device.stream().unwrap();
+    let log = device.alloc::<u64>(100).unwrap();
+    let counter = device.alloc::<u64>(1).unwrap();
+    for i in 0..100 {
+        append::launch(
+            &stream,
+            LaunchConfig::grid(1),
+            (log.device_slice(), counter.device_ptr(), i),
+        )
+        .unwrap();
+    }
+    stream.synchronize().unwrap();
+    assert_eq!(counter.to_vec().unwrap(), [100]);
+    assert_eq!(log.to_vec().unwrap(), (0..100).collect::<Vec<u64>>());
+}
+
+/// Guards against streams (of one device, or of two devices) being serialized: the waiting
+/// kernel is launched first and can only finish once the other stream's kernel runs.
+#[test]
+fn two_streams_and_two_devices_run_concurrently() {
+    let dev0 = Device::cpu(0);
+    let dev1 = Device::cpu(1);
+    let flag = dev0.alloc::<u64>(1).unwrap();
+    let mut out = dev0.alloc::<u64>(8).unwrap();
+    for (setter_device, value) in [(&dev0, 1u64), (&dev1, 2)] {
+        out.zero().unwrap();
+        let waiter = stream_with_timeout(&dev0, Duration::from_secs(30));
+        let setter = stream_with_timeout(setter_device, Duration::from_secs(30));
+        wait_flag::launch(
+            &waiter,
+            LaunchConfig::grid(2).block(4),
+            (flag.device_ptr(), value, out.device_slice()),
+        )
+        .unwrap();
+        set_flag::launch(&setter, LaunchConfig::grid(1), (flag.device_ptr(), value)).unwrap();
+        setter.synchronize().unwrap();
+        waiter.synchronize().unwrap();
+        assert_eq!(out.to_vec().unwrap(), [1; 8]);
+    }
+}
+
+/// Guards against emulated ranks starving each other on few cores: four devices, 8 kernel
+/// threads each, all waiting for every rank's flag, must all finish (waits back off).
+#[test]
+fn several_ranks_progress_on_few_cores() {
+    let ranks = 4u64;
+    let home = Device::cpu(0);
+    let flags = home.alloc::<u64>(ranks as usize).unwrap();
+    let devices: Vec<Device> = (0..ranks as usize).map(Device::cpu).collect();
+    let outs: Vec<_> = devices.iter().map(|d| d.alloc::<u64>(8).unwrap()).collect();
+    let streams: Vec<Stream> = devices
+        .iter()
+        .map(|d| stream_with_timeout(d, Duration::from_secs(60)))
+        .collect();
+    for (rank, (stream, out)) in streams.iter().zip(&outs).enumerate() {
+        all_ranks_meet::launch(
+            stream,
+            LaunchConfig::grid(2).block(4),
+            (flags.device_slice(), rank as u64, out.device_slice()),
+        )
+        .unwrap();
+    }
+    for stream in &streams {
+        stream.synchronize().unwrap();
+    }
+    for out in &outs {
+        assert_eq!(out.to_vec().unwrap(), [1; 8]);
+    }
+}
+
+/// Guards against a panicking kernel thread hanging its block in `sync_threads` (the
+/// barrier must be poisoned), being reported as success, being reported without the cause,
+/// or leaving the stream unusable (or its error sticky) afterwards.
+#[test]
+fn panicking_kernel_reports_kernel_failed_and_stream_recovers() {
+    let device = Device::cpu(0);
+    let stream = stream_with_timeout(&device, Duration::from_secs(30));
+    panics_in_thread_3::launch(&stream, LaunchConfig::grid(2).block(4), ()).unwrap();
+    match stream.synchronize() {
+        Err(Error::KernelFailed { kernel, message }) => {
+            assert_eq!(kernel, "panics_in_thread_3");
+            assert!(message.contains("thread 3 gives up"), "{message}");
+            assert!(message.contains("thread (3, 0, 0)"), "{message}");
+        }
+        other => panic!("expected KernelFailed, got {other:?}"),
+    }
+    let out = device.alloc::<u64>(8).unwrap();
+    write_grid_rank::launch(
+        &stream,
+        LaunchConfig::grid(2).block(4),
+        (out.device_slice(),),
+    )
+    .unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(out.to_vec().unwrap(), (0..8).collect::<Vec<u64>>());
+    stream.synchronize().unwrap();
+}
+
+/// Guards against `synchronize` hanging forever on a kernel that never finishes, and
+/// against a timeout that does not say what it waited for.
+#[test]
+fn stuck_kernel_gives_timeout() {
+    // Its own device, so no other test's buffer drop waits for the stuck kernel.
+    let device = Device::cpu(7);
+    let mut stream = stream_with_timeout(&device, Duration::from_millis(200));
+    let out = device.alloc::<u64>(1).unwrap();
+    wait_for_abort::launch(&stream, LaunchConfig::grid(1), (out.device_ptr(),)).unwrap();
+    let started = Instant::now();
+    match stream.synchronize() {
+        Err(Error::Timeout { what, after }) => {
+            assert!(what.contains("wait_for_abort"), "{what}");
+            assert!(
+                what.contains("stream") && what.contains("device 7"),
+                "{what}"
+            );
+            assert!(after >= Duration::from_millis(200), "{after:?}");
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Release the stuck thread; the stream then drains and works again.
+    STUCK_ABORT.store(true, Ordering::Relaxed);
+    stream.set_timeout(Duration::from_secs(30));
+    stream.synchronize().unwrap();
+    assert_eq!(out.to_vec().unwrap(), [1]);
+}
+
+/// Guards against a launch keeping pointers to the caller's argument storage instead of
+/// copying the values before `launch_raw` returns (launches are asynchronous: here the
+/// kernel runs only after the caller has overwritten its variable).
+#[test]
+fn arguments_are_copied_before_launch_returns() {
+    let device = Device::cpu(0);
+    let stream = stream_with_timeout(&device, Duration::from_secs(30));
+    let gate = device.alloc::<u64>(1).unwrap();
+    let waited = device.alloc::<u64>(1).unwrap();
+    let out = device.alloc::<u64>(1).unwrap();
+    wait_flag::launch(
+        &stream,
+        LaunchConfig::grid(1),
+        (gate.device_ptr(), 1, waited.device_slice()),
+    )
+    .unwrap();
+    let mut value = 7u64;
+    let ptr = out.device_ptr();
+    let params = [
+        (&raw const ptr).cast::<c_void>(),
+        (&raw const value).cast::<c_void>(),
+    ];
+    // SAFETY: two pointers, to a `DevicePtr<u64>` and a `u64`, the parameters of
+    // `store_value`, both alive during the call.
+    unsafe { stream.launch_raw(&store_value::KERNEL, LaunchConfig::grid(1), &params) }.unwrap();
+    value = 99;
+    std::hint::black_box(&mut value);
+    let opener = device.stream().unwrap();
+    set_flag::launch(&opener, LaunchConfig::grid(1), (gate.device_ptr(), 1)).unwrap();
+    opener.synchronize().unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(out.to_vec().unwrap(), [7]);
+}
+
+/// Guards against a launch whose pointer array does not match the kernel's parameters
+/// being run (the kernel would read garbage or out of bounds) instead of refused.
+#[test]
+fn parameter_count_mismatch_is_invalid_usage() {
+    let device = Device::cpu(0);
+    let stream = device.stream().unwrap();
+    let value = 1u64;
+    let one = [(&raw const value).cast::<c_void>()];
+    // SAFETY: deliberately one pointer for a two-parameter kernel: the stream checks the
+    // count before it reads any pointer, which is what this test checks.
+    let err = unsafe { stream.launch_raw(&store_value::KERNEL, LaunchConfig::grid(1), &one) }
+        .unwrap_err();
+    match err {
+        Error::InvalidUsage(msg) => {
+            assert!(msg.contains("store_value"), "{msg}");
+            assert!(msg.contains("2 parameters"), "{msg}");
+        }
+        other => panic!("expected InvalidUsage, got {other:?}"),
+    }
+    stream.synchronize().unwrap();
+}
+
+/// Guards against launches the emulator cannot run (too many OS threads, empty extents,
+/// dynamic shared memory) being accepted and then hanging or crashing.
+#[test]
+fn bad_configurations_are_invalid_usage() {
+    let device = Device::cpu(0);
+    let stream = device.stream().unwrap();
+    let bad = [
+        LaunchConfig::grid(1).block(1025),
+        LaunchConfig::grid(33).block(32),
+        LaunchConfig {
+            grid: Dim3::new(4, 4, 4),
+            block: Dim3::new(5, 4, 1),
+            shared_mem_bytes: 0,
+        },
+        LaunchConfig::grid(0).block(4),
+        LaunchConfig::grid(1).block(0),
+        LaunchConfig {
+            grid: Dim3::new(1, 0, 1),
+            block: Dim3::ONE,
+            shared_mem_bytes: 0,
+        },
+        LaunchConfig {
+            shared_mem_bytes: 1024,
+            ..LaunchConfig::grid(1)
+        },
+    ];
+    for config in bad {
+        match empty::launch(&stream, config, ()) {
+            Err(Error::InvalidUsage(msg)) => assert!(msg.contains("`empty`"), "{msg}"),
+            other => panic!("{config:?}: expected InvalidUsage, got {other:?}"),
+        }
+    }
+    // The largest allowed launch runs.
+    empty::launch(&stream, LaunchConfig::grid(32).block(32), ()).unwrap();
+    stream.synchronize().unwrap();
+}
+
+/// Guards against host copies that read or write past either side when lengths differ.
+#[test]
+fn copy_length_mismatch_is_invalid_usage() {
+    let device = Device::cpu(0);
+    let mut buf = device.alloc::<u32>(4).unwrap();
+    assert!(matches!(
+        buf.copy_from_host(&[1, 2, 3]),
+        Err(Error::InvalidUsage(_))
+    ));
+    assert!(matches!(
+        buf.copy_from_host(&[1, 2, 3, 4, 5]),
+        Err(Error::InvalidUsage(_))
+    ));
+    let mut short = [0u32; 3];
+    assert!(matches!(
+        buf.copy_to_host(&mut short),
+        Err(Error::InvalidUsage(_))
+    ));
+    buf.copy_from_host(&[1, 2, 3, 4]).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), [1, 2, 3, 4]);
+}
+
+/// Guards against device memory that is not zeroed or not page-aligned, helpers that miss
+/// elements, and absurd sizes that panic or wrap instead of failing.
+#[test]
+fn buffers_are_zeroed_aligned_and_sized() {
+    let device = Device::cpu(3);
+    let mut buf = device.alloc::<u16>(5000).unwrap();
+    assert!(buf.addr().is_multiple_of(4096));
+    assert_eq!(buf.len(), 5000);
+    assert_eq!(buf.size_bytes(), 10000);
+    assert!(buf.to_vec().unwrap().iter().all(|&x| x == 0));
+    buf.fill(0xabcd).unwrap();
+    assert!(buf.to_vec().unwrap().iter().all(|&x| x == 0xabcd));
+    buf.zero().unwrap();
+    assert!(buf.to_vec().unwrap().iter().all(|&x| x == 0));
+    let slice = buf.device_slice();
+    assert_eq!((slice.addr(), slice.len()), (buf.addr(), 5000));
+    assert_eq!(buf.device_ptr().addr(), buf.addr());
+    let empty = device.alloc::<u64>(0).unwrap();
+    assert!(empty.is_empty() && empty.addr() != 0);
+    assert!(matches!(
+        device.alloc::<u64>(usize::MAX / 4),
+        Err(Error::InvalidUsage(_))
+    ));
+    assert_eq!(device.ordinal(), 3);
+    assert_eq!(device.backend(), oxccl::Backend::Cpu);
+}
+
+/// Guards against a kernel called directly (outside any launch) seeing stale or garbage
+/// indices: it is thread 0 of a one-thread grid.
+#[test]
+fn direct_call_is_a_single_thread_grid() {
+    let device = Device::cpu(0);
+    let out = device.alloc::<u64>(1).unwrap();
+    write_grid_rank(out.device_slice());
+    assert_eq!(out.to_vec().unwrap(), [0]);
+    assert_eq!(arch::threads_per_grid(), 1);
+}
+
+/// Launch-to-completion overhead: an empty kernel launched in a loop, then synchronized;
+/// and launch + synchronize round trips. Run with
+/// `cargo test --release -p oxccl --test kernel_launch -- --ignored --nocapture`.
+#[test]
+#[ignore = "benchmark: prints launch overhead"]
+fn launch_overhead() {
+    let device = Device::cpu(0);
+    let stream = device.stream().unwrap();
+    let iters = 1000u32;
+    for (grid, block) in [(1, 1), (2, 4)] {
+        let config = LaunchConfig::grid(grid).block(block);
+        // Warm up: spawn the pool's workers.
+        for _ in 0..10 {
+            empty::launch(&stream, config, ()).unwrap();
+            stream.synchronize().unwrap();
+        }
+        let start = Instant::now();
+        for _ in 0..iters {
+            empty::launch(&stream, config, ()).unwrap();
+        }
+        stream.synchronize().unwrap();
+        let queued = start.elapsed() / iters;
+        let start = Instant::now();
+        for _ in 0..iters {
+            empty::launch(&stream, config, ()).unwrap();
+            stream.synchronize().unwrap();
+        }
+        let round_trip = start.elapsed() / iters;
+        println!(
+            "empty kernel {grid}x{block}: {iters} launches then synchronize: {queued:?} per \
+             launch; launch+synchronize round trip: {round_trip:?}"
+        );
+    }
+}
