@@ -11,7 +11,7 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 /// Turns a function into a kernel: a PTX `.entry` on the GPU, and on the host the same
 /// function plus a module of the same name that launches it.
 ///
-/// ```ignore
+/// ```
 /// use oxccl_device::{arch, kernel, DeviceSlice};
 ///
 /// #[kernel]
@@ -21,7 +21,18 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 ///     // the buffer until the launch is synchronized.
 ///     unsafe { out.write(rank, rank) };
 /// }
+///
+/// fn main() {
+///     // On the host: the shim module, and the function itself (thread 0 of a 1x1 grid).
+///     assert_eq!(write_ranks::KERNEL.name, "write_ranks");
+///     assert_eq!(write_ranks::KERNEL.params.len(), 1);
+///     let mut mem = [u64::MAX; 1];
+///     write_ranks(DeviceSlice::new(mem.as_mut_ptr() as u64, 1));
+///     assert_eq!(mem, [0]);
+/// }
 /// ```
+///
+/// `oxccl::Stream` documents a launch on the CPU backend from start to finish.
 ///
 /// # On `nvptx64`
 ///
@@ -67,13 +78,44 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 /// every `bytemuck::Pod + Send + Sync` type does); this is checked at compile time, at
 /// the parameter.
 ///
+/// Put kernels at module level, not inside a function body: the generated module reaches
+/// the function and the parameter types through `super::`, which cannot name items local
+/// to a function.
+///
 /// # Refused (compile errors at the offending tokens)
 ///
 /// Generic parameters (types, lifetimes, consts, `impl Trait`), a `self` receiver,
 /// `async`, `const`, `unsafe` or `extern` functions, variadics, a return type other than
 /// `()`, and parameter patterns other than a plain (optionally `mut`) identifier. A kernel
 /// has one fixed ABI and returns nothing; the launch is a safe call, so unsafe operations
-/// belong in `unsafe` blocks inside the body.
+/// belong in `unsafe` blocks inside the body. For example:
+///
+/// ```compile_fail
+/// #[oxccl_device::kernel]
+/// fn generic<T: Copy>(x: T) {}
+/// # fn main() {}
+/// ```
+/// ```compile_fail
+/// #[oxccl_device::kernel]
+/// fn returns() -> u32 { 0 }
+/// # fn main() {}
+/// ```
+/// ```compile_fail
+/// #[oxccl_device::kernel]
+/// async fn not_async() {}
+/// # fn main() {}
+/// ```
+/// ```compile_fail
+/// #[oxccl_device::kernel]
+/// fn pattern((a, b): (u32, u32)) {}
+/// # fn main() {}
+/// ```
+/// ```compile_fail
+/// // Not plain bytes: "`Vec<u8>` cannot be a kernel parameter".
+/// #[oxccl_device::kernel]
+/// fn not_pod(v: Vec<u8>) {}
+/// # fn main() {}
+/// ```
 ///
 /// [`Launcher::launch_raw`]: https://docs.rs/oxccl-device/latest/oxccl_device/launch/trait.Launcher.html
 #[proc_macro_attribute]
