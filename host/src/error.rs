@@ -47,6 +47,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A rank of a job failed; the error says why.
+    #[error("rank {rank}: {source}")]
+    Rank {
+        /// The rank.
+        rank: u32,
+        /// What it failed with.
+        #[source]
+        source: Box<Error>,
+    },
     /// A bug in oxccl: an invariant did not hold.
     #[error("internal error: {0}")]
     Internal(String),

@@ -2,14 +2,29 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod communicator;
 mod cpu;
 pub mod device;
 pub mod device_buffer;
 pub mod error;
+pub mod host_ipc_connection;
+pub mod in_process;
+pub mod memory_channel;
+pub mod out_of_band;
+pub mod port_channel;
+pub mod registered_memory;
+pub mod semaphore;
 pub mod stream;
+pub mod transport;
 
 pub use backend::Backend;
+pub use communicator::{Communicator, CommunicatorConfig};
 pub use device::Device;
 pub use device_buffer::DeviceBuffer;
 pub use error::{Error, Result};
+pub use memory_channel::MemoryChannel;
+pub use out_of_band::{InProcessExchange, OutOfBand};
+pub use port_channel::PortChannel;
+pub use registered_memory::RegisteredMemory;
 pub use stream::Stream;
+pub use transport::Transport;

@@ -1,0 +1,246 @@
+//! Bad input from kernels: triggers outside registered memory, unknown ids, waits that
+//! never end. Each must be refused or bounded, write nothing, and reach the host as an
+//! error naming rank, channel and peer.
+#![allow(missing_docs)]
+
+use oxccl::in_process::{self, InProcessConfig};
+use oxccl::{Communicator, CommunicatorConfig, Error, PortChannel, RegisteredMemory, Result};
+use oxccl_device::kernel;
+use oxccl_device::launch::LaunchConfig;
+use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
+use oxccl_device::port_channel::PortChannelDeviceHandle;
+use oxccl_proxy::{ProxyError, Refusal, Side};
+use std::time::{Duration, Instant};
+
+/// Puts `bytes` from `src_off` to `dst_off`, then flushes.
+#[kernel]
+fn put_then_flush(chan: PortChannelDeviceHandle, dst_off: u64, src_off: u64, bytes: u64) {
+    if chan.put(dst_off, src_off, bytes).is_ok() {
+        let _ = chan.flush();
+    }
+}
+
+/// Waits once on a memory channel.
+#[kernel]
+fn memory_wait_once(chan: MemoryChannelDeviceHandle) {
+    let _ = chan.wait();
+}
+
+/// Waits once on a port channel.
+#[kernel]
+fn port_wait_once(chan: PortChannelDeviceHandle) {
+    let _ = chan.wait();
+}
+
+const BYTES: usize = 4096;
+
+fn config(wait_timeout: Duration) -> InProcessConfig {
+    InProcessConfig {
+        communicator: CommunicatorConfig {
+            wait_timeout,
+            ..Default::default()
+        },
+        exchange_timeout: Duration::from_secs(20),
+    }
+}
+
+/// Two ranks, each with a buffer of `BYTES` filled with its rank + 1, and a port channel to
+/// the other.
+fn setup(
+    comm: &mut Communicator,
+) -> Result<(oxccl::DeviceBuffer<u8>, PortChannel, Vec<RegisteredMemory>)> {
+    let buf = comm
+        .device()
+        .alloc_from(&vec![comm.rank() as u8 + 1; BYTES])?;
+    let all = comm.all_gather_memory(&comm.register(&buf))?;
+    let peer = 1 - comm.rank();
+    let chan = comm.port_channel(peer, &all[peer as usize], &all[comm.rank() as usize])?;
+    Ok((buf, chan, all))
+}
+
+/// Runs `put_then_flush` with `handle` on rank 0 only; returns rank 0's `check()` and
+/// whether rank 1's buffer is untouched.
+fn run_bad_put(
+    tweak: impl Fn(&PortChannel) -> (PortChannelDeviceHandle, u64, u64, u64) + Sync,
+) -> Vec<(Option<ProxyError>, bool)> {
+    in_process::run(2, config(Duration::from_secs(10)), |comm| {
+        let (buf, chan, _all) = setup(comm)?;
+        let mut refused = None;
+        if comm.rank() == 0 {
+            let stream = comm.device().stream()?;
+            put_then_flush::launch(&stream, LaunchConfig::grid(1), tweak(&chan))?;
+            stream.synchronize()?;
+            match comm.check() {
+                Err(Error::Proxy(e)) => refused = Some(e),
+                other => panic!("expected a refused trigger, got {other:?}"),
+            }
+            // The channel stays stopped and the flag is lowered after the report.
+            assert!(comm.check().is_ok(), "the error is reported once");
+        }
+        comm.barrier()?;
+        let untouched = buf.to_vec()?.iter().all(|&b| b == comm.rank() as u8 + 1);
+        Ok((refused, untouched))
+    })
+    .unwrap()
+}
+
+/// Guards against the proxy writing past the end of a peer's registered buffer (MSCCL++
+/// does not check) or silently dropping the request.
+#[test]
+fn trigger_out_of_bounds_is_refused() {
+    // Destination range crosses the end of the peer's buffer.
+    let results = run_bad_put(|c| (c.device_handle(), (BYTES - 8) as u64, 0, 64));
+    let (refused, _) = &results[0];
+    match refused {
+        Some(ProxyError::TriggerRefused {
+            rank: 0,
+            channel,
+            peer: Some(1),
+            refusal:
+                Refusal::OutOfBounds {
+                    side: Side::Dst,
+                    offset,
+                    end,
+                    size,
+                    ..
+                },
+        }) => {
+            assert_eq!(*channel, 0);
+            assert_eq!(
+                (*offset, *end, *size),
+                ((BYTES - 8) as u64, (BYTES + 56) as u64, BYTES as u64)
+            );
+        }
+        other => panic!("unexpected: {other:?}"),
+    }
+    let message = refused.as_ref().unwrap().to_string();
+    assert!(
+        message.contains("rank 0") && message.contains("channel 0"),
+        "{message}"
+    );
+    assert!(
+        results.iter().all(|(_, untouched)| *untouched),
+        "a refused trigger wrote data"
+    );
+
+    // Source range past the end of our own buffer.
+    let results = run_bad_put(|c| (c.device_handle(), 0, BYTES as u64, 1));
+    assert!(matches!(
+        &results[0].0,
+        Some(ProxyError::TriggerRefused {
+            refusal: Refusal::OutOfBounds {
+                side: Side::Src,
+                ..
+            },
+            ..
+        })
+    ));
+    assert!(results.iter().all(|(_, untouched)| *untouched));
+}
+
+/// Guards against a trigger naming an unregistered memory or channel being executed with
+/// whatever happens to sit at that index.
+#[test]
+fn trigger_unknown_id_is_refused() {
+    let results = run_bad_put(|c| {
+        let mut h = c.device_handle();
+        h.dst_memory_id = 300;
+        (h, 0, 0, 16)
+    });
+    assert!(matches!(
+        &results[0].0,
+        Some(ProxyError::TriggerRefused {
+            refusal: Refusal::UnknownMemory {
+                side: Side::Dst,
+                id: 300
+            },
+            ..
+        })
+    ));
+    assert!(results.iter().all(|(_, untouched)| *untouched));
+
+    let results = run_bad_put(|c| {
+        let mut h = c.device_handle();
+        h.semaphore_id = 1000;
+        (h, 0, 0, 16)
+    });
+    assert!(matches!(
+        &results[0].0,
+        Some(ProxyError::TriggerRefused {
+            channel: 1000,
+            peer: None,
+            refusal: Refusal::UnknownChannel { id: 1000 },
+            ..
+        })
+    ));
+    assert!(results.iter().all(|(_, untouched)| *untouched));
+
+    // A source memory that is the peer's, not ours: known id, wrong owner.
+    let results = run_bad_put(|c| {
+        let mut h = c.device_handle();
+        h.src_memory_id = h.dst_memory_id;
+        (h, 0, 0, 16)
+    });
+    assert!(matches!(
+        &results[0].0,
+        Some(ProxyError::TriggerRefused {
+            refusal: Refusal::WrongRank {
+                side: Side::Src,
+                owner: 1,
+                expected: 0,
+                ..
+            },
+            ..
+        })
+    ));
+}
+
+/// Guards against a device wait for a signal that never comes hanging the kernel (and the
+/// job) forever, and against a timeout that does not say which channel and peer.
+#[test]
+fn wait_times_out() {
+    let limit = Duration::from_millis(200);
+    in_process::run(2, config(limit), |comm| {
+        let buf = comm.alloc::<u8>(64)?;
+        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let peer = 1 - comm.rank();
+        let mine = all[comm.rank() as usize].clone();
+        let memory = comm.memory_channel(peer, &all[peer as usize], &mine, None)?;
+        let port = comm.port_channel(peer, &all[peer as usize], &mine)?;
+        let stream = comm.device().stream()?;
+        // Nobody signals: both waits must end by themselves.
+        for kind in ["memory", "port"] {
+            let started = Instant::now();
+            if kind == "memory" {
+                memory_wait_once::launch(
+                    &stream,
+                    LaunchConfig::grid(1),
+                    (memory.device_handle(),),
+                )?;
+            } else {
+                port_wait_once::launch(&stream, LaunchConfig::grid(1), (port.device_handle(),))?;
+            }
+            stream.synchronize()?;
+            let waited = started.elapsed();
+            assert!(
+                waited >= limit,
+                "{kind}: returned after {waited:?}, before the limit"
+            );
+            assert!(waited < Duration::from_secs(10), "{kind}: took {waited:?}");
+            match comm.check() {
+                Err(Error::Timeout { what, after }) => {
+                    assert_eq!(after, limit);
+                    let rank = format!("rank {}", comm.rank());
+                    assert!(
+                        what.contains(&rank) && what.contains(&format!("peer {peer}")),
+                        "{what}"
+                    );
+                    assert!(what.to_lowercase().contains(kind), "{what}");
+                }
+                other => panic!("{kind}: expected a timeout, got {other:?}"),
+            }
+        }
+        comm.barrier()
+    })
+    .unwrap();
+}
