@@ -124,10 +124,13 @@ pub(crate) fn clock_ns() -> u64 {
 }
 
 /// Polls that only spin before the emulator starts yielding the core.
+#[cfg(not(oxccl_loom))]
 const SPIN_ITERATIONS: u32 = 256;
 /// Polls that yield before the emulator starts sleeping.
+#[cfg(not(oxccl_loom))]
 const YIELD_ITERATIONS: u32 = 1024;
 /// Longest sleep of one poll: bounds the extra latency a long wait sees at its end.
+#[cfg(not(oxccl_loom))]
 const MAX_SLEEP: Duration = Duration::from_micros(200);
 
 #[inline]
