@@ -20,8 +20,11 @@ use std::marker::PhantomData;
 /// (or read) the buffer before copying from (or into) it.
 ///
 /// Dropping a buffer first waits until no launch of its device is queued or running (as
-/// `cuMemFree` does), at most the device's default `synchronize` timeout; if the device
-/// is still busy then, the memory is leaked rather than freed under a running kernel.
+/// `cuMemFree` does), at most the default `synchronize` timeout (`OXCCL_TIMEOUT_SECS`);
+/// if the device is still busy then, the memory is leaked rather than freed under a
+/// running kernel. Once such a wait (or a stream's `synchronize`) has timed out, later
+/// drops leak at once until the device goes idle, so that cleaning up after a stuck
+/// kernel does not wait a whole timeout per buffer.
 ///
 /// # Examples
 /// ```
@@ -208,8 +211,7 @@ impl<T> Drop for DeviceBuffer<T> {
             tracing::warn!(
                 device = device.ordinal,
                 bytes = self.len * size_of::<T>(),
-                "device buffer dropped while kernels of its device still run after {timeout:?}; \
-                 leaking its memory"
+                "device buffer dropped while kernels of its device still run; leaking its memory"
             );
             std::mem::forget(memory);
         }

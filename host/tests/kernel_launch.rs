@@ -363,8 +363,9 @@ fn panicking_kernel_reports_kernel_failed_and_stream_recovers() {
     stream.synchronize().unwrap();
 }
 
-/// Guards against `synchronize` hanging forever on a kernel that never finishes, and
-/// against a timeout that does not say what it waited for.
+/// Guards against `synchronize` hanging forever on a kernel that never finishes, against a
+/// timeout that does not say what it waited for, and against buffer drops that then wait
+/// a whole timeout each.
 #[test]
 fn stuck_kernel_gives_timeout() {
     // Its own device, so no other test's buffer drop waits for the stuck kernel.
@@ -385,11 +386,54 @@ fn stuck_kernel_gives_timeout() {
         other => panic!("expected Timeout, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(10));
+    // Cleaning up after the timeout must not wait a whole timeout again per buffer (the
+    // buffer is leaked, not freed, while the kernel may still run).
+    let extra = device.alloc::<u64>(16).unwrap();
+    let dropped = Instant::now();
+    drop(extra);
+    assert!(
+        dropped.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        dropped.elapsed()
+    );
     // Release the stuck thread; the stream then drains and works again.
     STUCK_ABORT.store(true, Ordering::Relaxed);
     stream.set_timeout(Duration::from_secs(30));
     stream.synchronize().unwrap();
     assert_eq!(out.to_vec().unwrap(), [1]);
+}
+
+/// Guards against freeing a buffer while a kernel of its device still runs (a
+/// use-after-free in the emulator's process): the drop waits, as `cuMemFree` does.
+#[test]
+fn dropping_a_buffer_waits_for_running_kernels() {
+    let device = Device::cpu(5);
+    let other = Device::cpu(6);
+    let gate = other.alloc::<u64>(1).unwrap();
+    let buf = device.alloc::<u64>(1).unwrap();
+    let stream = stream_with_timeout(&device, Duration::from_secs(30));
+    wait_flag::launch(
+        &stream,
+        LaunchConfig::grid(1),
+        (gate.device_ptr(), 1, buf.device_slice()),
+    )
+    .unwrap();
+    let gate_ptr = gate.device_ptr();
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let stream = other.stream().unwrap();
+        set_flag::launch(&stream, LaunchConfig::grid(1), (gate_ptr, 1)).unwrap();
+        stream.synchronize().unwrap();
+    });
+    let started = Instant::now();
+    drop(buf);
+    assert!(
+        started.elapsed() >= Duration::from_millis(80),
+        "{:?}",
+        started.elapsed()
+    );
+    opener.join().unwrap();
+    stream.synchronize().unwrap();
 }
 
 /// Guards against a launch keeping pointers to the caller's argument storage instead of

@@ -16,7 +16,7 @@ pub(crate) mod memory;
 pub(crate) mod pool;
 pub(crate) mod stream;
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,10 @@ pub(crate) struct CpuDevice {
     in_flight: AtomicU64,
     /// Raised when `in_flight` drops to zero.
     idle: Signal,
+    /// Set when a wait for this device's launches timed out (a stream's `synchronize`, a
+    /// buffer's drop); cleared when the device goes idle. While set, dropping a buffer
+    /// leaks it at once instead of waiting a whole timeout again.
+    stuck: AtomicBool,
     /// Numbers the device's streams, for messages.
     next_stream: AtomicU64,
 }
@@ -42,6 +46,7 @@ impl CpuDevice {
             ordinal,
             in_flight: AtomicU64::new(0),
             idle: Signal::default(),
+            stuck: AtomicBool::new(false),
             next_stream: AtomicU64::new(0),
         }
     }
@@ -59,6 +64,7 @@ impl CpuDevice {
         // SeqCst: the Dekker pair of `Signal`; also releases the launch's writes to a
         // thread that then frees memory (`wait_idle`).
         if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.stuck.store(false, Ordering::Relaxed);
             self.idle.notify();
         }
     }
@@ -69,11 +75,28 @@ impl CpuDevice {
         self.in_flight.load(Ordering::SeqCst) == 0
     }
 
-    /// Waits until no launch of this device is queued or running, at most `timeout`.
-    /// Returns whether the device went idle.
+    /// Records that a wait for this device's launches timed out.
+    pub(crate) fn mark_stuck(&self) {
+        // Relaxed: a hint that only shortens later waits.
+        self.stuck.store(true, Ordering::Relaxed);
+    }
+
+    /// Waits until no launch of this device is queued or running, at most `timeout`, or
+    /// not at all if an earlier wait already timed out and the device has not gone idle
+    /// since. Returns whether the device is idle.
     pub(crate) fn wait_idle(&self, timeout: Duration) -> bool {
+        if self.is_idle() {
+            return true;
+        }
+        if self.stuck.load(Ordering::Relaxed) {
+            return false;
+        }
         let deadline = Instant::now().checked_add(timeout);
-        self.idle.wait_until(|| self.is_idle(), deadline)
+        let idle = self.idle.wait_until(|| self.is_idle(), deadline);
+        if !idle {
+            self.mark_stuck();
+        }
+        idle
     }
 }
 

@@ -107,6 +107,7 @@ impl CpuStream {
         // Acquire: pairs with the Release in `finish`, so the kernels' writes are visible.
         let done = || self.completed.load(Ordering::Acquire) >= target;
         if !self.progress.wait_until(done, deadline) {
+            self.device.mark_stuck();
             return Err(Error::Timeout {
                 what: self.describe_stuck(),
                 after: started.elapsed(),
