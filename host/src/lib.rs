@@ -12,6 +12,7 @@ pub mod in_process;
 pub mod memory_channel;
 pub mod out_of_band;
 pub mod port_channel;
+pub mod ptx;
 pub mod registered_memory;
 pub mod semaphore;
 pub mod stream;
