@@ -41,13 +41,13 @@ pub unsafe fn copy(coop: impl Coop, dst: u64, src: u64, bytes: u64) {
         return;
     }
     let alignment = dst | src | bytes;
-    // SAFETY (all four): forwarded contract; each unit size divides the addresses and length.
+    // SAFETY: forwarded contract; each branch's unit size divides the addresses and length.
     unsafe {
-        if alignment % 16 == 0 {
+        if alignment.is_multiple_of(16) {
             strided::<Word16>(coop, dst, src, bytes / 16)
-        } else if alignment % 8 == 0 {
+        } else if alignment.is_multiple_of(8) {
             strided::<u64>(coop, dst, src, bytes / 8)
-        } else if alignment % 4 == 0 {
+        } else if alignment.is_multiple_of(4) {
             strided::<u32>(coop, dst, src, bytes / 4)
         } else {
             strided::<u8>(coop, dst, src, bytes)

@@ -182,9 +182,9 @@ impl MemoryChannelDeviceHandle {
         flag: u32,
     ) -> Result<(), DeviceError> {
         if flag == 0
-            || bytes % P::PAYLOAD_BYTES != 0
-            || dst_off % P::PACKET_BYTES != 0
-            || src_off % P::PAYLOAD_BYTES != 0
+            || !bytes.is_multiple_of(P::PAYLOAD_BYTES)
+            || !dst_off.is_multiple_of(P::PACKET_BYTES)
+            || !src_off.is_multiple_of(P::PAYLOAD_BYTES)
         {
             return Err(self.refuse(DeviceError::InvalidArgument));
         }
@@ -222,9 +222,9 @@ impl MemoryChannelDeviceHandle {
         flag: u32,
     ) -> Result<(), DeviceError> {
         if flag == 0
-            || bytes % P::PAYLOAD_BYTES != 0
-            || src_off % P::PACKET_BYTES != 0
-            || dst_off % P::PAYLOAD_BYTES != 0
+            || !bytes.is_multiple_of(P::PAYLOAD_BYTES)
+            || !src_off.is_multiple_of(P::PACKET_BYTES)
+            || !dst_off.is_multiple_of(P::PAYLOAD_BYTES)
         {
             return Err(self.refuse(DeviceError::InvalidArgument));
         }

@@ -121,7 +121,7 @@ impl WaitPolicy {
             if ready() {
                 return Ok(());
             }
-            if iteration % CHECK_EVERY == 0 {
+            if iteration.is_multiple_of(CHECK_EVERY) {
                 if self.aborted() {
                     return Err(DeviceError::Aborted);
                 }

@@ -67,7 +67,7 @@ impl Connection for HostIpcConnection {
         if dst.addr == 0 {
             return Err(unmapped(dst));
         }
-        if !dst.contains(dst_off, 8) || (dst.addr + dst_off) % 8 != 0 {
+        if !dst.contains(dst_off, 8) || !(dst.addr + dst_off).is_multiple_of(8) {
             return Err(ProxyError::InvalidUsage(format!(
                 "semaphore at offset {dst_off} of rank {}'s {}-byte region is out of bounds or misaligned",
                 dst.owner_rank, dst.size

@@ -42,10 +42,12 @@ pub trait OutOfBand: Send + Sync {
 /// Tags at or above this value are reserved for the exchange's own collectives.
 pub const RESERVED_TAG_BASE: u64 = 1 << 63;
 
+/// Messages in order, by (from, to, tag).
+type Queues = HashMap<(u32, u32, u64), VecDeque<Vec<u8>>>;
+
 #[derive(Default)]
 struct Mailbox {
-    /// (from, to, tag) → messages in order.
-    queues: Mutex<HashMap<(u32, u32, u64), VecDeque<Vec<u8>>>>,
+    queues: Mutex<Queues>,
     arrived: Condvar,
 }
 

@@ -70,7 +70,7 @@ fn ring_pair<C>(
     mut make: impl FnMut(&mut Communicator, u32) -> Result<C>,
 ) -> Result<(C, C)> {
     let (next, prev) = neighbours(comm);
-    if comm.rank() % 2 == 0 {
+    if comm.rank().is_multiple_of(2) {
         let a = make(comm, next)?;
         Ok((a, make(comm, prev)?))
     } else {

@@ -427,10 +427,10 @@ fn execute(shared: &Shared, trigger: ProxyTrigger) {
             return fail(shared, channel, f.semaphore_id, e);
         }
     }
-    if f.kind & trigger_type::SYNC != 0 {
-        if let Err(e) = channel.connection.flush() {
-            fail(shared, channel, f.semaphore_id, e);
-        }
+    if f.kind & trigger_type::SYNC != 0
+        && let Err(e) = channel.connection.flush()
+    {
+        fail(shared, channel, f.semaphore_id, e);
     }
 }
 

@@ -257,10 +257,10 @@ impl Doorbell {
             return;
         }
         std::sync::atomic::fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed) {
-            if let Some(t) = self.sleeper.get() {
-                t.unpark();
-            }
+        if self.sleeping.load(Ordering::Relaxed)
+            && let Some(t) = self.sleeper.get()
+        {
+            t.unpark();
         }
     }
 

@@ -1,0 +1,114 @@
+//! Channel round-trip latency between two ranks, against a plain atomic ping-pong measured
+//! in the same run.
+//!
+//! ```text
+//! cargo run --release -p oxccl-examples --bin pingpong -- --channel port --iters 10000
+//! pingpong channel=port ranks=2 iters=10000 round_trip_us=<x> baseline_atomic_us=<y> ratio=<x/y>
+//! ```
+
+use clap::{Parser, ValueEnum};
+use oxccl::Result;
+use oxccl::in_process::{self, InProcessConfig};
+use oxccl_device::kernels::pingpong::{memory_pingpong, port_pingpong};
+use oxccl_device::launch::LaunchConfig;
+use oxccl_examples::{atomic_pingpong, micros};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Channel {
+    /// Proxy-driven: signals travel through the trigger FIFO and the proxy thread.
+    Port,
+    /// Direct: kernels raise each other's semaphores.
+    Memory,
+}
+
+/// Measures the round-trip latency of a channel between two ranks.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Channel kind.
+    #[arg(long, value_enum, default_value = "port")]
+    channel: Channel,
+    /// Round trips to time.
+    #[arg(long, default_value_t = 10_000)]
+    iters: u32,
+    /// Bytes carried by each message (0: signals only).
+    #[arg(long, default_value_t = 0)]
+    bytes: u64,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(line) => {
+            println!("{line}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pingpong: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<String> {
+    let iters = args.iters.max(1);
+    let warmup = (iters / 10).clamp(1, 1000);
+    let times = in_process::run(2, InProcessConfig::default(), |comm| {
+        let buf = comm.alloc::<u8>(args.bytes.max(8) as usize)?;
+        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let (rank, peer) = (comm.rank(), 1 - comm.rank());
+        let mine = all[rank as usize].clone();
+        let stream = comm.device().stream()?;
+        let cfg = LaunchConfig::grid(1).block(1);
+        let launch = |n: u32,
+                      comm: &mut oxccl::Communicator,
+                      port: &Option<oxccl::PortChannel>,
+                      mem: &Option<oxccl::MemoryChannel>|
+         -> Result<Duration> {
+            comm.barrier()?;
+            let start = Instant::now();
+            if let Some(p) = port {
+                port_pingpong::launch(
+                    &stream,
+                    cfg,
+                    (p.device_handle(), n, u32::from(rank == 0), args.bytes),
+                )?;
+            }
+            if let Some(m) = mem {
+                memory_pingpong::launch(
+                    &stream,
+                    cfg,
+                    (m.device_handle(), n, u32::from(rank == 0), args.bytes),
+                )?;
+            }
+            stream.synchronize()?;
+            let elapsed = start.elapsed();
+            comm.check()?;
+            Ok(elapsed)
+        };
+        let (port, mem) = match args.channel {
+            Channel::Port => (
+                Some(comm.port_channel(peer, &all[peer as usize], &mine)?),
+                None,
+            ),
+            Channel::Memory => (
+                None,
+                Some(comm.memory_channel(peer, &all[peer as usize], &mine, None)?),
+            ),
+        };
+        launch(warmup, comm, &port, &mem)?;
+        launch(iters, comm, &port, &mem)
+    })?;
+    let round_trip = times[0] / iters;
+    let baseline = atomic_pingpong(u64::from(iters));
+    let ratio = round_trip.as_secs_f64() / baseline.as_secs_f64().max(1e-12);
+    let channel = match args.channel {
+        Channel::Port => "port",
+        Channel::Memory => "memory",
+    };
+    Ok(format!(
+        "pingpong channel={channel} ranks=2 iters={iters} round_trip_us={} baseline_atomic_us={} ratio={ratio:.2}",
+        micros(round_trip),
+        micros(baseline)
+    ))
+}
