@@ -1,0 +1,357 @@
+//! `ptxas`: where it comes from, and what its `-v` report says.
+//!
+//! `ptxas` assembles PTX to machine code without a GPU, so it is how CI knows the PTX a CUDA
+//! driver would load is valid, and what each kernel costs in registers, spills and shared
+//! memory. It comes from the PyPI wheel `nvidia-cuda-nvcc-cu12==12.9.86` (12.x still accepts
+//! `sm_70`, which ptxas 13 dropped), installed into a private virtualenv under the target
+//! directory (`<target>/ptxas-venv`). `OXCCL_PTXAS=/path/to/ptxas` uses another one.
+
+use crate::util::{Tool, is_ci, is_root, run};
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The wheel that provides ptxas.
+pub const WHEEL: &str = "nvidia-cuda-nvcc-cu12==12.9.86";
+
+/// What `ptxas -v` reported for one function.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FunctionStats {
+    /// Symbol name.
+    pub name: String,
+    /// Whether ptxas compiled it as an entry function (a kernel).
+    pub is_entry: bool,
+    /// Registers per thread.
+    pub registers: Option<u32>,
+    /// Bytes of stack frame per thread.
+    pub stack_frame: Option<u64>,
+    /// Bytes spilled to local memory (stores).
+    pub spill_stores: Option<u64>,
+    /// Bytes reloaded from spills (loads).
+    pub spill_loads: Option<u64>,
+    /// Bytes of static shared memory.
+    pub shared_mem: u64,
+}
+
+impl FunctionStats {
+    /// Whether ptxas spilled registers in this function.
+    pub fn spills(&self) -> bool {
+        self.spill_stores.unwrap_or(0) > 0 || self.spill_loads.unwrap_or(0) > 0
+    }
+}
+
+/// Parses the info lines of `ptxas -v` (printed on stderr) into per-function statistics, in
+/// the order ptxas reports them.
+///
+/// ```text
+/// ptxas info    : Compiling entry function 'port_push' for 'sm_70'
+/// ptxas info    : Function properties for port_push
+///     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+/// ptxas info    : Used 14 registers, used 0 barriers, 376 bytes cmem[0]
+/// ```
+pub fn parse_verbose(stderr: &str) -> Vec<FunctionStats> {
+    let mut out: Vec<FunctionStats> = Vec::new();
+    let mut current: Option<usize> = None;
+    let find_or_add = |out: &mut Vec<FunctionStats>, name: &str, is_entry: bool| {
+        let i = match out.iter().position(|f| f.name == name) {
+            Some(i) => i,
+            None => {
+                out.push(FunctionStats {
+                    name: name.to_string(),
+                    ..Default::default()
+                });
+                out.len() - 1
+            }
+        };
+        out[i].is_entry |= is_entry;
+        i
+    };
+    for line in stderr.lines() {
+        let info = line
+            .strip_prefix("ptxas info")
+            .and_then(|r| r.trim_start().strip_prefix(':'))
+            .map(str::trim);
+        if let Some(info) = info {
+            if let Some(rest) = info.strip_prefix("Compiling entry function") {
+                if let Some(name) = quoted(rest) {
+                    current = Some(find_or_add(&mut out, name, true));
+                }
+            } else if let Some(rest) = info.strip_prefix("Function properties for") {
+                current = Some(find_or_add(&mut out, rest.trim(), false));
+            } else if let (true, Some(i)) = (info.starts_with("Used "), current) {
+                parse_usage(info, &mut out[i]);
+            }
+        } else if let (true, Some(i)) = (line.contains("bytes stack frame"), current) {
+            parse_frame(line, &mut out[i]);
+        }
+    }
+    out
+}
+
+/// The error and fatal lines of ptxas output.
+pub fn errors(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| {
+            l.starts_with("ptxas")
+                && (l.contains("error") || l.contains("fatal"))
+                && !l.starts_with("ptxas info")
+        })
+        .collect()
+}
+
+/// Finds ptxas, installing the wheel into `<target_dir>/ptxas-venv` if needed.
+pub fn ensure(target_dir: &Path) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("OXCCL_PTXAS") {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("OXCCL_PTXAS={} is not a file", p.display());
+        }
+        return Ok(p);
+    }
+    let venv = target_dir.join("ptxas-venv");
+    // Names the wheel the venv holds, so changing `WHEEL` reinstalls instead of keeping an
+    // older ptxas.
+    let marker = venv.join("oxccl-wheel.txt");
+    let current = std::fs::read_to_string(&marker).is_ok_and(|w| w.trim() == WHEEL);
+    if let (true, Some(p)) = (current, find_in_venv(&venv)) {
+        return Ok(p);
+    }
+    println!(
+        "build-ptx: installing ptxas ({WHEEL}) into {}",
+        venv.display()
+    );
+    let pip = venv.join("bin").join("pip");
+    if !pip.is_file() {
+        make_venv(&venv)?;
+    }
+    run(Command::new(&pip).args([
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-input",
+        WHEEL,
+    ]))
+    .with_context(|| format!("installing {WHEEL} (needs network access to PyPI)"))?;
+    std::fs::write(&marker, WHEEL).with_context(|| format!("writing {}", marker.display()))?;
+    find_in_venv(&venv).with_context(|| {
+        format!(
+            "{WHEEL} installed, but no ptxas under {}/lib/python3.*/site-packages/nvidia/cuda_nvcc/bin",
+            venv.display()
+        )
+    })
+}
+
+/// Runs `ptxas -arch=<arch> -v` on `ptx`, writing the cubin to `cubin`; returns stderr.
+/// Fails with ptxas's error lines if it rejects the PTX.
+pub fn assemble(ptxas: &Path, arch: &str, ptx: &Path, cubin: &Path) -> Result<String> {
+    let out = Command::new(ptxas)
+        .arg(format!("-arch={arch}"))
+        .arg("-v")
+        .arg(ptx)
+        .arg("-o")
+        .arg(cubin)
+        .output()
+        .with_context(|| format!("running {}", ptxas.display()))?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        let errs = errors(&stderr);
+        let shown = if errs.is_empty() {
+            stderr.trim().to_string()
+        } else {
+            errs.join("\n")
+        };
+        bail!(
+            "ptxas rejected {} for {arch} ({}):\n{shown}",
+            ptx.display(),
+            out.status
+        );
+    }
+    Ok(stderr)
+}
+
+fn find_in_venv(venv: &Path) -> Option<PathBuf> {
+    let lib = std::fs::read_dir(venv.join("lib")).ok()?;
+    lib.filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+        .map(|e| e.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas"))
+        .find(|p| p.is_file())
+}
+
+fn make_venv(venv: &Path) -> Result<()> {
+    let python = Tool::new("python3");
+    let create = || {
+        // A half-made venv (ensurepip missing) would be taken for a good one next time.
+        let _ = std::fs::remove_dir_all(venv);
+        run(python.cmd().args(["-m", "venv"]).arg(venv))
+    };
+    if create().is_ok() {
+        return Ok(());
+    }
+    if is_ci() && is_root() && Tool::new("apt-get").exists() {
+        println!("build-ptx: `python3 -m venv` failed; installing python3-venv with apt-get");
+        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "python3-venv"])
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        if create().is_ok() {
+            return Ok(());
+        }
+    }
+    let _ = std::fs::remove_dir_all(venv);
+    bail!(
+        "cannot create a Python virtualenv at {} (install python3-venv, e.g. \
+         `apt-get install python3-venv`, or point OXCCL_PTXAS at a ptxas 12.x)",
+        venv.display()
+    )
+}
+
+fn quoted(s: &str) -> Option<&str> {
+    let start = s.find('\'')? + 1;
+    let len = s[start..].find('\'')?;
+    Some(&s[start..start + len])
+}
+
+/// `Used 14 registers, used 0 barriers, 1024 bytes smem, 376 bytes cmem[0]`.
+fn parse_usage(info: &str, f: &mut FunctionStats) {
+    for item in info.split(',').map(str::trim) {
+        let words: Vec<&str> = item.split_whitespace().collect();
+        match words.as_slice() {
+            ["Used", n, "registers"] => f.registers = n.parse().ok(),
+            [n, "bytes", "smem"] => f.shared_mem = n.parse().unwrap_or(0),
+            _ => {}
+        }
+    }
+}
+
+/// `    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads`.
+fn parse_frame(line: &str, f: &mut FunctionStats) {
+    for item in line.split(',').map(str::trim) {
+        let words: Vec<&str> = item.split_whitespace().collect();
+        match words.as_slice() {
+            [n, "bytes", "stack", "frame"] => f.stack_frame = n.parse().ok(),
+            [n, "bytes", "spill", "stores"] => f.spill_stores = n.parse().ok(),
+            [n, "bytes", "spill", "loads"] => f.spill_loads = n.parse().ok(),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Captured from ptxas 12.9.86 (`-arch=sm_70 -v`) on two kernels; the first keeps an
+    /// array on the stack.
+    const SM70: &str = "\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'seqcst' for 'sm_70'
+ptxas info    : Function properties for seqcst
+    512 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers, 512 bytes cumulative stack size, 368 bytes cmem[0]
+ptxas info    : Compile time = 28.378 ms
+ptxas info    : Compiling entry function 'port_push' for 'sm_70'
+ptxas info    : Function properties for port_push
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 14 registers, used 0 barriers, 376 bytes cmem[0]
+ptxas info    : Compile time = 1.378 ms
+";
+
+    /// Captured from ptxas 12.9.86 (`-arch=sm_90 -v`): a kernel with static shared memory
+    /// that calls a device function, which ptxas reports after it.
+    const SM90: &str = "\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'withshared' for 'sm_90'
+ptxas info    : Function properties for withshared
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 1 barriers, 1024 bytes smem
+ptxas info    : Compile time = 2.864 ms
+ptxas info    : Function properties for helper
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+";
+
+    /// Shaped like ptxas output under register pressure (`--maxrregcount`), with a warning.
+    const SPILLS: &str = "\
+ptxas warning : For profile sm_70 adjusting per thread register count of 16 to lower bound of 24
+ptxas info    : Overriding maximum register limit 256 for 'll16_exchange' with  24 of maxrregcount option
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'll16_exchange' for 'sm_70'
+ptxas info    : Function properties for ll16_exchange
+    40 bytes stack frame, 36 bytes spill stores, 28 bytes spill loads
+ptxas info    : Used 24 registers, used 0 barriers, 40 bytes cumulative stack size, 368 bytes cmem[0]
+";
+
+    /// Captured from ptxas 12.9.86 on invalid PTX.
+    const BAD: &str = "\
+ptxas /tmp/bad.ptx, line 5; error   : Unknown modifier '.bar'
+ptxas /tmp/bad.ptx, line 5; error   : Not a name of any known instruction: 'foo'
+ptxas fatal   : Ptx assembly aborted due to errors
+";
+
+    #[test]
+    fn parses_entries_in_order() {
+        let s = parse_verbose(SM70);
+        assert_eq!(
+            s,
+            [
+                FunctionStats {
+                    name: "seqcst".into(),
+                    is_entry: true,
+                    registers: Some(32),
+                    stack_frame: Some(512),
+                    spill_stores: Some(0),
+                    spill_loads: Some(0),
+                    shared_mem: 0,
+                },
+                FunctionStats {
+                    name: "port_push".into(),
+                    is_entry: true,
+                    registers: Some(14),
+                    stack_frame: Some(0),
+                    spill_stores: Some(0),
+                    spill_loads: Some(0),
+                    shared_mem: 0,
+                },
+            ]
+        );
+        assert!(!s[0].spills());
+    }
+
+    #[test]
+    fn parses_shared_memory_and_device_functions() {
+        let s = parse_verbose(SM90);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].registers, s[0].shared_mem), (Some(10), 1024));
+        assert!(s[0].is_entry);
+        assert_eq!(s[1].name, "helper");
+        assert!(!s[1].is_entry);
+        assert_eq!(s[1].registers, None);
+        assert_eq!(s[1].stack_frame, Some(0));
+    }
+
+    #[test]
+    fn detects_spills() {
+        let s = parse_verbose(SPILLS);
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].spill_stores, s[0].spill_loads), (Some(36), Some(28)));
+        assert!(s[0].spills());
+        assert_eq!(s[0].registers, Some(24));
+    }
+
+    #[test]
+    fn error_lines() {
+        assert_eq!(errors(BAD).len(), 3);
+        assert!(errors(SM70).is_empty());
+        assert!(errors(SPILLS).is_empty());
+        assert!(parse_verbose(BAD).is_empty());
+    }
+
+    #[test]
+    fn garbage_does_not_panic() {
+        let s = parse_verbose(
+            "ptxas info : Used registers\n  x bytes stack frame\nptxas info    : Compiling entry function 'unterminated",
+        );
+        assert!(s.is_empty());
+        assert!(parse_verbose("").is_empty());
+    }
+}

@@ -1,0 +1,205 @@
+//! Running commands, installing rustup components, and facts about the environment.
+
+use anyhow::{Context, Result, bail};
+use std::ffi::OsStr;
+use std::process::Command;
+use std::time::Duration;
+
+/// An external program, looked up on `PATH`.
+pub struct Tool {
+    program: String,
+}
+
+impl Tool {
+    /// The program `name`.
+    pub fn new(name: &str) -> Self {
+        Tool {
+            program: name.to_string(),
+        }
+    }
+
+    /// The cargo that runs this xtask (`$CARGO`), so every step uses the same toolchain.
+    pub fn cargo() -> Self {
+        Tool {
+            program: std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string()),
+        }
+    }
+
+    /// A command running this program.
+    pub fn cmd(&self) -> Command {
+        Command::new(&self.program)
+    }
+
+    /// Whether the program can be started.
+    pub fn exists(&self) -> bool {
+        self.cmd()
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok()
+    }
+}
+
+/// Prints `cmd` (with the environment it sets), runs it with inherited stdio, and fails if
+/// it does not exit successfully.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let shown = show(cmd);
+    println!("$ {shown}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start `{shown}`"))?;
+    if !status.success() {
+        bail!("`{shown}` failed ({status})");
+    }
+    Ok(())
+}
+
+/// The command line as a shell would read it, with the variables it sets first.
+pub fn show(cmd: &Command) -> String {
+    let quote = |s: &OsStr| {
+        let s = s.to_string_lossy();
+        if s.is_empty() || s.contains(|c: char| c.is_whitespace() || c == '"' || c == '\'') {
+            format!("'{}'", s.replace('\'', r"'\''"))
+        } else {
+            s.into_owned()
+        }
+    };
+    let mut parts: Vec<String> = cmd
+        .get_envs()
+        .filter_map(|(k, v)| v.map(|v| format!("{}={}", k.to_string_lossy(), quote(v))))
+        .collect();
+    let program = cmd.get_program().to_string_lossy();
+    // `$CARGO` is an absolute path into the toolchain; `cargo` reads better.
+    let program = match program.rsplit('/').next() {
+        Some("cargo") => "cargo".to_string(),
+        _ => program.into_owned(),
+    };
+    parts.push(program);
+    parts.extend(cmd.get_args().map(quote));
+    parts.join(" ")
+}
+
+/// Whether we run under CI (`CI=true`, as GitHub Actions, GitLab and most runners set it).
+pub fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Whether the process runs as root (then apt-get may install packages).
+pub fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Adds the rustup `components` that are not installed yet, saying so; `who` prefixes the
+/// message (`build-ptx`, `ci`).
+pub fn ensure_components(who: &str, components: &[&str]) -> Result<()> {
+    let rustup = Tool::new("rustup");
+    let listed = rustup
+        .cmd()
+        .args(["component", "list", "--installed"])
+        .output();
+    let installed = match listed {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        _ => {
+            // Without rustup (a distribution's Rust) the components may still be present;
+            // say what is needed and let the build show whether it works.
+            println!(
+                "{who}: rustup not available; make sure the toolchain has: {}",
+                components.join(", ")
+            );
+            return Ok(());
+        }
+    };
+    let missing: Vec<&str> = components
+        .iter()
+        .copied()
+        .filter(|c| !is_installed(&installed, c))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    println!("{who}: installing rustup components {}", missing.join(", "));
+    run(rustup.cmd().args(["component", "add"]).args(&missing))
+}
+
+/// Whether `component` appears in `rustup component list --installed` output, where host
+/// components carry the target triple (`clippy-x86_64-unknown-linux-gnu`) and others do not
+/// (`rust-src`).
+fn is_installed(list: &str, component: &str) -> bool {
+    list.lines().map(str::trim).any(|l| {
+        l == component
+            || l.strip_prefix(component)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(is_target_triple)
+    })
+}
+
+/// Whether `s` reads as a target triple (`x86_64-unknown-linux-gnu`), not as the rest of a
+/// longer component name (`tools-x86_64-...` after `llvm`).
+fn is_target_triple(s: &str) -> bool {
+    const ARCHES: &[&str] = &[
+        "x86_64",
+        "aarch64",
+        "i686",
+        "i586",
+        "arm",
+        "armv7",
+        "riscv64gc",
+        "powerpc64",
+        "powerpc64le",
+        "s390x",
+        "loongarch64",
+    ];
+    let arch = s.split('-').next().unwrap_or("");
+    s.split('-').count() >= 3 && ARCHES.contains(&arch)
+}
+
+/// A duration as `1m23.4s` or `4.2s`.
+pub fn fmt_duration(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 60.0 {
+        format!("{}m{:04.1}s", (s / 60.0).floor() as u64, s % 60.0)
+    } else {
+        format!("{s:.1}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn component_names() {
+        let list = "cargo-x86_64-unknown-linux-gnu\nclippy-x86_64-unknown-linux-gnu\n\
+                    llvm-tools-x86_64-unknown-linux-gnu\nrust-src\n\
+                    rust-std-x86_64-unknown-linux-gnu\n";
+        assert!(is_installed(list, "clippy"));
+        assert!(is_installed(list, "rust-src"));
+        assert!(is_installed(list, "llvm-tools"));
+        assert!(!is_installed(list, "llvm-bitcode-linker"));
+        assert!(!is_installed(list, "rustfmt"));
+        // `rust` is not `rust-src` nor `rust-std-...`.
+        assert!(!is_installed(list, "rust"));
+        assert!(!is_installed(list, "llvm"));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(fmt_duration(Duration::from_millis(4200)), "4.2s");
+        assert_eq!(fmt_duration(Duration::from_millis(83_400)), "1m23.4s");
+    }
+
+    #[test]
+    fn shows_env_and_quotes() {
+        let mut c = Command::new("/x/bin/cargo");
+        c.env("RUSTFLAGS", "-C target-cpu=sm_70")
+            .args(["rustc", "-p", "a b"]);
+        assert_eq!(
+            show(&c),
+            "RUSTFLAGS='-C target-cpu=sm_70' cargo rustc -p 'a b'"
+        );
+    }
+}
