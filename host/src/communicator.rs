@@ -37,6 +37,9 @@ pub struct CommunicatorConfig {
     /// Longest any single device wait may take before the kernel gives up and the host is
     /// told which channel timed out.
     pub wait_timeout: Duration,
+    /// Let pushing kernel threads execute proxy work when the proxy thread is not busy
+    /// (CPU emulator; see `oxccl_proxy::proxy_service`).
+    pub proxy_assist: bool,
 }
 
 impl Default for CommunicatorConfig {
@@ -44,6 +47,7 @@ impl Default for CommunicatorConfig {
         CommunicatorConfig {
             fifo_size: 512,
             wait_timeout: Duration::from_secs(30),
+            proxy_assist: true,
         }
     }
 }
@@ -92,6 +96,7 @@ impl Communicator {
             rank: oob.rank(),
             fifo_size: config.fifo_size,
             wait_timeout: config.wait_timeout,
+            assist: config.proxy_assist,
         })?;
         proxy.start()?;
         Ok(Communicator {

@@ -12,9 +12,14 @@ use oxccl_device::launch::LaunchConfig;
 use std::time::Duration;
 
 fn config() -> InProcessConfig {
+    config_with_assist(true)
+}
+
+fn config_with_assist(proxy_assist: bool) -> InProcessConfig {
     InProcessConfig {
         communicator: CommunicatorConfig {
             wait_timeout: Duration::from_secs(20),
+            proxy_assist,
             ..Default::default()
         },
         exchange_timeout: Duration::from_secs(20),
@@ -80,7 +85,14 @@ fn ring_pair<C>(
 }
 
 fn port_ring(ranks: u32, chunk: usize) {
-    in_process::run(ranks, config(), |comm| {
+    // Both ways triggers get executed: by kernel threads assisting, and by proxy threads only.
+    for assist in [true, false] {
+        port_ring_with(ranks, chunk, assist);
+    }
+}
+
+fn port_ring_with(ranks: u32, chunk: usize, assist: bool) {
+    in_process::run(ranks, config_with_assist(assist), |comm| {
         let (buf, all) = ring_buffer(comm, chunk)?;
         let mine = all[comm.rank() as usize].clone();
         let (to_next, to_prev) = ring_pair(comm, |c, peer| {

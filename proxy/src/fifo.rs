@@ -134,18 +134,4 @@ impl Fifo {
     pub fn tail(&self) -> u64 {
         self.next
     }
-
-    /// Parks the calling (proxy) thread for at most `timeout` unless work or `wake` shows up.
-    #[cfg(not(oxccl_loom))]
-    pub fn sleep_unless(&self, timeout: std::time::Duration, wake: impl Fn() -> bool) {
-        self.cells
-            .doorbell
-            .sleep_unless(timeout, || self.poll().is_some() || wake());
-    }
-
-    /// Wakes a thread parked in [`Self::sleep_unless`] (e.g. to stop it).
-    #[cfg(not(oxccl_loom))]
-    pub fn wake(&self) {
-        self.cells.doorbell.ring();
-    }
 }

@@ -9,7 +9,10 @@
 //! [`ProxyService::check`] returns it, naming rank, channel, peer, id and range.
 //!
 //! The thread polls, then yields, then parks on the FIFO's doorbell (a push wakes it), so an
-//! idle proxy costs no core on the CPU backend.
+//! idle proxy costs no core on the CPU backend. With [`ProxyConfig::assist`] (CPU backend),
+//! a kernel thread that pushes drains the FIFO itself when no one else is draining it: the
+//! consumer is a lock that the proxy thread and assisting threads take in turn, so triggers
+//! still execute one at a time, in order, through the same checks.
 
 use crate::connection::Connection;
 use crate::error::{ProxyError, Refusal, Side};
@@ -21,7 +24,7 @@ use oxccl_device::fifo::{
 };
 use oxccl_device::wait::{AbortReason, WaitPolicy};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -43,6 +46,9 @@ pub struct ProxyConfig {
     pub fifo_size: u32,
     /// Limit of every device wait on handles this service builds (0: none).
     pub wait_timeout: Duration,
+    /// Let pushing kernel threads of the CPU emulator execute triggers when the consumer is
+    /// free (see the module docs). No effect on the GPU, whose doorbell is never rung.
+    pub assist: bool,
 }
 
 impl Default for ProxyConfig {
@@ -51,6 +57,7 @@ impl Default for ProxyConfig {
             rank: 0,
             fifo_size: 512,
             wait_timeout: Duration::from_secs(30),
+            assist: true,
         }
     }
 }
@@ -111,11 +118,11 @@ impl Shared {
 pub struct ProxyService {
     shared: Arc<Shared>,
     config: ProxyConfig,
-    /// Present until the thread starts.
-    fifo: Option<Fifo>,
+    /// The FIFO's consumer: held by whoever executes triggers (proxy thread or assistant).
+    consumer: Arc<Mutex<Fifo>>,
     cells: Arc<FifoCells>,
     handle: FifoDeviceHandle,
-    thread: Option<JoinHandle<Fifo>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl ProxyService {
@@ -132,19 +139,27 @@ impl ProxyService {
             errors: Mutex::new((Vec::new(), 0)),
             stop: AtomicBool::new(false),
         });
+        let cells = fifo.cells();
         let mut service = ProxyService {
-            cells: fifo.cells(),
+            cells: cells.clone(),
             handle: FifoDeviceHandle::default(),
-            fifo: Some(fifo),
+            consumer: Arc::new(Mutex::new(fifo)),
             shared,
             config,
             thread: None,
         };
-        service.handle = service
-            .fifo
-            .as_ref()
-            .map(|f| f.device_handle(service.wait_policy(0)))
-            .unwrap_or_default();
+        service.handle = lock(&service.consumer).device_handle(service.wait_policy(0));
+        if service.config.assist {
+            // Weak: the doorbell lives in the FIFO cells the consumer owns; a strong
+            // reference would keep both alive forever.
+            let (consumer, shared) = (
+                Arc::downgrade(&service.consumer),
+                Arc::downgrade(&service.shared),
+            );
+            cells
+                .doorbell()
+                .set_assist(Box::new(move || assist(&consumer, &shared)));
+        }
         Ok(service)
     }
 
@@ -236,15 +251,20 @@ impl ProxyService {
     /// # Errors
     /// Already started, or the OS refused the thread.
     pub fn start(&mut self) -> Result<(), ProxyError> {
-        let Some(fifo) = self.fifo.take() else {
+        if self.thread.is_some() {
             return Err(ProxyError::InvalidUsage(
                 "proxy service already started".into(),
             ));
-        };
-        let shared = self.shared.clone();
+        }
+        self.shared.stop.store(false, Ordering::Release);
+        let (consumer, shared, cells) = (
+            self.consumer.clone(),
+            self.shared.clone(),
+            self.cells.clone(),
+        );
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-r{}", self.config.rank))
-            .spawn(move || run(fifo, &shared))
+            .spawn(move || run(&consumer, &cells, &shared))
             .map_err(|e| ProxyError::Thread(e.to_string()))?;
         self.thread = Some(thread);
         Ok(())
@@ -258,11 +278,10 @@ impl ProxyService {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(thread) = self.thread.take() {
             // Wake it if parked; the doorbell is in the FIFO cells we share.
-            wake(&self.cells);
-            let fifo = thread
+            self.cells.doorbell().wake_sleeper();
+            thread
                 .join()
                 .map_err(|_| ProxyError::Thread("proxy thread panicked".into()))?;
-            self.fifo = Some(fifo);
         }
         Ok(())
     }
@@ -304,32 +323,54 @@ impl Drop for ProxyService {
     }
 }
 
-fn wake(cells: &FifoCells) {
-    cells.ring_doorbell();
+fn lock(consumer: &Mutex<Fifo>) -> std::sync::MutexGuard<'_, Fifo> {
+    consumer.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl FifoCells {
-    /// Wakes the consumer if it is parked.
-    pub fn ring_doorbell(&self) {
-        #[cfg(not(oxccl_loom))]
-        self.doorbell().ring();
+/// Executes every published trigger if the consumer is free; `None` if someone else holds it.
+fn drain(consumer: &Mutex<Fifo>, shared: &Shared) -> Option<u64> {
+    let mut fifo = match consumer.try_lock() {
+        Ok(f) => f,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return None,
+    };
+    let mut executed = 0;
+    while let Some(trigger) = fifo.poll() {
+        execute(shared, trigger);
+        fifo.pop();
+        executed += 1;
+    }
+    Some(executed)
+}
+
+/// The doorbell's assist: drain on the ringing kernel thread. True if the consumer was free
+/// (so the published trigger has been executed, by us or by the holder we raced with).
+fn assist(consumer: &Weak<Mutex<Fifo>>, shared: &Weak<Shared>) -> bool {
+    match (consumer.upgrade(), shared.upgrade()) {
+        (Some(consumer), Some(shared)) => drain(&consumer, &shared).is_some(),
+        _ => false,
     }
 }
 
-/// The proxy thread: drain, execute, release; back off when idle. Returns the FIFO.
-fn run(mut fifo: Fifo, shared: &Shared) -> Fifo {
+/// The proxy thread: drain, execute, release; back off when idle.
+fn run(consumer: &Mutex<Fifo>, cells: &FifoCells, shared: &Shared) {
     let mut idle = 0u32;
     loop {
-        if let Some(trigger) = fifo.poll() {
-            execute(shared, trigger);
-            fifo.pop();
-            idle = 0;
-            continue;
+        match drain(consumer, shared) {
+            Some(0) => {}
+            // Did work, or an assistant is working: stay hot.
+            _ => {
+                idle = 0;
+                continue;
+            }
         }
-        // Acquire: pairs with the Release in `stop`; triggers published before it are seen
-        // by the poll above on the next round, so check it only when the ring is empty.
-        if shared.stop.load(Ordering::Acquire) && fifo.poll().is_none() {
-            return fifo;
+        // Acquire: pairs with the Release in `stop`. The drain above found the ring empty
+        // after `stop` was possibly set; one more drain catches triggers published before it.
+        if shared.stop.load(Ordering::Acquire) {
+            if drain(consumer, shared) == Some(0) {
+                return;
+            }
+            continue;
         }
         idle = idle.saturating_add(1);
         if idle < SPIN_POLLS {
@@ -337,7 +378,13 @@ fn run(mut fifo: Fifo, shared: &Shared) -> Fifo {
         } else if idle < SPIN_POLLS + YIELD_POLLS {
             std::thread::yield_now();
         } else {
-            fifo.sleep_unless(PARK_TIMEOUT, || shared.stop.load(Ordering::Acquire));
+            let has_work = || match consumer.try_lock() {
+                Ok(fifo) => fifo.poll().is_some(),
+                Err(_) => true,
+            };
+            cells.doorbell().sleep_unless(PARK_TIMEOUT, || {
+                has_work() || shared.stop.load(Ordering::Acquire)
+            });
         }
     }
 }

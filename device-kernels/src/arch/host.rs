@@ -9,6 +9,7 @@
 //! share few cores, and a wait that spins forever starves the thread it waits for.
 
 use super::{Dim3, Scope};
+use std::boxed::Box;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -229,26 +230,52 @@ impl BlockBarrier {
     }
 }
 
-/// Wakes a parked proxy thread when a kernel thread publishes work for it.
+/// Work a doorbell can hand to the ringing thread: drains the FIFO on the caller's thread
+/// if nobody else is draining it; returns false when someone else is.
+pub type Assist = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// Tells a host proxy that a kernel thread published work for it.
 ///
 /// The FIFO device handle carries this doorbell's address (zero on the GPU, where the proxy
-/// polls). Protocol, a Dekker handshake with SeqCst fences: the proxy marks itself sleeping,
-/// fences, re-checks the FIFO and only then parks; a producer publishes, fences and unparks
-/// if it sees the mark. At least one of the two sees the other's write, so no push is missed;
-/// the proxy's park also has a timeout as a second guard.
-#[derive(Debug, Default)]
+/// polls). Two ways of getting the work done, both in FIFO order by one consumer at a time:
+///
+/// - **Assist** (if the proxy installed one): the ringing kernel thread drains the FIFO
+///   itself when the consumer is free. On a CPU with fewer cores than busy threads this
+///   removes two thread hand-offs from every round trip; triggers are still executed in
+///   order, with the same checks, by whoever holds the consumer.
+/// - **Wake**: otherwise the sleeping proxy thread is unparked. Protocol, a Dekker handshake
+///   with SeqCst fences: the proxy marks itself sleeping, fences, re-checks the FIFO and
+///   only then parks; a producer publishes, fences and unparks if it sees the mark. At least
+///   one of the two sees the other's write, so no push is missed; the proxy's park also has
+///   a timeout as a second guard.
+#[derive(Default)]
 pub struct Doorbell {
     sleeping: AtomicBool,
     sleeper: OnceLock<Thread>,
+    assist: OnceLock<Assist>,
+}
+
+impl core::fmt::Debug for Doorbell {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Doorbell")
+            .field("sleeping", &self.sleeping)
+            .field("assist", &self.assist.get().is_some())
+            .finish()
+    }
 }
 
 impl Doorbell {
-    /// A doorbell with no sleeper yet.
+    /// A doorbell with no sleeper and no assist yet.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Wakes the sleeper if it is parked or about to park.
+    /// Installs the assist (once); returns false if one was installed already.
+    pub fn set_assist(&self, assist: Assist) -> bool {
+        self.assist.set(assist).is_ok()
+    }
+
+    /// Gets the published work done: assists if possible, else wakes the sleeper.
     #[inline]
     pub fn ring(&self) {
         // Under loom the proxy never parks (it polls with yields), and std fences are
@@ -256,10 +283,23 @@ impl Doorbell {
         if cfg!(oxccl_loom) {
             return;
         }
+        if let Some(assist) = self.assist.get()
+            && assist()
+        {
+            return;
+        }
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::Relaxed)
             && let Some(t) = self.sleeper.get()
         {
+            t.unpark();
+        }
+    }
+
+    /// Wakes the sleeper if it is parked, without assisting (to stop it, say).
+    pub fn wake_sleeper(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(t) = self.sleeper.get() {
             t.unpark();
         }
     }
