@@ -38,3 +38,39 @@ pub fn atomic_pingpong(iters: u64) -> Duration {
 pub fn micros(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e6)
 }
+
+/// Parses a byte count with an optional `K`, `M` or `G` suffix (powers of 1024).
+///
+/// # Errors
+/// Text that is not a number with one of those suffixes, or a value that overflows.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, shift) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a byte count like 64, 8K or 16M"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    /// Guards against size suffixes being misread or garbage being accepted.
+    #[test]
+    fn byte_counts_parse() {
+        assert_eq!(parse_bytes("8"), Ok(8));
+        assert_eq!(parse_bytes("8K"), Ok(8192));
+        assert_eq!(parse_bytes("16M"), Ok(16 << 20));
+        assert_eq!(parse_bytes("1g"), Ok(1 << 30));
+        assert!(parse_bytes("M").is_err());
+        assert!(parse_bytes("12Q").is_err());
+        assert!(parse_bytes("99999999999999G").is_err());
+    }
+}

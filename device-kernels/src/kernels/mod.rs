@@ -6,6 +6,7 @@
 //! checks the abort flag after the barrier, so a block fails together instead of leaving
 //! threads stuck at the next barrier.
 
+pub mod all_reduce;
 pub mod packet_exchange;
 pub mod pingpong;
 pub mod ring_exchange;
