@@ -125,6 +125,11 @@ pub const EXPECTATIONS: &[Expectation] = &[
         kernels: "memory_*",
         needs: &[Need::ReleaseSignal, Need::AcquireWait],
     },
+    // ring_all_reduce_sum_f32 and its siblings: collectives over memory channels.
+    Expectation {
+        kernels: "ring_all_reduce_*",
+        needs: &[Need::ReleaseSignal, Need::AcquireWait],
+    },
     Expectation {
         kernels: "ll8_*",
         needs: &[Need::Ll8Store],
@@ -175,6 +180,17 @@ pub fn check(module: &Module, expectations: &[Expectation]) -> Report {
     }
     for entry in module.entries() {
         check_entry(module, entry, expectations, &mut report.violations);
+    }
+    for k in module.entries() {
+        if !expectations
+            .iter()
+            .any(|e| name_matches(e.kernels, &k.name))
+        {
+            report.notes.push(format!(
+                "kernel `{}` matches no line of EXPECTATIONS: only the module-wide rules apply",
+                k.name
+            ));
+        }
     }
     for e in expectations {
         if !module.entries().any(|k| name_matches(e.kernels, &k.name)) {
@@ -585,10 +601,14 @@ mod tests {
     }
 
     #[test]
-    fn unmatched_expectations_are_noted() {
+    fn unmatched_expectations_and_kernels_are_noted() {
         let r = check(&module(&[]), EXPECTATIONS);
         assert!(r.violations.is_empty());
         assert_eq!(r.notes.len(), EXPECTATIONS.len());
+        let r = check(&module(&[("tree_broadcast", "")]), &EXPECTATIONS[..1]);
+        assert!(r.violations.is_empty());
+        assert_eq!(r.notes.len(), 2, "{:?}", r.notes);
+        assert!(r.notes[0].contains("`tree_broadcast` matches no line"));
     }
 
     #[test]
