@@ -1,0 +1,422 @@
+//! Reading rank, size, local rank, root address and secret from the environment of the
+//! launchers users already use.
+//!
+//! | launcher | rank | size | local rank | local size |
+//! |---|---|---|---|---|
+//! | torchrun | `RANK` | `WORLD_SIZE` | `LOCAL_RANK` | `LOCAL_WORLD_SIZE` |
+//! | Open MPI | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` | `OMPI_COMM_WORLD_LOCAL_SIZE` |
+//! | Slurm | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` | — |
+//! | PMI (MPICH, Intel MPI) | `PMI_RANK` | `PMI_SIZE` | `MPI_LOCALRANKID` | `MPI_LOCALNRANKS` |
+//!
+//! They are tried in that order (torchrun inside a Slurm job sets both, and `RANK` is the
+//! one that counts); a launcher counts as found when both its rank and size variables are
+//! set. Missing local values are computed from host names at init.
+//!
+//! The root address comes from `OXCCL_UNIQUE_ID` if set, else `MASTER_ADDR`/`MASTER_PORT`
+//! (port default 29500), else, under Slurm, the first host of the step's node list.
+//! The secret comes from `OXCCL_UNIQUE_ID`, else `OXCCL_SECRET` (32 hex digits), else it is
+//! derived from the job's identity. A derived secret only keeps other jobs' stray
+//! connections out; anyone who can read the job's environment can compute it, so a
+//! warning is logged. Set `OXCCL_UNIQUE_ID` or `OXCCL_SECRET` to authenticate for real.
+
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::unique_id::{SECRET_BYTES, Secret, UniqueId};
+
+/// Variable holding a full [`UniqueId`] (root address and secret).
+pub const ENV_UNIQUE_ID: &str = "OXCCL_UNIQUE_ID";
+/// Variable holding the secret alone, as 32 hex digits.
+pub const ENV_SECRET: &str = "OXCCL_SECRET";
+/// Port used when `MASTER_PORT` is not set (torchrun's default).
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+
+/// The launcher whose variables gave this rank its place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    /// torchrun / torch.distributed.elastic (`RANK`, `WORLD_SIZE`, ...).
+    Torchrun,
+    /// Open MPI's `mpirun` (`OMPI_COMM_WORLD_*`).
+    OpenMpi,
+    /// Slurm's `srun` (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`).
+    Slurm,
+    /// A PMI launcher: MPICH's Hydra, Intel MPI (`PMI_RANK`, `PMI_SIZE`).
+    Pmi,
+}
+
+impl fmt::Display for Launcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Launcher::Torchrun => "torchrun",
+            Launcher::OpenMpi => "Open MPI",
+            Launcher::Slurm => "Slurm",
+            Launcher::Pmi => "PMI",
+        })
+    }
+}
+
+/// Where the secret came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SecretSource {
+    /// From `OXCCL_UNIQUE_ID`.
+    UniqueId,
+    /// From `OXCCL_SECRET`.
+    Explicit,
+    /// Derived from the job's identity (launcher variables and root address): keeps other
+    /// jobs out, but is not a secret from anyone who can read this job's environment.
+    Derived,
+}
+
+/// What the environment says about this rank.
+#[derive(Clone, Debug)]
+pub struct LaunchEnv {
+    /// The launcher found.
+    pub launcher: Launcher,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub size: usize,
+    /// Rank within the node, if the launcher says.
+    pub local_rank: Option<usize>,
+    /// Ranks on the node, if the launcher says.
+    pub local_size: Option<usize>,
+    /// Root `host:port` as found (before name resolution).
+    pub root: String,
+    /// Where the secret came from.
+    pub secret_source: SecretSource,
+    /// Whether the root address came from `OXCCL_UNIQUE_ID` (rank 0 then binds exactly that
+    /// address; otherwise it listens on every interface at the root port, like torchrun).
+    pub root_from_unique_id: bool,
+    secret: Secret,
+}
+
+struct LauncherVars {
+    launcher: Launcher,
+    rank: &'static str,
+    size: &'static str,
+    local_rank: &'static str,
+    local_size: Option<&'static str>,
+}
+
+const LAUNCHERS: [LauncherVars; 4] = [
+    LauncherVars {
+        launcher: Launcher::Torchrun,
+        rank: "RANK",
+        size: "WORLD_SIZE",
+        local_rank: "LOCAL_RANK",
+        local_size: Some("LOCAL_WORLD_SIZE"),
+    },
+    LauncherVars {
+        launcher: Launcher::OpenMpi,
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+        local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
+    },
+    LauncherVars {
+        launcher: Launcher::Slurm,
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_rank: "SLURM_LOCALID",
+        local_size: None,
+    },
+    LauncherVars {
+        launcher: Launcher::Pmi,
+        rank: "PMI_RANK",
+        size: "PMI_SIZE",
+        local_rank: "MPI_LOCALRANKID",
+        local_size: Some("MPI_LOCALNRANKS"),
+    },
+];
+
+/// Variables that identify one job run, mixed into a derived secret so two jobs with the
+/// same root address do not share it.
+const JOB_ID_VARS: [&str; 7] = [
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "OMPI_MCA_ess_base_jobid",
+    "OMPI_MCA_orte_ess_jobid",
+    "PMI_JOBID",
+    "PMIX_NAMESPACE",
+];
+
+impl LaunchEnv {
+    /// Reads this process's environment.
+    ///
+    /// # Errors
+    /// As [`LaunchEnv::from_lookup`].
+    pub fn detect() -> Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the variables through `get` (a map in tests, the process environment in
+    /// [`LaunchEnv::detect`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] naming the variable if no launcher is found, a value is not
+    /// a number, the rank is not below the size, or no root address is given;
+    /// [`Error::ParseUniqueId`] if `OXCCL_UNIQUE_ID` is garbage.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let get = |name: &str| {
+            get(name)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let Some(vars) = LAUNCHERS
+            .iter()
+            .find(|l| get(l.rank).is_some() && get(l.size).is_some())
+        else {
+            return Err(Error::InvalidUsage(
+                "no launcher environment found: expected RANK and WORLD_SIZE (torchrun), \
+                 OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE (Open MPI), SLURM_PROCID and \
+                 SLURM_NTASKS (Slurm) or PMI_RANK and PMI_SIZE (PMI)"
+                    .into(),
+            ));
+        };
+        let number = |name: &str| -> Result<Option<usize>> {
+            get(name)
+                .map(|v| {
+                    v.parse::<usize>().map_err(|_| {
+                        Error::InvalidUsage(format!("{name}={v:?} is not a non-negative integer"))
+                    })
+                })
+                .transpose()
+        };
+        let rank = number(vars.rank)?.unwrap_or_default();
+        let size = number(vars.size)?.unwrap_or_default();
+        if size == 0 || rank >= size {
+            return Err(Error::InvalidUsage(format!(
+                "{}={rank} is not below {}={size}",
+                vars.rank, vars.size
+            )));
+        }
+        let local_rank = number(vars.local_rank)?;
+        let local_size = match vars.local_size {
+            Some(name) => number(name)?,
+            None => None,
+        };
+        if let (Some(lr), Some(ls)) = (local_rank, local_size)
+            && lr >= ls
+        {
+            return Err(Error::InvalidUsage(format!(
+                "local rank {lr} is not below local size {ls} ({} / {})",
+                vars.local_rank,
+                vars.local_size.unwrap_or("")
+            )));
+        }
+
+        let uid = get(ENV_UNIQUE_ID)
+            .map(|s| s.parse::<UniqueId>())
+            .transpose()?;
+        let (root, root_from_unique_id) = match &uid {
+            Some(id) => (id.root().to_string(), true),
+            None => (root_from_vars(&get, vars.launcher)?, false),
+        };
+        let (secret, secret_source) = match (&uid, get(ENV_SECRET)) {
+            (Some(id), _) => (id.secret().clone(), SecretSource::UniqueId),
+            (None, Some(hex)) => (
+                Secret::from_hex(&hex)
+                    .map_err(|e| Error::InvalidUsage(format!("{ENV_SECRET}: {e}")))?,
+                SecretSource::Explicit,
+            ),
+            (None, None) => (
+                derive_secret(&get, vars.launcher, &root, size),
+                SecretSource::Derived,
+            ),
+        };
+        Ok(LaunchEnv {
+            launcher: vars.launcher,
+            rank,
+            size,
+            local_rank,
+            local_size,
+            root,
+            secret_source,
+            root_from_unique_id,
+            secret,
+        })
+    }
+
+    /// The secret found or derived.
+    pub fn secret(&self) -> &Secret {
+        &self.secret
+    }
+
+    /// The root address, resolved (IPv4 preferred when a name has both).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] if the name does not resolve.
+    pub fn root_addr(&self) -> Result<SocketAddr> {
+        resolve(&self.root)
+    }
+
+    /// The unique id this environment describes.
+    ///
+    /// # Errors
+    /// As [`LaunchEnv::root_addr`].
+    pub fn unique_id(&self) -> Result<UniqueId> {
+        Ok(UniqueId::from_parts(self.root_addr()?, self.secret.clone()))
+    }
+}
+
+impl fmt::Display for LaunchEnv {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} environment: rank {} of {}, root {}",
+            self.launcher, self.rank, self.size, self.root
+        )?;
+        if let Some(lr) = self.local_rank {
+            write!(f, ", local rank {lr}")?;
+        }
+        if let Some(ls) = self.local_size {
+            write!(f, " of {ls}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Resolves `host:port` (or `[v6]:port`), preferring IPv4 so every rank picks the same
+/// family for a name that has both.
+pub(crate) fn resolve(host_port: &str) -> Result<SocketAddr> {
+    if let Ok(a) = host_port.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let addrs: Vec<SocketAddr> = host_port
+        .to_socket_addrs()
+        .map_err(|e| {
+            Error::InvalidUsage(format!("cannot resolve root address {host_port:?}: {e}"))
+        })?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| {
+            Error::InvalidUsage(format!("root address {host_port:?} resolves to nothing"))
+        })
+}
+
+fn root_from_vars(get: &impl Fn(&str) -> Option<String>, launcher: Launcher) -> Result<String> {
+    let port = match get("MASTER_PORT") {
+        Some(p) => p
+            .parse::<u16>()
+            .map_err(|_| Error::InvalidUsage(format!("MASTER_PORT={p:?} is not a port number")))?,
+        None => DEFAULT_MASTER_PORT,
+    };
+    let host = match get("MASTER_ADDR") {
+        Some(h) => h,
+        None if launcher == Launcher::Slurm => [
+            "SLURM_STEP_NODELIST",
+            "SLURM_JOB_NODELIST",
+            "SLURM_NODELIST",
+        ]
+        .iter()
+        .find_map(|v| get(v))
+        .and_then(|list| first_host(&list))
+        .ok_or_else(|| {
+            Error::InvalidUsage(
+                "Slurm environment without MASTER_ADDR or a readable SLURM_STEP_NODELIST; \
+                     set MASTER_ADDR/MASTER_PORT or OXCCL_UNIQUE_ID"
+                    .into(),
+            )
+        })?,
+        None => {
+            return Err(Error::InvalidUsage(format!(
+                "{launcher} environment found but no root address: set MASTER_ADDR (and \
+                 MASTER_PORT, default {DEFAULT_MASTER_PORT}) or {ENV_UNIQUE_ID}"
+            )));
+        }
+    };
+    // A bare IPv6 address needs brackets to take a port.
+    if host.contains(':') && !host.starts_with('[') {
+        Ok(format!("[{host}]:{port}"))
+    } else {
+        Ok(format!("{host}:{port}"))
+    }
+}
+
+/// First host of a Slurm host list: `gpu[03-05,9],cpu1` → `gpu03`.
+pub(crate) fn first_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    // The first entry ends at the first comma outside brackets.
+    let mut depth = 0usize;
+    let mut end = list.len();
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                end = i;
+                break;
+            }
+            _ => {}
+        }
+    }
+    let entry = &list[..end];
+    let host = match entry.split_once('[') {
+        None => entry.to_owned(),
+        Some((prefix, rest)) => {
+            let inner = rest.split(']').next()?;
+            let first = inner.split(',').next()?;
+            let lo = first.split('-').next()?;
+            let suffix = rest.split_once(']').map(|(_, s)| s).unwrap_or("");
+            // Later bracket groups (`rack[1-2]-n[4-5]`) expand the same way.
+            let tail = if suffix.is_empty() {
+                String::new()
+            } else {
+                first_host(suffix).unwrap_or_default()
+            };
+            format!("{prefix}{lo}{tail}")
+        }
+    };
+    (!host.is_empty()).then_some(host)
+}
+
+fn derive_secret(
+    get: &impl Fn(&str) -> Option<String>,
+    launcher: Launcher,
+    root: &str,
+    size: usize,
+) -> Secret {
+    let mut h = Sha256::new();
+    h.update(b"oxccl-bootstrap derived secret v1\0");
+    h.update(launcher.to_string().as_bytes());
+    h.update(b"\0");
+    h.update(root.as_bytes());
+    h.update(b"\0");
+    h.update((size as u64).to_le_bytes());
+    for name in JOB_ID_VARS {
+        h.update(name.as_bytes());
+        h.update(b"=");
+        h.update(get(name).unwrap_or_default().as_bytes());
+        h.update(b"\0");
+    }
+    let digest = h.finalize();
+    let mut bytes = [0u8; SECRET_BYTES];
+    bytes.copy_from_slice(&digest[..SECRET_BYTES]);
+    Secret::from_bytes(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Guards against misreading Slurm's compressed host lists (the root would be a host
+    // that does not exist).
+    #[test]
+    fn slurm_first_host() {
+        assert_eq!(first_host("node1").as_deref(), Some("node1"));
+        assert_eq!(first_host("gpu[03-05,9],cpu1").as_deref(), Some("gpu03"));
+        assert_eq!(first_host("a,b").as_deref(), Some("a"));
+        assert_eq!(first_host("rack[1-2]-n[4-5]").as_deref(), Some("rack1-n4"));
+        assert_eq!(first_host("").as_deref(), None);
+        assert_eq!(first_host("[").as_deref(), None);
+        assert_eq!(first_host("x[").as_deref(), Some("x"));
+    }
+}

@@ -1,0 +1,233 @@
+//! Launcher environments: what each launcher's variables mean, which wins, and what is
+//! refused.
+
+#![allow(missing_docs)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+
+use oxccl_bootstrap::{Bootstrap, Error, LaunchEnv, Launcher, SecretSource, UniqueId};
+
+fn env(vars: &[(&str, &str)]) -> oxccl_bootstrap::Result<LaunchEnv> {
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    LaunchEnv::from_lookup(|k| map.get(k).cloned())
+}
+
+fn usage_error(vars: &[(&str, &str)]) -> String {
+    match env(vars) {
+        Err(e @ (Error::InvalidUsage(_) | Error::ParseUniqueId(_))) => e.to_string(),
+        other => panic!("{vars:?}: expected a usage error, got {other:?}"),
+    }
+}
+
+// Guards against misreading any launcher's variables (rank, size, local rank and size,
+// root address), against the wrong launcher winning when several are present, and
+// against bad values being accepted or panicking instead of naming the variable.
+#[test]
+fn bootstrap_reads_launcher_env() {
+    // torchrun
+    let e = env(&[
+        ("RANK", "3"),
+        ("WORLD_SIZE", "8"),
+        ("LOCAL_RANK", "1"),
+        ("LOCAL_WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "10.1.2.3"),
+        ("MASTER_PORT", "1234"),
+    ])
+    .unwrap();
+    assert_eq!(
+        (e.launcher, e.rank, e.size, e.local_rank, e.local_size),
+        (Launcher::Torchrun, 3, 8, Some(1), Some(4))
+    );
+    assert_eq!(e.root, "10.1.2.3:1234");
+    assert_eq!(e.root_addr().unwrap(), "10.1.2.3:1234".parse().unwrap());
+    assert_eq!(e.secret_source, SecretSource::Derived);
+    assert!(
+        e.to_string()
+            .starts_with("torchrun environment: rank 3 of 8"),
+        "{e}"
+    );
+
+    // Open MPI with a unique id: root and secret come from the id.
+    let id = UniqueId::new("192.168.0.7:4242".parse().unwrap()).unwrap();
+    let e = env(&[
+        ("OMPI_COMM_WORLD_RANK", "2"),
+        ("OMPI_COMM_WORLD_SIZE", "4"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ("MASTER_ADDR", "10.9.9.9"),
+        ("OXCCL_UNIQUE_ID", &id.to_string()),
+    ])
+    .unwrap();
+    assert_eq!(
+        (e.launcher, e.rank, e.size, e.local_rank, e.local_size),
+        (Launcher::OpenMpi, 2, 4, Some(0), Some(2))
+    );
+    assert_eq!(e.unique_id().unwrap(), id);
+    assert_eq!(e.secret_source, SecretSource::UniqueId);
+    assert!(e.root_from_unique_id);
+
+    // Slurm: root from the node list, explicit secret.
+    let e = env(&[
+        ("SLURM_PROCID", "5"),
+        ("SLURM_NTASKS", "6"),
+        ("SLURM_LOCALID", "1"),
+        ("SLURM_STEP_NODELIST", "gpu[07-08],cpu1"),
+        ("MASTER_PORT", "999"),
+        ("OXCCL_SECRET", "00112233445566778899aabbccddeeff"),
+    ])
+    .unwrap();
+    assert_eq!(
+        (e.launcher, e.rank, e.size, e.local_rank, e.local_size),
+        (Launcher::Slurm, 5, 6, Some(1), None)
+    );
+    assert_eq!(e.root, "gpu07:999");
+    assert_eq!(e.secret_source, SecretSource::Explicit);
+    assert_eq!(e.secret().as_bytes()[15], 0xff);
+
+    // PMI with an IPv6 master and the default port.
+    let e = env(&[("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("MASTER_ADDR", "::1")]).unwrap();
+    assert_eq!(
+        (e.launcher, e.rank, e.size, e.local_rank),
+        (Launcher::Pmi, 0, 2, None)
+    );
+    assert_eq!(e.root, "[::1]:29500");
+    assert_eq!(e.root_addr().unwrap(), "[::1]:29500".parse().unwrap());
+
+    // torchrun inside a Slurm allocation: RANK is the rank that counts.
+    let e = env(&[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+    ])
+    .unwrap();
+    assert_eq!((e.launcher, e.rank, e.size), (Launcher::Torchrun, 1, 2));
+    // Half a launcher's pair is not that launcher.
+    let e = env(&[
+        ("RANK", "1"),
+        ("PMI_RANK", "1"),
+        ("PMI_SIZE", "3"),
+        ("MASTER_ADDR", "h"),
+    ])
+    .unwrap();
+    assert_eq!(e.launcher, Launcher::Pmi);
+
+    // Derived secrets differ between jobs with the same root.
+    let job = |id: &str| {
+        env(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_ID", id),
+            ("MASTER_ADDR", "n1"),
+        ])
+        .unwrap()
+        .secret()
+        .clone()
+    };
+    assert_ne!(job("100"), job("101"));
+    assert_eq!(job("100"), job("100"));
+
+    // Refusals, each naming what is wrong.
+    assert!(usage_error(&[]).contains("no launcher environment found"));
+    assert!(
+        usage_error(&[("RANK", "x"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")])
+            .contains("RANK=\"x\"")
+    );
+    assert!(
+        usage_error(&[("RANK", "2"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")])
+            .contains("not below WORLD_SIZE=2")
+    );
+    assert!(
+        usage_error(&[("RANK", "0"), ("WORLD_SIZE", "0"), ("MASTER_ADDR", "h")])
+            .contains("WORLD_SIZE=0")
+    );
+    assert!(
+        usage_error(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")])
+            .contains("MASTER_ADDR")
+    );
+    assert!(
+        usage_error(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "70000")
+        ])
+        .contains("MASTER_PORT")
+    );
+    assert!(
+        usage_error(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("OXCCL_UNIQUE_ID", "garbage")
+        ])
+        .contains("oxccl unique id")
+    );
+    let bad_secret = usage_error(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "h"),
+        ("OXCCL_SECRET", "abc"),
+    ]);
+    assert!(bad_secret.contains("OXCCL_SECRET"), "{bad_secret}");
+    assert!(
+        usage_error(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "2"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h")
+        ])
+        .contains("local rank 2")
+    );
+}
+
+// Guards against `from_launch_env` ignoring what it read: the launcher must be reported,
+// and the launcher's local rank must win over the computed one.
+#[test]
+fn bootstrap_from_torchrun_env_in_threads() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let n = 3;
+    let got: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let port = port.clone();
+                s.spawn(move || {
+                    let rank = r.to_string();
+                    let local = (n - 1 - r).to_string();
+                    let e = env(&[
+                        ("RANK", &rank),
+                        ("WORLD_SIZE", "3"),
+                        ("LOCAL_RANK", &local),
+                        ("LOCAL_WORLD_SIZE", "3"),
+                        ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", &port),
+                        ("OXCCL_SECRET", "0123456789abcdef0123456789abcdef"),
+                    ])
+                    .unwrap();
+                    let bs = Bootstrap::from_launch_env(&e, &common::config()).unwrap();
+                    let all = bs.all_gather(&[bs.rank() as u8]).unwrap();
+                    bs.barrier().unwrap();
+                    (bs.launcher(), bs.local_rank(), bs.local_size(), all)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, (launcher, local_rank, local_size, all)) in got.into_iter().enumerate() {
+        assert_eq!(launcher, Some(Launcher::Torchrun));
+        assert_eq!((local_rank, local_size), (n - 1 - r, 3));
+        assert_eq!(all, vec![vec![0], vec![1], vec![2]]);
+    }
+}

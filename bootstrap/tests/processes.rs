@@ -1,0 +1,230 @@
+//! Ranks as separate processes, started the way launchers start them: this test binary
+//! re-runs itself with launcher variables set and `OXCCL_TEST_CHILD` selecting the child
+//! role (`child_process_entry`).
+
+#![allow(missing_docs)]
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use oxccl_bootstrap::{Bootstrap, Config, UniqueId};
+
+const CHILD_ENV: &str = "OXCCL_TEST_CHILD";
+const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Launcher variables the parent's own environment might carry; children must see only
+/// the ones each test sets.
+const LAUNCHER_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_STEP_NODELIST",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+    "SLURM_JOB_ID",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "OXCCL_UNIQUE_ID",
+    "OXCCL_SECRET",
+    "TORCHELASTIC_RUN_ID",
+];
+
+/// The child role: join from the environment, run every operation, report one line.
+#[test]
+fn child_process_entry() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let bs =
+        Bootstrap::from_env_with_config(&Config::default().with_timeout(Duration::from_secs(30)))
+            .expect("child init");
+    let (me, n) = (bs.rank(), bs.size());
+    let mine = format!("pid {} rank {me}", std::process::id()).into_bytes();
+    let all = bs.all_gather(&mine).unwrap();
+    assert_eq!(all[me], mine);
+    for (r, b) in all.iter().enumerate() {
+        assert!(String::from_utf8_lossy(b).ends_with(&format!("rank {r}")));
+    }
+    assert_eq!(bs.all_gather_ring(&mine).unwrap(), all);
+    bs.barrier().unwrap();
+    assert_eq!(bs.broadcast(n - 1, &all[n - 1]).unwrap(), all[n - 1]);
+    let right = (me + 1) % n;
+    let left = (me + n - 1) % n;
+    bs.send(right, 9, &mine).unwrap();
+    assert_eq!(bs.recv(left, 9).unwrap(), all[left]);
+    bs.barrier().unwrap();
+    // On its own line: the test harness prints the test's name before it.
+    println!(
+        "\nCHILD-OK rank={me} size={n} local_rank={} local_size={} launcher={:?}",
+        bs.local_rank(),
+        bs.local_size(),
+        bs.launcher()
+    );
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `n` children, rank `r` with `vars(r)`, waits for all (killing them at the
+/// deadline), and returns each one's `CHILD-OK` line.
+fn run_job(n: usize, vars: impl Fn(usize) -> Vec<(String, String)>) -> Vec<String> {
+    let exe = std::env::current_exe().unwrap();
+    let mut children: Vec<Child> = (0..n)
+        .map(|r| {
+            let mut cmd = Command::new(&exe);
+            cmd.args([
+                "child_process_entry",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+            for v in LAUNCHER_VARS {
+                cmd.env_remove(v);
+            }
+            cmd.envs(vars(r));
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + CHILD_TIMEOUT;
+    // Wait for all; at the deadline kill every child, so a hang fails the test instead of
+    // leaving processes behind.
+    loop {
+        let done = children
+            .iter_mut()
+            .all(|c| matches!(c.try_wait(), Ok(Some(_))));
+        if done {
+            break;
+        }
+        if Instant::now() > deadline {
+            for c in &mut children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            panic!("the ranks did not finish within {CHILD_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    children
+        .into_iter()
+        .enumerate()
+        .map(|(r, child)| {
+            let out = child.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success(),
+                "rank {r} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+                out.status
+            );
+            stdout
+                .lines()
+                .find_map(|l| l.find("CHILD-OK").map(|i| &l[i..]))
+                .unwrap_or_else(|| panic!("rank {r} printed no result:\n{stdout}\n{stderr}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+fn s(k: &str, v: impl ToString) -> (String, String) {
+    (k.to_owned(), v.to_string())
+}
+
+// Guards against the bootstrap only working inside one process (shared memory, shared
+// statics), and against misreading torchrun's variables in a real child environment.
+#[test]
+fn processes_torchrun_n3() {
+    let port = free_port();
+    let lines = run_job(3, |r| {
+        vec![
+            s("RANK", r),
+            s("WORLD_SIZE", 3),
+            s("LOCAL_RANK", r),
+            s("LOCAL_WORLD_SIZE", 3),
+            s("MASTER_ADDR", "127.0.0.1"),
+            s("MASTER_PORT", port),
+            s("OXCCL_SECRET", "000102030405060708090a0b0c0d0e0f"),
+        ]
+    });
+    for (r, l) in lines.iter().enumerate() {
+        assert_eq!(
+            l,
+            &format!(
+                "CHILD-OK rank={r} size=3 local_rank={r} local_size=3 launcher=Some(Torchrun)"
+            )
+        );
+    }
+}
+
+// Guards against the unique-id path (rank 0 binding exactly the id's address) failing
+// across processes, at the largest process count of the suite, with Open MPI variables
+// and no launcher local size (computed from host names instead).
+#[test]
+fn processes_open_mpi_with_unique_id_n7() {
+    let id = UniqueId::new(format!("127.0.0.1:{}", free_port()).parse().unwrap()).unwrap();
+    let lines = run_job(7, |r| {
+        vec![
+            s("OMPI_COMM_WORLD_RANK", r),
+            s("OMPI_COMM_WORLD_SIZE", 7),
+            s("OXCCL_UNIQUE_ID", &id),
+        ]
+    });
+    for (r, l) in lines.iter().enumerate() {
+        assert_eq!(
+            l,
+            &format!("CHILD-OK rank={r} size=7 local_rank={r} local_size=7 launcher=Some(OpenMpi)")
+        );
+    }
+}
+
+// Guards against the Slurm path (root from the node list) and the smallest job breaking.
+#[test]
+fn processes_slurm_n2_and_pmi_n1() {
+    let port = free_port();
+    let lines = run_job(2, |r| {
+        vec![
+            s("SLURM_PROCID", r),
+            s("SLURM_NTASKS", 2),
+            s("SLURM_LOCALID", r),
+            s("SLURM_STEP_NODELIST", "localhost"),
+            s("MASTER_PORT", port),
+            s("SLURM_JOB_ID", "4242"),
+        ]
+    });
+    assert_eq!(lines.len(), 2);
+    assert!(lines[1].ends_with("launcher=Some(Slurm)"), "{}", lines[1]);
+
+    let port = free_port();
+    let lines = run_job(1, |_| {
+        vec![
+            s("PMI_RANK", 0),
+            s("PMI_SIZE", 1),
+            s("MASTER_ADDR", "127.0.0.1"),
+            s("MASTER_PORT", port),
+        ]
+    });
+    assert_eq!(
+        lines,
+        vec!["CHILD-OK rank=0 size=1 local_rank=0 local_size=1 launcher=Some(Pmi)".to_owned()]
+    );
+}
