@@ -10,6 +10,8 @@
 //! | `tail_cache` (u64) | kernel threads | kernel threads | device |
 //!
 //! Invariants:
+//! - `size` is a power of two (the host refuses others), so slot and lap come from a mask
+//!   and a bit test rather than a 64-bit division on every push.
 //! - Position `p` lives in slot `p % size`. A push takes a position from `head`, waits until
 //!   `p < tail + size` (the slot's previous trigger was executed), then publishes.
 //! - A slot's commit bit is the parity of its lap, inverted: lap 0 writes 1, lap 1 writes 0,
@@ -166,11 +168,12 @@ impl ProxyTrigger {
     }
 }
 
-/// The commit bit a trigger at `position` carries in a ring of `size` slots: the parity of
-/// its lap, inverted, so lap 0 (a zeroed ring) is not mistaken for committed.
+/// The commit bit a trigger at `position` carries in a ring of `size` slots (a power of
+/// two): the parity of its lap, inverted, so lap 0 (a zeroed ring) is not mistaken for
+/// committed. With `size` a power of two, the lap's parity is bit `log2(size)` of `position`.
 #[inline(always)]
 pub const fn commit_bit_for(position: u64, size: u32) -> u64 {
-    ((position / size as u64) & 1) ^ 1
+    (position & size as u64 == 0) as u64
 }
 
 /// One FIFO slot: two 64-bit cells, 16-byte aligned so the GPU can publish both in one
@@ -215,7 +218,7 @@ pub struct FifoDeviceHandle {
     pub tail_cache: u64,
     /// Address of the host proxy's doorbell (CPU emulator), or 0.
     pub doorbell: u64,
-    /// Number of slots (at least 1).
+    /// Number of slots: a power of two.
     pub size: u32,
     /// Reserved, zero.
     pub reserved: u32,
@@ -238,9 +241,10 @@ impl FifoDeviceHandle {
 
     #[inline(always)]
     fn slot(&self, position: u64) -> &[AtomicU64; 2] {
-        let index = (position % self.size as u64) as usize;
-        // SAFETY: `triggers` points to `size` slots (host invariant, as in `cell`), and the
-        // index is reduced modulo `size`.
+        let index = (position & (self.size as u64 - 1)) as usize;
+        // SAFETY: `triggers` points to `size` slots, `size` a non-zero power of two (host
+        // invariant, as in `cell`; `push` refuses a handle that breaks it), so the mask keeps
+        // the index below `size`.
         unsafe { &(*(self.triggers as usize as *const TriggerSlot).add(index)).words }
     }
 
@@ -250,8 +254,13 @@ impl FifoDeviceHandle {
     /// # Errors
     /// [`DeviceError::Timeout`] / [`DeviceError::Aborted`] if the ring stays full past the
     /// wait limit. The position is then lost and the channel unusable, as the host is told.
+    /// [`DeviceError::InvalidArgument`] for a handle whose size is not a power of two (a
+    /// zeroed handle, say): nothing is written.
     #[inline(always)]
     pub fn push(&self, trigger: ProxyTrigger) -> Result<u64, DeviceError> {
+        if !self.size.is_power_of_two() {
+            return Err(self.wait.raise(DeviceError::InvalidArgument));
+        }
         // Relaxed, device scope: the head only hands out positions; the slot's publish
         // carries the ordering.
         let position = atomic::fetch_add(self.cell(self.head), 1, Ordering::Relaxed, Scope::Gpu);
@@ -445,12 +454,34 @@ mod tests {
     /// the previous lap reading as committed.
     #[test]
     fn commit_parity_alternates_by_lap() {
-        let size = 4;
-        assert_eq!(commit_bit_for(0, size), 1);
-        assert_eq!(commit_bit_for(3, size), 1);
-        assert_eq!(commit_bit_for(4, size), 0);
-        assert_eq!(commit_bit_for(8, size), 1);
-        assert_ne!(commit_bit_for(1, size), commit_bit_for(5, size));
+        for size in [1u32, 2, 4, 8, 1 << 20] {
+            for position in 0..64u64 * size.min(8) as u64 {
+                let lap = position / size as u64;
+                assert_eq!(
+                    commit_bit_for(position, size),
+                    (lap & 1) ^ 1,
+                    "size {size} position {position}"
+                );
+            }
+        }
+        assert_eq!(commit_bit_for(0, 4), 1);
+        assert_eq!(commit_bit_for(4, 4), 0);
+    }
+
+    /// Guards against a zeroed (or otherwise broken) handle dividing by zero or indexing
+    /// outside the ring: it must refuse the push.
+    #[test]
+    fn broken_handle_refuses_push() {
+        for size in [0, 3, 6] {
+            let handle = FifoDeviceHandle {
+                size,
+                ..Default::default()
+            };
+            assert_eq!(
+                handle.push(ProxyTrigger::default()),
+                Err(DeviceError::InvalidArgument)
+            );
+        }
     }
 
     /// Guards against a field too wide for its bits being accepted.

@@ -32,7 +32,7 @@ const TAG_MEMORY_CHANNEL: u64 = 2 << 56;
 /// Settings of a communicator.
 #[derive(Clone, Debug)]
 pub struct CommunicatorConfig {
-    /// Slots of the proxy's trigger FIFO.
+    /// Slots of the proxy's trigger FIFO (a power of two).
     pub fifo_size: u32,
     /// Longest any single device wait may take before the kernel gives up and the host is
     /// told which channel timed out.

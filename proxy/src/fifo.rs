@@ -51,11 +51,11 @@ impl Fifo {
     /// A zeroed (empty) ring of `size` slots.
     ///
     /// # Errors
-    /// `size` of zero or above [`MAX_FIFO_SIZE`].
+    /// `size` not a power of two, or above [`MAX_FIFO_SIZE`].
     pub fn new(size: u32) -> Result<Self, crate::ProxyError> {
-        if size == 0 || size > MAX_FIFO_SIZE {
+        if !size.is_power_of_two() || size > MAX_FIFO_SIZE {
             return Err(crate::ProxyError::InvalidUsage(format!(
-                "FIFO size {size} outside 1..={MAX_FIFO_SIZE}"
+                "FIFO size {size} is not a power of two in 1..={MAX_FIFO_SIZE}"
             )));
         }
         let slots = (0..size).map(|_| TriggerSlot::new()).collect();
@@ -103,7 +103,7 @@ impl Fifo {
 
     /// The next trigger, if its producer has published it; does not consume it.
     pub fn poll(&self) -> Option<ProxyTrigger> {
-        let slot = &self.cells.slots[(self.next % self.size as u64) as usize].words;
+        let slot = &self.cells.slots[(self.next & (self.size as u64 - 1)) as usize].words;
         // Acquire: pairs with the Release in `publish_pair` (the device's single vector
         // release store), so the first word and the data the kernel wrote before are visible.
         let snd = atomic::load(&slot[1], Ordering::Acquire, Scope::System);

@@ -42,7 +42,7 @@ const PARK_TIMEOUT: Duration = Duration::from_millis(5);
 pub struct ProxyConfig {
     /// This rank, for messages and ownership checks.
     pub rank: u32,
-    /// FIFO slots.
+    /// FIFO slots (a power of two).
     pub fifo_size: u32,
     /// Limit of every device wait on handles this service builds (0: none).
     pub wait_timeout: Duration,

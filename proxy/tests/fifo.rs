@@ -58,7 +58,7 @@ fn smoke() {
 /// push, alternating the commit bit, and a stale slot must never be taken twice.
 #[test]
 fn wraps_at_lap_boundary() {
-    for size in [1u32, 2, 3] {
+    for size in [1u32, 2, 4] {
         let mut fifo = Fifo::new(size).unwrap();
         let h = fifo.device_handle(WaitPolicy::UNBOUNDED);
         for seq in 0..(4 * size as u64 + 1) {
@@ -136,6 +136,7 @@ fn many_producers() {
 #[test]
 fn bad_sizes_are_refused() {
     assert!(Fifo::new(0).is_err());
+    assert!(Fifo::new(3).is_err());
     assert!(Fifo::new(MAX_FIFO_SIZE + 1).is_err());
     assert!(Fifo::new(MAX_FIFO_SIZE).is_ok());
 }
