@@ -4,7 +4,7 @@
 //!
 //! | cell | written by | read by | scope |
 //! |---|---|---|---|
-//! | `head` (u64 counter) | kernel threads, `fetch_add` | kernel threads | device (`.gpu`) |
+//! | `head` (u64 counter; bit 63: [`PROXY_ASLEEP`]) | kernel threads, `fetch_add`; the host proxy sets and clears bit 63 (CPU emulator) | kernel threads | device (`.gpu`) |
 //! | `triggers[size]` (16-byte slots) | kernel threads, one release store per push | proxy | system |
 //! | `tail` (u64 counter) | proxy, release store after executing a trigger | kernel threads, acquire | system |
 //! | `tail_cache` (u64) | kernel threads | kernel threads | device |
@@ -18,6 +18,12 @@
 //!   ... The proxy at position `t` takes the slot only if its commit bit is
 //!   [`commit_bit_for`]`(t, size)`. So a zeroed ring reads empty, and a slot still holding
 //!   the previous lap's trigger is never taken for the new one — no slot is ever cleared.
+//! - Bit 63 of `head` ([`PROXY_ASLEEP`]) is set by a host proxy thread (CPU emulator only)
+//!   with an RMW just before it parks, and cleared when it wakes. A pusher learns from its
+//!   own `fetch_add` whether the proxy was asleep and tells the doorbell. RMWs of one
+//!   cell are totally ordered, so either the pusher sees the bit, or the proxy's RMW sees
+//!   the claimed position beyond `tail` and does not park: no push is missed, and a push to
+//!   an awake proxy costs no barrier beyond the `fetch_add` it needs anyway.
 //! - `tail > p` means the proxy has *executed* trigger `p` (for a `SYNC` trigger: the
 //!   connection was flushed), which is what [`FifoDeviceHandle::sync`] waits for.
 
@@ -68,6 +74,9 @@ pub mod trigger_bits {
     /// Lap-parity commit bit: word 1, bit 63.
     pub const COMMIT_SHIFT: u32 = 63;
 }
+
+/// Bit of the FIFO head that says the host proxy is parked (see the module docs).
+pub const PROXY_ASLEEP: u64 = 1 << 63;
 
 /// Largest number of distinct memory ids a trigger can name.
 pub const MAX_MEMORY_IDS: u32 = (trigger_bits::MEMORY_ID_MASK + 1) as u32;
@@ -261,11 +270,12 @@ impl FifoDeviceHandle {
         if !self.size.is_power_of_two() {
             return Err(self.wait.raise(DeviceError::InvalidArgument));
         }
-        // Relaxed, device scope: the head only hands out positions; the slot's publish
-        // carries the ordering.
-        let position = atomic::fetch_add(self.cell(self.head), 1, Ordering::Relaxed, Scope::Gpu);
+        // Relaxed, device scope: the head only hands out positions (and, through its
+        // modification order, the proxy's sleep bit); the slot's publish carries the ordering.
+        let claimed = atomic::fetch_add(self.cell(self.head), 1, Ordering::Relaxed, Scope::Gpu);
+        let position = claimed & !PROXY_ASLEEP;
         let size = self.size as u64;
-        // Acquire: pairs with the Release in `fetch_max` below, which another pusher did
+        // Acquire: pairs with the Release store of the cache below, which another pusher did
         // after acquiring `tail`, so our slot write is ordered after the proxy's read of it.
         let cached = atomic::load(self.cell(self.tail_cache), Ordering::Acquire, Scope::Gpu);
         if position >= cached + size {
@@ -274,10 +284,13 @@ impl FifoDeviceHandle {
                 // (and executed) the slot's previous trigger.
                 let tail = atomic::load(self.cell(self.tail), Ordering::Acquire, Scope::System);
                 if position < tail + size {
-                    atomic::fetch_max(
+                    // Release: pairs with the Acquire load of the cache above in other pushers.
+                    // A plain store: a racing pusher may put back an older tail, which only
+                    // makes later pushes look again; every cached value was a real tail.
+                    atomic::store(
                         self.cell(self.tail_cache),
                         tail,
-                        Ordering::AcqRel,
+                        Ordering::Release,
                         Scope::Gpu,
                     );
                     true
@@ -288,7 +301,7 @@ impl FifoDeviceHandle {
         }
         let t = trigger.with_commit_bit(commit_bit_for(position, self.size));
         atomic::publish_pair(self.slot(position), t.fst, t.snd, Scope::System);
-        arch::ring_doorbell(self.doorbell);
+        arch::ring_doorbell(self.doorbell, claimed & PROXY_ASLEEP != 0);
         Ok(position)
     }
 

@@ -4,38 +4,73 @@
 //! documented with the device side in [`oxccl_device::fifo`]. This side is the single
 //! consumer: it takes the slot at its position when the slot's commit bit matches the
 //! position's lap, executes it, and only then releases `tail`, so `tail > p` means "trigger
-//! `p` done" for the device's `sync`.
+//! `p` done" for the device's `sync`. The tail is written back in batches while the ring is
+//! busy and at once when it runs empty, so it may lag, never lead.
 //!
 //! On the CPU backend the ring is ordinary heap memory; the CUDA backend will place the same
 //! cells in pinned, device-mapped host memory.
 
+use crossbeam_utils::CachePadded;
 use oxccl_device::arch::atomic::{self, AtomicU64, Ordering, Scope};
 use oxccl_device::fifo::{FifoDeviceHandle, ProxyTrigger, TriggerSlot, commit_bit_for};
 use oxccl_device::wait::WaitPolicy;
+use std::cell::Cell;
 use std::sync::Arc;
 
 #[cfg(not(oxccl_loom))]
 use oxccl_device::arch::host::Doorbell;
+
+/// Pops between two write-backs of the tail while the ring stays busy.
+pub const TAIL_BATCH: u64 = 8;
 
 /// Largest ring the proxy accepts: 2^20 slots (16 MiB).
 pub const MAX_FIFO_SIZE: u32 = 1 << 20;
 
 /// The cells of one FIFO, shared by the consumer and by whoever must keep them alive while
 /// kernels may still use the handle.
+///
+/// Each counter has a cache line of its own: the producers' `fetch_add` on `head` and the
+/// consumer's store of `tail` after every pop would otherwise move one line back and forth
+/// on every trigger.
 pub struct FifoCells {
     slots: Box<[TriggerSlot]>,
-    head: AtomicU64,
-    tail: AtomicU64,
-    tail_cache: AtomicU64,
+    head: CachePadded<AtomicU64>,
+    tail: CachePadded<AtomicU64>,
+    tail_cache: CachePadded<AtomicU64>,
     #[cfg(not(oxccl_loom))]
     doorbell: Doorbell,
 }
 
+#[cfg(not(oxccl_loom))]
 impl FifoCells {
-    /// The doorbell a push rings.
-    #[cfg(not(oxccl_loom))]
+    /// The doorbell a push rings when the consumer is parked.
     pub fn doorbell(&self) -> &Doorbell {
         &self.doorbell
+    }
+
+    /// Parks the calling consumer thread until a pusher rings the doorbell, someone calls
+    /// [`Doorbell::wake_sleeper`], or `timeout` passes. Returns false at once, without
+    /// parking, when a claimed position has not been executed yet or `stop()` holds.
+    ///
+    /// The handshake with `FifoDeviceHandle::push`: the sleep bit is set by an RMW of
+    /// `head`, so in `head`'s modification order every pusher's `fetch_add` is either after
+    /// it (the pusher sees the bit and rings) or before it (this RMW sees the claimed
+    /// position and we do not park).
+    pub fn park_consumer(&self, timeout: std::time::Duration, stop: impl Fn() -> bool) -> bool {
+        use oxccl_device::fifo::PROXY_ASLEEP;
+        self.doorbell.register_sleeper();
+        // AcqRel: the RMW's place in head's modification order is what the handshake needs;
+        // Acquire also orders the tail load below after it.
+        let claimed = atomic::fetch_or(&self.head, PROXY_ASLEEP, Ordering::AcqRel, Scope::System)
+            & !PROXY_ASLEEP;
+        // Acquire: pairs with the Release store of `tail` by whoever executed last.
+        let executed = atomic::load(&self.tail, Ordering::Acquire, Scope::System);
+        let park = claimed == executed && !stop();
+        if park {
+            std::thread::park_timeout(timeout);
+        }
+        atomic::fetch_and(&self.head, !PROXY_ASLEEP, Ordering::AcqRel, Scope::System);
+        park
     }
 }
 
@@ -44,6 +79,9 @@ pub struct Fifo {
     cells: Arc<FifoCells>,
     /// Position of the next trigger to take; equals `tail` between calls.
     next: u64,
+    /// The last value written to `tail`; lags `next` by less than [`TAIL_BATCH`] while
+    /// the ring is busy.
+    published: Cell<u64>,
     size: u32,
 }
 
@@ -62,13 +100,14 @@ impl Fifo {
         Ok(Fifo {
             cells: Arc::new(FifoCells {
                 slots,
-                head: AtomicU64::new(0),
-                tail: AtomicU64::new(0),
-                tail_cache: AtomicU64::new(0),
+                head: CachePadded::new(AtomicU64::new(0)),
+                tail: CachePadded::new(AtomicU64::new(0)),
+                tail_cache: CachePadded::new(AtomicU64::new(0)),
                 #[cfg(not(oxccl_loom))]
                 doorbell: Doorbell::new(),
             }),
             next: 0,
+            published: Cell::new(0),
             size,
         })
     }
@@ -88,9 +127,9 @@ impl Fifo {
         let c = &*self.cells;
         FifoDeviceHandle {
             triggers: c.slots.as_ptr() as u64,
-            head: &c.head as *const AtomicU64 as u64,
-            tail: &c.tail as *const AtomicU64 as u64,
-            tail_cache: &c.tail_cache as *const AtomicU64 as u64,
+            head: &*c.head as *const AtomicU64 as u64,
+            tail: &*c.tail as *const AtomicU64 as u64,
+            tail_cache: &*c.tail_cache as *const AtomicU64 as u64,
             #[cfg(not(oxccl_loom))]
             doorbell: &c.doorbell as *const Doorbell as u64,
             #[cfg(oxccl_loom)]
@@ -109,6 +148,8 @@ impl Fifo {
         let snd = atomic::load(&slot[1], Ordering::Acquire, Scope::System);
         let trigger = ProxyTrigger { fst: 0, snd };
         if trigger.commit_bit() != commit_bit_for(self.next, self.size) {
+            // Nothing to do: the moment to let pushers and flushes see how far we got.
+            self.publish_tail();
             return None;
         }
         // Relaxed: ordered after the Acquire above.
@@ -116,18 +157,30 @@ impl Fifo {
         Some(ProxyTrigger { fst, snd })
     }
 
-    /// Marks the trigger returned by the last `poll` as executed, freeing its slot.
+    /// Marks the trigger returned by the last `poll` as executed, freeing its slot. The
+    /// tail is written back every [`TAIL_BATCH`] pops and whenever `poll` finds the ring
+    /// empty, not on every pop: each write moves a cache line that pushers read.
     pub fn pop(&mut self) {
         self.next += 1;
-        // Release: pairs with the device's Acquire loads of `tail` in `push` and `sync`:
-        // our reads of the slot, and the trigger's effects, happen before its reuse / the
-        // end of the device's flush.
-        atomic::store(
-            &self.cells.tail,
-            self.next,
-            Ordering::Release,
-            Scope::System,
-        );
+        if self.next.is_multiple_of(TAIL_BATCH) {
+            self.publish_tail();
+        }
+    }
+
+    /// Writes the tail back if pushers have not seen the latest value.
+    fn publish_tail(&self) {
+        if self.published.get() != self.next {
+            self.published.set(self.next);
+            // Release: pairs with the device's Acquire loads of `tail` in `push` and `sync`:
+            // our reads of the slots, and the triggers' effects, happen before their reuse /
+            // the end of the device's flush.
+            atomic::store(
+                &self.cells.tail,
+                self.next,
+                Ordering::Release,
+                Scope::System,
+            );
+        }
     }
 
     /// Position of the next trigger to take (= triggers executed so far).

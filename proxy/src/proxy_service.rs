@@ -8,8 +8,8 @@
 //! the service's abort flag so kernels waiting on it stop, and is recorded: the next
 //! [`ProxyService::check`] returns it, naming rank, channel, peer, id and range.
 //!
-//! The thread polls, then yields, then parks on the FIFO's doorbell (a push wakes it), so an
-//! idle proxy costs no core on the CPU backend. With [`ProxyConfig::assist`] (CPU backend),
+//! The thread polls, then yields, then parks (announcing it in the FIFO head, so the next
+//! push rings its doorbell), so an idle proxy costs no core on the CPU backend. With [`ProxyConfig::assist`] (CPU backend),
 //! a kernel thread that pushes drains the FIFO itself when no one else is draining it: the
 //! consumer is a lock that the proxy thread and assisting threads take in turn, so triggers
 //! still execute one at a time, in order, through the same checks.
@@ -356,13 +356,11 @@ fn assist(consumer: &Weak<Mutex<Fifo>>, shared: &Weak<Shared>) -> bool {
 fn run(consumer: &Mutex<Fifo>, cells: &FifoCells, shared: &Shared) {
     let mut idle = 0u32;
     loop {
-        match drain(consumer, shared) {
-            Some(0) => {}
-            // Did work, or an assistant is working: stay hot.
-            _ => {
-                idle = 0;
-                continue;
-            }
+        // Stay hot only after executing something ourselves. `None` means a kernel thread
+        // is assisting: that is its work, and spinning beside it would take its core.
+        if let Some(1..) = drain(consumer, shared) {
+            idle = 0;
+            continue;
         }
         // Acquire: pairs with the Release in `stop`. The drain above found the ring empty
         // after `stop` was possibly set; one more drain catches triggers published before it.
@@ -377,14 +375,10 @@ fn run(consumer: &Mutex<Fifo>, cells: &FifoCells, shared: &Shared) {
             std::hint::spin_loop();
         } else if idle < SPIN_POLLS + YIELD_POLLS {
             std::thread::yield_now();
-        } else {
-            let has_work = || match consumer.try_lock() {
-                Ok(fifo) => fifo.poll().is_some(),
-                Err(_) => true,
-            };
-            cells.doorbell().sleep_unless(PARK_TIMEOUT, || {
-                has_work() || shared.stop.load(Ordering::Acquire)
-            });
+        } else if !cells.park_consumer(PARK_TIMEOUT, || shared.stop.load(Ordering::Acquire)) {
+            // A position is claimed but not executed yet (its pusher is about to publish, or
+            // an assistant is draining): not the moment to park.
+            std::thread::yield_now();
         }
     }
 }

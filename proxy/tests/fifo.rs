@@ -141,7 +141,8 @@ fn bad_sizes_are_refused() {
     assert!(Fifo::new(MAX_FIFO_SIZE).is_ok());
 }
 
-/// Guards against `sync` returning before the consumer executed the position.
+/// Guards against `sync` returning before the consumer executed the position, and against
+/// a tail that is never written back once the ring runs empty.
 #[test]
 fn sync_waits_for_pop() {
     let mut fifo = Fifo::new(4).unwrap();
@@ -157,5 +158,52 @@ fn sync_waits_for_pop() {
     assert!(fifo.poll().is_some());
     done.store(1, Ordering::Relaxed);
     fifo.pop();
+    // As the proxy does: the poll that finds the ring empty writes the tail back.
+    assert!(fifo.poll().is_none());
     assert_eq!(producer.join().unwrap(), 1);
+}
+
+/// Guards against a push that does not wake a parked consumer (a lost wake-up in the
+/// sleep-bit handshake). The consumer parks with a 10 s timeout, so a missed wake shows as
+/// a stall; the rounds race pushes against the moment of parking.
+#[test]
+fn pushes_wake_a_parked_consumer() {
+    const ROUNDS: u64 = 200;
+    let mut fifo = Fifo::new(4).unwrap();
+    let h = fifo.device_handle(WaitPolicy::UNBOUNDED);
+    let cells = fifo.cells();
+    let consumer = std::thread::spawn(move || {
+        let mut longest = Duration::ZERO;
+        for _ in 0..ROUNDS {
+            let started = Instant::now();
+            loop {
+                if let Some(t) = fifo.poll() {
+                    let _ = t;
+                    fifo.pop();
+                    break;
+                }
+                // Returns false without parking when a push is already under way.
+                if !cells.park_consumer(Duration::from_secs(10), || false) {
+                    std::thread::yield_now();
+                }
+            }
+            longest = longest.max(started.elapsed());
+            // Write the tail back, as the proxy's next poll does.
+            assert!(fifo.poll().is_none());
+        }
+        longest
+    });
+    for round in 0..ROUNDS {
+        // Alternate: push at once (racing the park) or after the consumer surely parked.
+        if round % 2 == 1 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        h.push(trigger(1, round)).unwrap();
+        h.sync(round).unwrap();
+    }
+    let longest = consumer.join().unwrap();
+    assert!(
+        longest < Duration::from_secs(5),
+        "a push waited {longest:?} for a parked consumer"
+    );
 }

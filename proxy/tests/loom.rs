@@ -116,6 +116,8 @@ fn sync_waits_for_execution() {
                 // The trigger's effect (a copy), then the release of `tail` in `pop`.
                 effect.store(1, Ordering::Relaxed);
                 fifo.pop();
+                // As the proxy does: the poll that finds the ring empty writes the tail back.
+                assert!(fifo.poll().is_none());
                 break;
             }
             thread::yield_now();

@@ -60,6 +60,18 @@ pub fn fetch_add(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
     imp::fetch_add(a, v, order, scope)
 }
 
+/// Sets the bits of `v` in `a` with `order` at `scope` and returns the previous value.
+#[inline(always)]
+pub fn fetch_or(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
+    imp::fetch_or(a, v, order, scope)
+}
+
+/// Keeps only the bits of `v` in `a` with `order` at `scope` and returns the previous value.
+#[inline(always)]
+pub fn fetch_and(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
+    imp::fetch_and(a, v, order, scope)
+}
+
 /// Raises `a` to at least `v` with `order` at `scope` and returns the previous value.
 #[inline(always)]
 pub fn fetch_max(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
@@ -126,6 +138,16 @@ mod imp {
     #[inline(always)]
     pub fn fetch_max(a: &AtomicU64, v: u64, order: Ordering, _scope: Scope) -> u64 {
         a.fetch_max(v, order)
+    }
+
+    #[inline(always)]
+    pub fn fetch_or(a: &AtomicU64, v: u64, order: Ordering, _scope: Scope) -> u64 {
+        a.fetch_or(v, order)
+    }
+
+    #[inline(always)]
+    pub fn fetch_and(a: &AtomicU64, v: u64, order: Ordering, _scope: Scope) -> u64 {
+        a.fetch_and(v, order)
     }
 
     #[inline(always)]
@@ -242,6 +264,30 @@ mod imp {
         }
         old
     }
+
+    /// `atom.<order>.<scope>.global.<op>.b64` for the bitwise RMWs.
+    macro_rules! bitwise_rmw {
+        ($name:ident, $op:literal) => {
+            #[inline(always)]
+            pub fn $name(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
+                let p = a.as_ptr();
+                let old: u64;
+                // SAFETY: as in `fetch_add`.
+                unsafe {
+                    match order {
+                        Ordering::Relaxed => scoped!(scope, "atom.relaxed", concat!(".global.", $op, ".b64 {o}, [{p}], {v};"),
+                            o = out(reg64) old, v = in(reg64) v, p = in(reg64) p, options(nostack)),
+                        _ => scoped!(scope, "atom.acq_rel", concat!(".global.", $op, ".b64 {o}, [{p}], {v};"),
+                            o = out(reg64) old, v = in(reg64) v, p = in(reg64) p, options(nostack)),
+                    }
+                }
+                old
+            }
+        };
+    }
+
+    bitwise_rmw!(fetch_or, "or");
+    bitwise_rmw!(fetch_and, "and");
 
     #[inline(always)]
     pub fn publish_pair(pair: &[AtomicU64; 2], w0: u64, w1: u64, scope: Scope) {

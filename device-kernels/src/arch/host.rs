@@ -14,7 +14,9 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
-use std::time::{Duration, Instant};
+#[cfg(not(oxccl_loom))]
+use std::time::Duration;
+use std::time::Instant;
 
 pub(crate) const PREFERS_CONTIGUOUS_SPLIT: bool = true;
 
@@ -234,23 +236,19 @@ impl BlockBarrier {
 /// if nobody else is draining it; returns false when someone else is.
 pub type Assist = Box<dyn Fn() -> bool + Send + Sync>;
 
-/// Tells a host proxy that a kernel thread published work for it.
+/// How a kernel thread that published a trigger gets it executed by a host proxy.
 ///
-/// The FIFO device handle carries this doorbell's address (zero on the GPU, where the proxy
-/// polls). Two ways of getting the work done, both in FIFO order by one consumer at a time:
-///
-/// - **Assist** (if the proxy installed one): the ringing kernel thread drains the FIFO
-///   itself when the consumer is free. On a CPU with fewer cores than busy threads this
-///   removes two thread hand-offs from every round trip; triggers are still executed in
-///   order, with the same checks, by whoever holds the consumer.
-/// - **Wake**: otherwise the sleeping proxy thread is unparked. Protocol, a Dekker handshake
-///   with SeqCst fences: the proxy marks itself sleeping, fences, re-checks the FIFO and
-///   only then parks; a producer publishes, fences and unparks if it sees the mark. At least
-///   one of the two sees the other's write, so no push is missed; the proxy's park also has
-///   a timeout as a second guard.
+/// The FIFO device handle carries the doorbell's address (zero on the GPU, where the proxy
+/// polls) and rings it after every push, saying whether the proxy had announced that it was
+/// parking (a bit in the FIFO head, see `oxccl_device::fifo`). A ring:
+/// - **assists** if the proxy installed an assist: the ringing thread drains the FIFO
+///   itself, in order and through the same checks, when nobody else holds the consumer. On
+///   a CPU with fewer cores than busy threads this saves two thread hand-offs per round
+///   trip. It costs one uncontended lock attempt per push.
+/// - otherwise, or if the consumer was busy, **wakes** the proxy thread if it was asleep.
+///   A push to an awake proxy without an assist costs nothing here.
 #[derive(Default)]
 pub struct Doorbell {
-    sleeping: AtomicBool,
     sleeper: OnceLock<Thread>,
     assist: OnceLock<Assist>,
 }
@@ -258,7 +256,7 @@ pub struct Doorbell {
 impl core::fmt::Debug for Doorbell {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Doorbell")
-            .field("sleeping", &self.sleeping)
+            .field("sleeper", &self.sleeper.get().map(Thread::id))
             .field("assist", &self.assist.get().is_some())
             .finish()
     }
@@ -275,56 +273,45 @@ impl Doorbell {
         self.assist.set(assist).is_ok()
     }
 
-    /// Gets the published work done: assists if possible, else wakes the sleeper.
+    /// Records the calling thread as the one [`Self::wake_sleeper`] unparks.
+    pub fn register_sleeper(&self) {
+        let _ = self.sleeper.get_or_init(std::thread::current);
+    }
+
+    /// Gets published work done: assists if possible, else wakes the sleeper if
+    /// `proxy_asleep`.
     #[inline]
-    pub fn ring(&self) {
-        // Under loom the proxy never parks (it polls with yields), and std fences are
-        // invisible to the model.
-        if cfg!(oxccl_loom) {
-            return;
-        }
+    pub fn ring(&self, proxy_asleep: bool) {
         if let Some(assist) = self.assist.get()
             && assist()
         {
             return;
         }
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed)
-            && let Some(t) = self.sleeper.get()
-        {
-            t.unpark();
+        if proxy_asleep {
+            self.wake_sleeper();
         }
     }
 
-    /// Wakes the sleeper if it is parked, without assisting (to stop it, say).
+    /// Unparks the registered sleeper, if any (a wake before its park is kept by the OS
+    /// thread's token, so it is never lost).
     pub fn wake_sleeper(&self) {
-        std::sync::atomic::fence(Ordering::SeqCst);
         if let Some(t) = self.sleeper.get() {
             t.unpark();
         }
-    }
-
-    /// Parks the calling thread for at most `timeout`, unless `has_work` (checked after the
-    /// thread marks itself sleeping) says there is work already.
-    pub fn sleep_unless(&self, timeout: Duration, has_work: impl FnOnce() -> bool) {
-        let _ = self.sleeper.get_or_init(std::thread::current);
-        self.sleeping.store(true, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if !has_work() {
-            std::thread::park_timeout(timeout);
-        }
-        self.sleeping.store(false, Ordering::Relaxed);
     }
 }
 
 /// Rings the doorbell at `addr`, if any (zero means none).
 #[inline]
-pub(crate) fn ring_doorbell(addr: u64) {
+pub(crate) fn ring_doorbell(addr: u64, proxy_asleep: bool) {
     if addr != 0 {
         // SAFETY: a non-zero doorbell address in a FIFO handle is set by the host from a
         // `Doorbell` that the proxy service keeps alive as long as the FIFO exists.
         let bell = unsafe { &*(addr as usize as *const Doorbell) };
-        bell.ring();
+        // Under loom the proxy never parks, so nothing rings; kept out of the model.
+        if !cfg!(oxccl_loom) {
+            bell.ring(proxy_asleep);
+        }
     }
 }
 
@@ -369,7 +356,7 @@ mod tests {
                 std::thread::spawn(move || barrier.wait())
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(std::time::Duration::from_millis(20));
         barrier.poison();
         for w in waiters {
             let err = w.join().expect_err("a waiter passed a poisoned barrier");

@@ -156,11 +156,12 @@ pub fn spin_pause(iteration: u32) {
     imp::spin_pause(iteration)
 }
 
-/// Wakes the host proxy that consumes a FIFO, given the FIFO handle's doorbell address
-/// (zero: nobody to wake; always the case on the GPU, where the proxy polls).
+/// Tells the host proxy that consumes a FIFO that a trigger was published, given the FIFO
+/// handle's doorbell address (zero: nobody to tell; always the case on the GPU, where the
+/// proxy polls) and whether the pusher saw the proxy asleep.
 #[inline(always)]
-pub fn ring_doorbell(addr: u64) {
-    imp::ring_doorbell(addr)
+pub fn ring_doorbell(addr: u64, proxy_asleep: bool) {
+    imp::ring_doorbell(addr, proxy_asleep)
 }
 
 /// Stops the kernel at once (`trap`); on the host, panics the calling kernel thread.

@@ -96,4 +96,4 @@ pub(crate) fn trap() -> ! {
 }
 
 #[inline(always)]
-pub(crate) fn ring_doorbell(_addr: u64) {}
+pub(crate) fn ring_doorbell(_addr: u64, _proxy_asleep: bool) {}
