@@ -181,7 +181,7 @@ mod imp {
     /// Expands to a `match` over scope that runs the same instruction text with `.cta`,
     /// `.gpu` or `.sys` spliced in, so each combination is a literal PTX string.
     macro_rules! scoped {
-        ($scope:expr, $pre:literal, $post:literal, $($operands:tt)*) => {
+        ($scope:expr, $pre:literal, $post:expr, $($operands:tt)*) => {
             match $scope {
                 Scope::Block => asm!(concat!($pre, ".cta", $post), $($operands)*),
                 Scope::Gpu => asm!(concat!($pre, ".gpu", $post), $($operands)*),
