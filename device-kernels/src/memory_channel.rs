@@ -56,6 +56,34 @@ impl MemoryChannelDeviceHandle {
         self.semaphore.wait.raise(error)
     }
 
+    /// Checks a transfer of `bytes` of data as packets of type `P` with `flag`, between a
+    /// packet range at `packets.0` of a `packets.1`-byte buffer and a data range at `data.0`
+    /// of a `data.1`-byte buffer; returns the number of packets.
+    #[inline(always)]
+    fn packet_count<P: Packet>(
+        &self,
+        flag: u32,
+        bytes: u64,
+        packets: (u64, u64),
+        data: (u64, u64),
+    ) -> Result<u64, DeviceError> {
+        let ((packet_off, packet_size), (data_off, data_size)) = (packets, data);
+        if flag == 0
+            || !bytes.is_multiple_of(P::PAYLOAD_BYTES)
+            || !packet_off.is_multiple_of(P::PACKET_BYTES)
+            || !data_off.is_multiple_of(P::PAYLOAD_BYTES)
+        {
+            return Err(self.refuse(DeviceError::InvalidArgument));
+        }
+        let count = bytes / P::PAYLOAD_BYTES;
+        if !in_bounds(packet_off, count * P::PACKET_BYTES, packet_size)
+            || !in_bounds(data_off, bytes, data_size)
+        {
+            return Err(self.refuse(DeviceError::OutOfBounds));
+        }
+        Ok(count)
+    }
+
     /// Copies `bytes` from our buffer at `src_off` to the peer's buffer at `dst_off`, split
     /// among `coop` (every thread of it calls this with the same arguments).
     ///
@@ -181,19 +209,12 @@ impl MemoryChannelDeviceHandle {
         bytes: u64,
         flag: u32,
     ) -> Result<(), DeviceError> {
-        if flag == 0
-            || !bytes.is_multiple_of(P::PAYLOAD_BYTES)
-            || !dst_off.is_multiple_of(P::PACKET_BYTES)
-            || !src_off.is_multiple_of(P::PAYLOAD_BYTES)
-        {
-            return Err(self.refuse(DeviceError::InvalidArgument));
-        }
-        let count = bytes / P::PAYLOAD_BYTES;
-        if !in_bounds(dst_off, count * P::PACKET_BYTES, self.remote_size)
-            || !in_bounds(src_off, bytes, self.local_size)
-        {
-            return Err(self.refuse(DeviceError::OutOfBounds));
-        }
+        let count = self.packet_count::<P>(
+            flag,
+            bytes,
+            (dst_off, self.remote_size),
+            (src_off, self.local_size),
+        )?;
         let (dst, src) = (self.remote + dst_off, self.local + src_off);
         for i in coop.split(count) {
             // SAFETY: `i < count`: inside both checked ranges; offsets aligned as checked
@@ -221,19 +242,12 @@ impl MemoryChannelDeviceHandle {
         bytes: u64,
         flag: u32,
     ) -> Result<(), DeviceError> {
-        if flag == 0
-            || !bytes.is_multiple_of(P::PAYLOAD_BYTES)
-            || !src_off.is_multiple_of(P::PACKET_BYTES)
-            || !dst_off.is_multiple_of(P::PAYLOAD_BYTES)
-        {
-            return Err(self.refuse(DeviceError::InvalidArgument));
-        }
-        let count = bytes / P::PAYLOAD_BYTES;
-        if !in_bounds(src_off, count * P::PACKET_BYTES, self.packets_size)
-            || !in_bounds(dst_off, bytes, self.local_size)
-        {
-            return Err(self.refuse(DeviceError::OutOfBounds));
-        }
+        let count = self.packet_count::<P>(
+            flag,
+            bytes,
+            (src_off, self.packets_size),
+            (dst_off, self.local_size),
+        )?;
         let (dst, src) = (self.local + dst_off, self.packets + src_off);
         for i in coop.split(count) {
             // SAFETY: as in `put_packets`, for our packet and data buffers.

@@ -298,6 +298,72 @@ impl Communicator {
         })
     }
 
+    /// Port channels to the next and the previous rank of the ring `0, 1, .., size-1`:
+    /// `to_next` copies from `local` into the next rank's memory, `to_prev` into the
+    /// previous rank's, and what this rank signals on `to_next` arrives on the next rank's
+    /// `to_prev` (so `to_prev.wait()` waits for the previous rank). `remotes` is every
+    /// rank's memory, by rank (as [`Self::all_gather_memory`] returns it). Every rank must
+    /// call this at the same point.
+    ///
+    /// # Errors
+    /// Fewer than two ranks, `remotes` of the wrong length, or as [`Self::port_channel`].
+    pub fn ring_port_channels(
+        &mut self,
+        remotes: &[RegisteredMemory],
+        local: &RegisteredMemory,
+    ) -> Result<(PortChannel, PortChannel)> {
+        self.check_ring(remotes)?;
+        self.ring_pair(|c, peer| c.port_channel(peer, &remotes[peer as usize], local))
+    }
+
+    /// Memory channels to the next and the previous rank of the ring, paired as in
+    /// [`Self::ring_port_channels`]: kernels write `remotes[next]` / `remotes[prev]` from
+    /// `local`, and unpack packets the neighbours send into `packets`, if given.
+    ///
+    /// # Errors
+    /// Fewer than two ranks, `remotes` of the wrong length, or as [`Self::memory_channel`].
+    pub fn ring_memory_channels(
+        &mut self,
+        remotes: &[RegisteredMemory],
+        local: &RegisteredMemory,
+        packets: Option<&RegisteredMemory>,
+    ) -> Result<(MemoryChannel, MemoryChannel)> {
+        self.check_ring(remotes)?;
+        self.ring_pair(|c, peer| c.memory_channel(peer, &remotes[peer as usize], local, packets))
+    }
+
+    fn check_ring(&self, remotes: &[RegisteredMemory]) -> Result<()> {
+        if self.size() < 2 || remotes.len() != self.size() as usize {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: a ring needs at least two ranks and one memory per rank (got {} ranks, {} memories)",
+                self.rank(),
+                self.size(),
+                remotes.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Builds the channel to the next rank and the one to the previous rank with `make`.
+    /// Setups with one peer pair up in order (the exchange tags count per peer), so the
+    /// order only matters when next and previous are the same rank (two ranks): then even
+    /// ranks start with "next" and odd ranks with "previous", so that each rank's `to_next`
+    /// meets the other's `to_prev`.
+    fn ring_pair<C>(
+        &mut self,
+        mut make: impl FnMut(&mut Self, u32) -> Result<C>,
+    ) -> Result<(C, C)> {
+        let (rank, size) = (self.rank(), self.size());
+        let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+        if rank % 2 == 0 {
+            let to_next = make(self, next)?;
+            Ok((to_next, make(self, prev)?))
+        } else {
+            let to_prev = make(self, prev)?;
+            Ok((make(self, next)?, to_prev))
+        }
+    }
+
     /// Reports what went wrong in kernels or the proxy since the last call: a refused
     /// trigger, a failed connection, or a device wait that timed out or was refused, each
     /// naming rank, channel and peer. Clears the abort flag once reported.

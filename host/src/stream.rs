@@ -131,21 +131,12 @@ impl Stream {
         }
         let (g, b) = (config.grid, config.block);
         if g.volume() == 0 || b.volume() == 0 {
-            return refuse(format!(
-                "grid {}x{}x{} and block {}x{}x{} must have no zero extent",
-                g.x, g.y, g.z, b.x, b.y, b.z
-            ));
+            return refuse(format!("grid {g} and block {b} must have no zero extent"));
         }
         if config.total_threads() > CPU_MAX_THREADS_PER_LAUNCH {
             return refuse(format!(
-                "grid {}x{}x{} times block {}x{}x{} is {} threads; the cpu backend runs at most \
+                "grid {g} times block {b} is {} threads; the cpu backend runs at most \
                  {CPU_MAX_THREADS_PER_LAUNCH} per launch",
-                g.x,
-                g.y,
-                g.z,
-                b.x,
-                b.y,
-                b.z,
                 config.total_threads()
             ));
         }

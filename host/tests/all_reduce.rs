@@ -1,7 +1,6 @@
 //! Ring all-reduce over memory channels on the CPU emulator, ranks as threads.
 #![allow(missing_docs)]
 
-use oxccl::MemoryChannel;
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl_device::kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
 use oxccl_device::launch::LaunchConfig;
@@ -13,25 +12,12 @@ fn input(rank: u32, i: usize, iteration: u32) -> f32 {
 
 fn run(ranks: u32, n: usize, threads: u32, in_place: bool, iterations: u32) {
     in_process::run(ranks, InProcessConfig::default(), |comm| {
-        let (rank, next, prev) = (
-            comm.rank(),
-            (comm.rank() + 1) % ranks,
-            (comm.rank() + ranks - 1) % ranks,
-        );
+        let rank = comm.rank();
         let mut work = comm.alloc::<f32>(2 * n)?;
         let mut input_buf = comm.alloc::<f32>(n)?;
         let all = comm.all_gather_memory(&comm.register(&work))?;
         let mine = all[rank as usize].clone();
-        let make = |c: &mut oxccl::Communicator, peer: u32| {
-            c.memory_channel(peer, &all[peer as usize], &mine, None)
-        };
-        let (to_next, to_prev): (MemoryChannel, MemoryChannel) = if rank % 2 == 0 {
-            let a = make(comm, next)?;
-            (a, make(comm, prev)?)
-        } else {
-            let b = make(comm, prev)?;
-            (make(comm, next)?, b)
-        };
+        let (to_next, to_prev) = comm.ring_memory_channels(&all, &mine, None)?;
         let stream = comm.device().stream()?;
         for it in 0..iterations {
             let data: Vec<f32> = (0..n).map(|i| input(rank, i, it)).collect();

@@ -3,9 +3,7 @@
 #![allow(missing_docs)]
 
 use oxccl::in_process::{self, InProcessConfig};
-use oxccl::{
-    Communicator, CommunicatorConfig, DeviceBuffer, MemoryChannel, RegisteredMemory, Result,
-};
+use oxccl::{Communicator, CommunicatorConfig, DeviceBuffer, RegisteredMemory, Result};
 use oxccl_device::kernels::packet_exchange::{ll8_exchange, ll16_exchange};
 use oxccl_device::kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
 use oxccl_device::launch::LaunchConfig;
@@ -68,22 +66,6 @@ fn neighbours(comm: &Communicator) -> (u32, u32) {
     ((rank + 1) % n, (rank + n - 1) % n)
 }
 
-/// Builds a pair of channels to the next and previous rank with `make(peer)`, in an order
-/// that pairs up on both ends (even ranks start with the next rank, odd with the previous).
-fn ring_pair<C>(
-    comm: &mut Communicator,
-    mut make: impl FnMut(&mut Communicator, u32) -> Result<C>,
-) -> Result<(C, C)> {
-    let (next, prev) = neighbours(comm);
-    if comm.rank().is_multiple_of(2) {
-        let a = make(comm, next)?;
-        Ok((a, make(comm, prev)?))
-    } else {
-        let b = make(comm, prev)?;
-        Ok((make(comm, next)?, b))
-    }
-}
-
 fn port_ring(ranks: u32, chunk: usize) {
     // Both ways triggers get executed: by kernel threads assisting, and by proxy threads only.
     for assist in [true, false] {
@@ -95,9 +77,7 @@ fn port_ring_with(ranks: u32, chunk: usize, assist: bool) {
     in_process::run(ranks, config_with_assist(assist), |comm| {
         let (buf, all) = ring_buffer(comm, chunk)?;
         let mine = all[comm.rank() as usize].clone();
-        let (to_next, to_prev) = ring_pair(comm, |c, peer| {
-            c.port_channel(peer, &all[peer as usize], &mine)
-        })?;
+        let (to_next, to_prev) = comm.ring_port_channels(&all, &mine)?;
         let stream = comm.device().stream()?;
         let bytes = (chunk * 4) as u64;
         port_ring_exchange::launch(
@@ -123,9 +103,7 @@ fn memory_ring(ranks: u32, chunk: usize, threads: u32) {
     in_process::run(ranks, config(), |comm| {
         let (buf, all) = ring_buffer(comm, chunk)?;
         let mine = all[comm.rank() as usize].clone();
-        let (to_next, from_prev) = ring_pair(comm, |c, peer| {
-            c.memory_channel(peer, &all[peer as usize], &mine, None)
-        })?;
+        let (to_next, from_prev) = comm.ring_memory_channels(&all, &mine, None)?;
         let stream = comm.device().stream()?;
         memory_ring_exchange::launch(
             &stream,
@@ -182,14 +160,8 @@ fn packet_ring(ranks: u32, kind: u32, bytes: usize, rounds: u32) {
         let data_mem = comm.all_gather_memory(&comm.register(&data))?;
         let packet_mem = comm.all_gather_memory(&comm.register(&packets))?;
         let me = comm.rank() as usize;
-        let (to_next, from_prev): (MemoryChannel, MemoryChannel) = ring_pair(comm, |c, peer| {
-            c.memory_channel(
-                peer,
-                &packet_mem[peer as usize],
-                &data_mem[me],
-                Some(&packet_mem[me]),
-            )
-        })?;
+        let (to_next, from_prev) =
+            comm.ring_memory_channels(&packet_mem, &data_mem[me], Some(&packet_mem[me]))?;
         let stream = comm.device().stream()?;
         for round in 1..=rounds {
             let mut host = vec![0u32; 2 * words];
@@ -240,4 +212,28 @@ fn ll8_packet_exchange() {
 fn ll16_packet_exchange() {
     packet_ring(2, 16, 4096, 3);
     packet_ring(4, 16, 1000, 2);
+}
+
+/// Guards against a ring helper that accepts a one-rank "ring" (which would pair a rank
+/// with itself) or a memory list that does not cover every rank.
+#[test]
+fn ring_helpers_refuse_bad_rings() {
+    in_process::run(1, config(), |comm| {
+        let buf = comm.alloc::<u8>(64)?;
+        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let err = comm.ring_port_channels(&all, &all[0]).unwrap_err();
+        assert!(matches!(err, oxccl::Error::InvalidUsage(_)), "{err}");
+        Ok(())
+    })
+    .unwrap();
+    in_process::run(2, config(), |comm| {
+        let buf = comm.alloc::<u8>(64)?;
+        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let err = comm
+            .ring_memory_channels(&all[..1], &all[0], None)
+            .unwrap_err();
+        assert!(matches!(err, oxccl::Error::InvalidUsage(_)), "{err}");
+        Ok(())
+    })
+    .unwrap();
 }

@@ -34,6 +34,13 @@ pub struct Dim3 {
 
 const _: () = assert!(core::mem::size_of::<Dim3>() == 12);
 
+impl core::fmt::Display for Dim3 {
+    /// `XxYxZ`, as launch configurations are usually written.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}x{}x{}", self.x, self.y, self.z)
+    }
+}
+
 impl Dim3 {
     /// The extent of a single element in every dimension.
     pub const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };

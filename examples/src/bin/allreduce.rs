@@ -58,25 +58,14 @@ struct Rank {
 
 impl Rank {
     fn new(comm: &mut Communicator, max_n: usize) -> Result<Rank> {
-        let (rank, ranks) = (comm.rank(), comm.size());
-        let (next, prev) = ((rank + 1) % ranks, (rank + ranks - 1) % ranks);
+        let rank = comm.rank();
         let work = comm.alloc::<f32>(2 * max_n)?;
         let input = comm
             .device()
             .alloc_from(&(0..max_n).map(|i| value(rank, i)).collect::<Vec<_>>())?;
         let all = comm.all_gather_memory(&comm.register(&work))?;
         let mine = all[rank as usize].clone();
-        let make = |c: &mut Communicator, peer: u32| {
-            c.memory_channel(peer, &all[peer as usize], &mine, None)
-        };
-        // Pairwise setup in an order both ends of each pair agree on.
-        let (next, prev) = if rank % 2 == 0 {
-            let a = make(comm, next)?;
-            (a, make(comm, prev)?)
-        } else {
-            let b = make(comm, prev)?;
-            (make(comm, next)?, b)
-        };
+        let (next, prev) = comm.ring_memory_channels(&all, &mine, None)?;
         Ok(Rank {
             work,
             input,

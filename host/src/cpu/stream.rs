@@ -186,15 +186,8 @@ impl CpuStream {
             Some(launch) => {
                 let (g, b) = (launch.config.grid, launch.config.block);
                 let mut what = format!(
-                    "{head}: kernel `{}` (grid {}x{}x{}, block {}x{}x{}) still has {} of {} \
-                     threads running",
+                    "{head}: kernel `{}` (grid {g}, block {b}) still has {} of {} threads running",
                     launch.kernel.name,
-                    g.x,
-                    g.y,
-                    g.z,
-                    b.x,
-                    b.y,
-                    b.z,
                     launch.remaining_threads(),
                     launch.total_threads()
                 );
