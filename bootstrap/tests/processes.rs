@@ -228,3 +228,24 @@ fn processes_slurm_n2_and_pmi_n1() {
         vec!["CHILD-OK rank=0 size=1 local_rank=0 local_size=1 launcher=Some(Pmi)".to_owned()]
     );
 }
+
+// Guards against a job of many processes (the largest count of the thread tests) losing a
+// rank or deadlocking in the log-N all-gather when every rank is its own process.
+#[test]
+fn processes_pmi_n64() {
+    let port = free_port();
+    let lines = run_job(64, |r| {
+        vec![
+            s("PMI_RANK", r),
+            s("PMI_SIZE", 64),
+            s("MASTER_ADDR", "127.0.0.1"),
+            s("MASTER_PORT", port),
+            s("OXCCL_SECRET", "f0e1d2c3b4a5968778695a4b3c2d1e0f"),
+        ]
+    });
+    assert_eq!(lines.len(), 64);
+    for (r, l) in lines.iter().enumerate() {
+        assert!(l.starts_with(&format!("CHILD-OK rank={r} size=64 ")), "{l}");
+        assert!(l.ends_with("launcher=Some(Pmi)"), "{l}");
+    }
+}
