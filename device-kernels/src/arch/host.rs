@@ -105,10 +105,15 @@ pub(crate) fn grid_dim() -> Dim3 {
 }
 
 pub(crate) fn sync_threads() {
+    sync_threads_or(false);
+}
+
+pub(crate) fn sync_threads_or(predicate: bool) -> bool {
     let barrier = BARRIER.with(|b| b.borrow().clone());
     // Outside a launch the caller is the block's only thread: nothing to wait for.
-    if let Some(barrier) = barrier {
-        barrier.wait();
+    match barrier {
+        Some(barrier) => barrier.wait_or(predicate),
+        None => predicate,
     }
 }
 
@@ -175,6 +180,11 @@ pub struct BlockBarrier {
     arrived: AtomicU32,
     generation: AtomicU32,
     poisoned: AtomicBool,
+    /// OR of the predicates of the threads arrived in the current generation.
+    any: AtomicBool,
+    /// OR of the predicates of the last completed generation; stable until every thread
+    /// has arrived at the next one, so a slow waiter still reads its own generation's.
+    result: AtomicBool,
 }
 
 /// What a thread sees when it waits on a barrier of a block that lost a thread.
@@ -188,6 +198,8 @@ impl BlockBarrier {
             arrived: AtomicU32::new(0),
             generation: AtomicU32::new(0),
             poisoned: AtomicBool::new(false),
+            any: AtomicBool::new(false),
+            result: AtomicBool::new(false),
         }
     }
 
@@ -197,18 +209,33 @@ impl BlockBarrier {
     /// If the barrier is poisoned, before or while waiting: a thread of the block failed
     /// and will never arrive, so the caller's kernel thread fails too instead of hanging.
     pub fn wait(&self) {
+        self.wait_or(false);
+    }
+
+    /// [`Self::wait`], and returns whether any thread of the block passed `predicate` true
+    /// (every thread gets the same answer).
+    ///
+    /// # Panics
+    /// As [`Self::wait`].
+    pub fn wait_or(&self, predicate: bool) -> bool {
         if self.is_poisoned() {
             panic!("{POISONED}");
         }
         // Acquire: pairs with the Release bump below, so the previous generation's writes
         // of every thread are visible once we pass.
         let generation = self.generation.load(Ordering::Acquire);
+        if predicate {
+            // Relaxed: published to the last arriver by the AcqRel fetch_add below.
+            self.any.store(true, Ordering::Relaxed);
+        }
         // AcqRel: our writes are released to the last arriver, which releases them to all.
         if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.threads {
+            let any = self.any.swap(false, Ordering::Relaxed);
+            self.result.store(any, Ordering::Relaxed);
             self.arrived.store(0, Ordering::Relaxed);
-            // Release: pairs with the Acquire loads of waiting threads.
+            // Release: pairs with the Acquire loads of waiting threads (publishes `result`).
             self.generation.fetch_add(1, Ordering::Release);
-            return;
+            return any;
         }
         let mut iteration = 0;
         while self.generation.load(Ordering::Acquire) == generation {
@@ -218,6 +245,7 @@ impl BlockBarrier {
             spin_pause(iteration);
             iteration = iteration.saturating_add(1);
         }
+        self.result.load(Ordering::Relaxed)
     }
 
     /// Marks the barrier failed: current and future waiters panic instead of waiting.

@@ -140,6 +140,14 @@ pub fn sync_threads() {
     imp::sync_threads()
 }
 
+/// [`sync_threads`], and tells every thread whether any thread of the block passed
+/// `predicate` true (`__syncthreads_or`): the way a block takes one decision, such as
+/// "a wait failed, stop", that every thread then follows alike.
+#[inline(always)]
+pub fn sync_threads_or(predicate: bool) -> bool {
+    imp::sync_threads_or(predicate)
+}
+
 /// Orders the calling thread's earlier memory accesses before its later ones for every
 /// observer within `scope` (acquire-release fence).
 #[inline(always)]

@@ -62,6 +62,26 @@ pub(crate) fn sync_threads() {
 }
 
 #[inline(always)]
+pub(crate) fn sync_threads_or(predicate: bool) -> bool {
+    let any: u32;
+    // SAFETY: `bar.red.or.pred` on barrier 0 is `__syncthreads_or`: the block-wide barrier
+    // plus an OR of one predicate per thread; the contract of `arch::sync_threads_or`
+    // requires every thread of the block to reach it.
+    unsafe {
+        asm!(
+            "{{ .reg .pred %p_in, %p_out;",
+            "setp.ne.u32 %p_in, {x}, 0;",
+            "bar.red.or.pred %p_out, 0, %p_in;",
+            "selp.u32 {r}, 1, 0, %p_out; }}",
+            x = in(reg32) predicate as u32,
+            r = out(reg32) any,
+            options(nostack)
+        )
+    };
+    any != 0
+}
+
+#[inline(always)]
 pub(crate) fn fence(scope: Scope) {
     // SAFETY: fences touch no memory; they only order this thread's accesses.
     unsafe {

@@ -54,16 +54,16 @@ fn chunk(c: u32, n_ranks: u32, n: u64) -> core::ops::Range<u64> {
 }
 
 /// All threads meet; then thread 0 signals `next` and waits for `prev`; all meet again and
-/// stop together if the wait failed (the abort flag is shared).
+/// stop together if the wait failed.
 #[inline(always)]
 fn exchange_step(a: &RingAllReduceArgs) -> Result<(), DeviceError> {
     arch::sync_threads();
+    let mut failed = false;
     if arch::thread_rank_in_block() == 0 {
         a.next.signal();
-        let _ = a.prev.wait();
+        failed = a.prev.wait().is_err();
     }
-    arch::sync_threads();
-    if a.prev.semaphore.wait.aborted() {
+    if arch::sync_threads_or(failed) {
         return Err(DeviceError::Aborted);
     }
     Ok(())

@@ -63,12 +63,14 @@ pub fn memory_ring_exchange(
             return;
         }
         arch::sync_threads();
+        let mut failed = false;
         if arch::thread_rank_in_block() == 0 {
             next.signal();
-            let _ = prev.wait();
+            failed = prev.wait().is_err();
         }
-        arch::sync_threads();
-        if prev.semaphore.wait.aborted() {
+        // One decision for the whole block: a thread that stopped alone would leave the
+        // others waiting at the next barrier.
+        if arch::sync_threads_or(failed) {
             return;
         }
     }
