@@ -56,6 +56,26 @@ impl MemoryChannelDeviceHandle {
         self.semaphore.wait.raise(error)
     }
 
+    /// Copies `bytes` between two of the channel's buffers, each given as (address, size,
+    /// offset), after checking both ranges; split among `coop`.
+    #[inline(always)]
+    fn copy_checked(
+        &self,
+        coop: impl Coop,
+        dst: (u64, u64, u64),
+        src: (u64, u64, u64),
+        bytes: u64,
+    ) -> Result<(), DeviceError> {
+        let ((dst_base, dst_size, dst_off), (src_base, src_size, src_off)) = (dst, src);
+        if !in_bounds(dst_off, bytes, dst_size) || !in_bounds(src_off, bytes, src_size) {
+            return Err(self.refuse(DeviceError::OutOfBounds));
+        }
+        // SAFETY: both ranges are inside buffers the host registered for this channel and
+        // keeps alive (checked just above); the local and the remote buffer are distinct.
+        unsafe { copy::copy(coop, dst_base + dst_off, src_base + src_off, bytes) };
+        Ok(())
+    }
+
     /// Checks a transfer of `bytes` of data as packets of type `P` with `flag`, between a
     /// packet range at `packets.0` of a `packets.1`-byte buffer and a data range at `data.0`
     /// of a `data.1`-byte buffer; returns the number of packets.
@@ -76,9 +96,11 @@ impl MemoryChannelDeviceHandle {
             return Err(self.refuse(DeviceError::InvalidArgument));
         }
         let count = bytes / P::PAYLOAD_BYTES;
-        if !in_bounds(packet_off, count * P::PACKET_BYTES, packet_size)
-            || !in_bounds(data_off, bytes, data_size)
-        {
+        // Checked: a wrapped packet size would pass the bounds check.
+        let fits = count
+            .checked_mul(P::PACKET_BYTES)
+            .is_some_and(|packet_bytes| in_bounds(packet_off, packet_bytes, packet_size));
+        if !fits || !in_bounds(data_off, bytes, data_size) {
             return Err(self.refuse(DeviceError::OutOfBounds));
         }
         Ok(count)
@@ -97,15 +119,12 @@ impl MemoryChannelDeviceHandle {
         src_off: u64,
         bytes: u64,
     ) -> Result<(), DeviceError> {
-        if !in_bounds(dst_off, bytes, self.remote_size)
-            || !in_bounds(src_off, bytes, self.local_size)
-        {
-            return Err(self.refuse(DeviceError::OutOfBounds));
-        }
-        // SAFETY: both ranges are inside buffers the host registered for this channel and
-        // keeps alive; the ranges are in different buffers.
-        unsafe { copy::copy(coop, self.remote + dst_off, self.local + src_off, bytes) };
-        Ok(())
+        self.copy_checked(
+            coop,
+            (self.remote, self.remote_size, dst_off),
+            (self.local, self.local_size, src_off),
+            bytes,
+        )
     }
 
     /// Copies `bytes` from the peer's buffer at `src_off` to our buffer at `dst_off`, split
@@ -121,14 +140,12 @@ impl MemoryChannelDeviceHandle {
         src_off: u64,
         bytes: u64,
     ) -> Result<(), DeviceError> {
-        if !in_bounds(dst_off, bytes, self.local_size)
-            || !in_bounds(src_off, bytes, self.remote_size)
-        {
-            return Err(self.refuse(DeviceError::OutOfBounds));
-        }
-        // SAFETY: as in `put`, in the other direction.
-        unsafe { copy::copy(coop, self.local + dst_off, self.remote + src_off, bytes) };
-        Ok(())
+        self.copy_checked(
+            coop,
+            (self.local, self.local_size, dst_off),
+            (self.remote, self.remote_size, src_off),
+            bytes,
+        )
     }
 
     /// Writes `value` as element `index` (in units of `T`) of the peer's buffer.

@@ -65,10 +65,13 @@ impl PortChannelDeviceHandle {
         loop {
             let piece = (bytes - done).min(MAX_TRIGGER_BYTES);
             let last = done + piece == bytes;
-            let (dst, src) = (dst_off + done, src_off + done);
-            if dst > MAX_TRIGGER_BYTES || src > MAX_TRIGGER_BYTES {
-                return Err(self.fifo.wait.raise(DeviceError::OutOfBounds));
-            }
+            // Checked: a wrapped offset would name a valid but wrong place.
+            let (dst, src) = match (dst_off.checked_add(done), src_off.checked_add(done)) {
+                (Some(dst), Some(src)) if dst <= MAX_TRIGGER_BYTES && src <= MAX_TRIGGER_BYTES => {
+                    (dst, src)
+                }
+                _ => return Err(self.fifo.wait.raise(DeviceError::OutOfBounds)),
+            };
             let kind = trigger_type::DATA | if last { last_kind } else { 0 };
             let position = self.fifo.push(self.trigger(kind, dst, src, piece))?;
             if last {
