@@ -123,8 +123,9 @@ fn packet_calls_refuse_bad_arguments() {
         h.put_packets::<Ll8Packet>(Thread, 0, 0, 260, 1),
         Err(DeviceError::OutOfBounds)
     );
+    // (2^61 + 1) packets of 8 bytes wrap to 8 bytes; the data range refuses them too.
     assert_eq!(
-        h.put_packets::<Ll8Packet>(Thread, 0, 0, 1 << 62, 1),
+        h.put_packets::<Ll8Packet>(Thread, 0, 0, (1 << 63) + 4, 1),
         Err(DeviceError::OutOfBounds)
     );
     assert_eq!(
