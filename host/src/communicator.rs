@@ -8,6 +8,7 @@
 use crate::device::Device;
 use crate::device_buffer::DeviceBuffer;
 use crate::error::{Error, Result};
+use crate::host_ipc::HostIpcMapping;
 use crate::host_ipc_connection::HostIpcConnection;
 use crate::memory_channel::MemoryChannel;
 use crate::out_of_band::OutOfBand;
@@ -70,6 +71,8 @@ pub struct Communicator {
     setups: HashMap<u32, u64>,
     /// Peer of each memory channel, by site - MEMORY_CHANNEL_SITE_BASE.
     memory_channel_peers: Vec<u32>,
+    /// Memory of ranks in other processes of this node, mapped here, by (node, pid, inode).
+    mappings: HashMap<(String, u32, u64), HostIpcMapping>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -107,6 +110,7 @@ impl Communicator {
             memory_ids: HashMap::new(),
             setups: HashMap::new(),
             memory_channel_peers: Vec::new(),
+            mappings: HashMap::new(),
         })
     }
 
@@ -151,6 +155,7 @@ impl Communicator {
             buffer.addr(),
             buffer.size_bytes() as u64,
             vec![Transport::HostIpc],
+            buffer.ipc_handle().map(|h| (h, 0)),
         )
     }
 
@@ -213,6 +218,48 @@ impl Communicator {
         Ok(theirs)
     }
 
+    /// `memory` as reachable from this process: its own address for memory of this
+    /// process, else a mapping of the owner's shared object (made once, kept as long as
+    /// the communicator).
+    ///
+    /// # Errors
+    /// Memory of another process that has no host IPC handle, lives on another node, or
+    /// cannot be mapped (see [`HostIpcHandle::map`](crate::host_ipc::HostIpcHandle::map)).
+    pub fn reach(&mut self, memory: &RegisteredMemory) -> Result<MemoryRegion> {
+        if memory.is_local() {
+            return memory.region();
+        }
+        let Some((handle, offset)) = memory.host_ipc() else {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: memory of rank {} is in another process and carries no host IPC handle",
+                self.rank(),
+                memory.rank()
+            )));
+        };
+        let rank = self.rank();
+        let key = (handle.node.clone(), handle.pid, handle.inode);
+        let mapping = match self.mappings.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(handle.map()?),
+        };
+        let fits = offset
+            .checked_add(memory.size())
+            .is_some_and(|end| end <= mapping.len());
+        if !fits {
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank}: memory of rank {} ({} bytes at offset {offset}) lies outside its {}-byte object",
+                memory.rank(),
+                memory.size(),
+                mapping.len()
+            )));
+        }
+        Ok(MemoryRegion::new(
+            memory.rank(),
+            mapping.addr() + offset,
+            memory.size(),
+        ))
+    }
+
     fn memory_id(&mut self, region: MemoryRegion) -> Result<MemoryId> {
         let key = (region.owner_rank, region.addr, region.size);
         if let Some(&id) = self.memory_ids.get(&key) {
@@ -247,10 +294,10 @@ impl Communicator {
         let cells = SemaphoreCells::new(&self.device)?;
         let remote_inbound = self.swap_inbound(peer, TAG_PORT_CHANNEL, &cells)?;
         let connection = Arc::new(HostIpcConnection::new(peer));
-        let id = self
-            .proxy
-            .add_channel(connection, remote_inbound.region()?)?;
-        let dst = self.memory_id(dst.region()?)?;
+        let remote_inbound = self.reach(&remote_inbound)?;
+        let id = self.proxy.add_channel(connection, remote_inbound)?;
+        let dst = self.reach(dst)?;
+        let dst = self.memory_id(dst)?;
         let src = self.memory_id(src.region()?)?;
         Ok(PortChannel {
             semaphore: Host2DeviceSemaphore::new(cells, peer),
@@ -287,11 +334,13 @@ impl Communicator {
         }
         let cells = SemaphoreCells::new(&self.device)?;
         let remote_inbound = self.swap_inbound(peer, TAG_MEMORY_CHANNEL, &cells)?;
+        let remote_inbound = self.reach(&remote_inbound)?;
+        let remote = self.reach(remote)?;
         let site = MEMORY_CHANNEL_SITE_BASE + self.memory_channel_peers.len() as u32;
         self.memory_channel_peers.push(peer);
         Ok(MemoryChannel {
-            semaphore: Device2DeviceSemaphore::new(cells, peer, remote_inbound.region()?.addr),
-            remote: remote.region()?,
+            semaphore: Device2DeviceSemaphore::new(cells, peer, remote_inbound.addr),
+            remote,
             local: local.region()?,
             packets: packets.map(RegisteredMemory::region).transpose()?,
             wait: self.proxy.wait_policy(site),

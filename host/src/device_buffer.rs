@@ -61,13 +61,13 @@ impl<T: Pod> DeviceBuffer<T> {
             AllocError::TooLarge => {
                 Error::InvalidUsage(format!("a buffer of {bytes} bytes does not fit in memory"))
             }
-            AllocError::OutOfMemory => Error::System {
+            AllocError::System(source) => Error::System {
                 context: format!(
                     "allocating {bytes} bytes on {} device {}",
                     device.backend(),
                     device.ordinal()
                 ),
-                source: std::io::ErrorKind::OutOfMemory.into(),
+                source,
             },
         })?;
         Ok(Self {
@@ -96,6 +96,12 @@ impl<T: Pod> DeviceBuffer<T> {
     /// The device the buffer lives on.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// What another process on this node needs to map the buffer (none once a buffer of
+    /// a stuck device was leaked).
+    pub(crate) fn ipc_handle(&self) -> Option<crate::host_ipc::HostIpcHandle> {
+        self.memory.as_ref().map(HostMemory::ipc_handle)
     }
 
     /// Device address of the first element (page-aligned).

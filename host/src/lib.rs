@@ -7,6 +7,7 @@ mod cpu;
 pub mod device;
 pub mod device_buffer;
 pub mod error;
+pub mod host_ipc;
 pub mod host_ipc_connection;
 pub mod in_process;
 pub mod memory_channel;

@@ -2,6 +2,7 @@
 //! travel to the peer through the out-of-band exchange.
 
 use crate::error::{Error, Result};
+use crate::host_ipc::{HostIpcHandle, node_name};
 use crate::transport::Transport;
 use oxccl_proxy::MemoryRegion;
 use serde::{Deserialize, Serialize};
@@ -16,19 +17,42 @@ pub struct RegisteredMemory {
     addr: u64,
     size: u64,
     transports: Vec<Transport>,
-    /// Process that owns the memory: a HostIpc peer in the same process uses `addr` as is.
+    /// Node and process that own the memory: a rank of the same process uses `addr` as is.
+    node: String,
     process_id: u32,
+    /// The shared object holding the memory, and the memory's offset in it, for ranks in
+    /// other processes of the node.
+    host_ipc: Option<(HostIpcHandle, u64)>,
 }
 
 impl RegisteredMemory {
-    pub(crate) fn new(rank: u32, addr: u64, size: u64, transports: Vec<Transport>) -> Self {
+    pub(crate) fn new(
+        rank: u32,
+        addr: u64,
+        size: u64,
+        transports: Vec<Transport>,
+        host_ipc: Option<(HostIpcHandle, u64)>,
+    ) -> Self {
         RegisteredMemory {
             rank,
             addr,
             size,
             transports,
+            node: node_name().to_owned(),
             process_id: std::process::id(),
+            host_ipc,
         }
+    }
+
+    /// Whether the memory belongs to this process (its address is usable as is).
+    pub fn is_local(&self) -> bool {
+        self.process_id == std::process::id() && self.node == node_name()
+    }
+
+    /// The shared object holding the memory and the memory's offset in it, if it can be
+    /// mapped by other processes.
+    pub fn host_ipc(&self) -> Option<&(HostIpcHandle, u64)> {
+        self.host_ipc.as_ref()
     }
 
     /// Rank that owns the memory.
@@ -51,17 +75,17 @@ impl RegisteredMemory {
         &self.transports
     }
 
-    /// The memory as reachable from this process: its address here, for the proxy and for
-    /// memory channels.
+    /// The memory as reachable from this process without mapping: its address, for the
+    /// proxy and for memory channels. Memory of other processes is reached through
+    /// [`Communicator`](crate::Communicator), which maps it.
     ///
     /// # Errors
-    /// [`Error::InvalidUsage`] if the memory is in another process and cannot be mapped here.
+    /// [`Error::InvalidUsage`] if the memory is in another process.
     pub fn region(&self) -> Result<MemoryRegion> {
-        if self.process_id != std::process::id() {
+        if !self.is_local() {
             return Err(Error::InvalidUsage(format!(
-                "memory of rank {} lives in process {}; mapping memory of another process is not \
-                 available on this transport",
-                self.rank, self.process_id
+                "memory of rank {} lives in process {} on `{}`: map it first",
+                self.rank, self.process_id, self.node
             )));
         }
         Ok(MemoryRegion::new(self.rank, self.addr, self.size))
@@ -98,6 +122,7 @@ mod tests {
             0x7f00_0000_1000,
             4096,
             vec![Transport::HostIpc, Transport::Ib(1)],
+            Some((HostIpcHandle::of_this_process(7, 99, 8192), 4096)),
         );
         let back = RegisteredMemory::from_bytes(&m.to_bytes().unwrap()).unwrap();
         assert_eq!(back, m);

@@ -44,7 +44,8 @@ impl SemaphoreCells {
 
     /// The inbound counter as registered memory, to hand to the peer (8 bytes).
     pub fn inbound_memory(&self, rank: u32, transports: Vec<Transport>) -> RegisteredMemory {
-        RegisteredMemory::new(rank, self.cell(INBOUND), 8, transports)
+        let host_ipc = self.cells.ipc_handle().map(|h| (h, INBOUND * 8));
+        RegisteredMemory::new(rank, self.cell(INBOUND), 8, transports, host_ipc)
     }
 }
 
