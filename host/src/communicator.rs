@@ -5,13 +5,14 @@
 //! (in the same order relative to their other channels to each other), and the two swap
 //! semaphore addresses through the exchange. Every failure names rank, peer and channel.
 
+use crate::backend::Backend;
 use crate::device::Device;
 use crate::device_buffer::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::host_ipc::HostIpcMapping;
 use crate::host_ipc_connection::HostIpcConnection;
 use crate::memory_channel::MemoryChannel;
-use crate::out_of_band::OutOfBand;
+use crate::out_of_band::{BootstrapExchange, OutOfBand};
 use crate::port_channel::PortChannel;
 use crate::registered_memory::RegisteredMemory;
 use crate::semaphore::{Device2DeviceSemaphore, Host2DeviceSemaphore, SemaphoreCells};
@@ -112,6 +113,20 @@ impl Communicator {
             memory_channel_peers: Vec::new(),
             mappings: HashMap::new(),
         })
+    }
+
+    /// Joins the job the launcher started (torchrun, Open MPI, Slurm, PMI, or
+    /// `OXCCL_UNIQUE_ID`; see `oxccl_bootstrap::Bootstrap::from_env`) and creates this
+    /// rank's communicator on the device given by `OXCCL_BACKEND` (default: the CPU
+    /// emulator), numbered by the local rank.
+    ///
+    /// # Errors
+    /// No launcher environment, the bootstrap failed, or the device or proxy could not be
+    /// created.
+    pub fn from_env(config: CommunicatorConfig) -> Result<Self> {
+        let bootstrap = oxccl_bootstrap::Bootstrap::from_env()?;
+        let device = Device::new(Backend::from_env()?, bootstrap.local_rank())?;
+        Self::new(Arc::new(BootstrapExchange::new(bootstrap)), device, config)
     }
 
     /// This rank.

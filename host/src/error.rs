@@ -32,6 +32,9 @@ pub enum Error {
         /// The panic message or trap reason.
         message: String,
     },
+    /// The out-of-band bootstrap failed (a peer did not answer, a wrong secret, ...).
+    #[error(transparent)]
+    Bootstrap(#[from] oxccl_bootstrap::Error),
     /// The proxy refused a trigger or a connection failed.
     #[error(transparent)]
     Proxy(#[from] oxccl_proxy::ProxyError),

@@ -25,7 +25,7 @@ pub use device::Device;
 pub use device_buffer::DeviceBuffer;
 pub use error::{Error, Result};
 pub use memory_channel::MemoryChannel;
-pub use out_of_band::{InProcessExchange, OutOfBand};
+pub use out_of_band::{BootstrapExchange, InProcessExchange, OutOfBand};
 pub use port_channel::PortChannel;
 pub use registered_memory::RegisteredMemory;
 pub use stream::Stream;

@@ -1,8 +1,8 @@
 //! Out-of-band exchange: how ranks swap handles before any channel exists.
 //!
 //! [`Communicator`](crate::Communicator) needs only this trait; it is implemented over the
-//! TCP bootstrap for ranks as processes and by [`InProcessExchange`] for ranks as threads
-//! of one process. Every call has a deadline.
+//! TCP bootstrap ([`BootstrapExchange`]) for ranks as processes and by [`InProcessExchange`]
+//! for ranks as threads of one process. Every call has a deadline.
 
 use crate::error::{Error, Result};
 use std::collections::{HashMap, VecDeque};
@@ -198,5 +198,49 @@ mod tests {
         assert_eq!(group[0].recv(2, 7).unwrap(), b"two");
         assert_eq!(group[0].recv(1, 7).unwrap(), b"seven");
         assert!(group[0].send(3, 0, vec![]).is_err());
+    }
+}
+
+/// The exchange over `oxccl_bootstrap`'s authenticated TCP bootstrap: ranks in separate
+/// processes, on one node or several.
+pub struct BootstrapExchange {
+    bootstrap: oxccl_bootstrap::Bootstrap,
+}
+
+impl BootstrapExchange {
+    /// Wraps a joined bootstrap.
+    pub fn new(bootstrap: oxccl_bootstrap::Bootstrap) -> Self {
+        BootstrapExchange { bootstrap }
+    }
+
+    /// The bootstrap (local rank, host name, launcher, ...).
+    pub fn bootstrap(&self) -> &oxccl_bootstrap::Bootstrap {
+        &self.bootstrap
+    }
+}
+
+impl OutOfBand for BootstrapExchange {
+    fn rank(&self) -> u32 {
+        self.bootstrap.rank() as u32
+    }
+
+    fn size(&self) -> u32 {
+        self.bootstrap.size() as u32
+    }
+
+    fn send(&self, peer: u32, tag: u64, data: Vec<u8>) -> Result<()> {
+        Ok(self.bootstrap.send(peer as usize, tag, &data)?)
+    }
+
+    fn recv(&self, peer: u32, tag: u64) -> Result<Vec<u8>> {
+        Ok(self.bootstrap.recv(peer as usize, tag)?)
+    }
+
+    fn all_gather(&self, data: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        Ok(self.bootstrap.all_gather(&data)?)
+    }
+
+    fn barrier(&self) -> Result<()> {
+        Ok(self.bootstrap.barrier()?)
     }
 }

@@ -1,0 +1,234 @@
+//! Ranks as separate processes on the CPU backend: each process joins through the TCP
+//! bootstrap (torchrun variables), maps its peers' device memory (memfd shared between the
+//! processes), and runs the port ring, the memory ring and the ring all-reduce.
+//!
+//! The parent test re-runs this test binary once per rank with `child_rank` selected.
+#![allow(missing_docs)]
+
+use oxccl::{Communicator, CommunicatorConfig, DeviceBuffer, RegisteredMemory, Result};
+use oxccl_device::kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
+use oxccl_device::kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
+use oxccl_device::launch::LaunchConfig;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Set in the children's environment.
+const CHILD_ENV: &str = "OXCCL_TEST_PROCESS_RANK";
+/// Longest a whole job may take before the parent kills it.
+const JOB_TIMEOUT: Duration = Duration::from_secs(90);
+/// Launcher variables the parent's environment might carry; children see only ours.
+const LAUNCHER_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "OXCCL_UNIQUE_ID",
+    "OXCCL_SECRET",
+];
+
+fn pattern(rank: u32, i: usize) -> u32 {
+    rank.wrapping_mul(0x9e37_79b9) ^ (i as u32).wrapping_mul(2_654_435_761)
+}
+
+/// A buffer holding this rank's chunk at its place, registered and gathered.
+fn ring_buffer(
+    comm: &Communicator,
+    chunk: usize,
+) -> Result<(DeviceBuffer<u32>, Vec<RegisteredMemory>)> {
+    let (rank, ranks) = (comm.rank() as usize, comm.size() as usize);
+    let mut host = vec![0u32; chunk * ranks];
+    for i in 0..chunk {
+        host[rank * chunk + i] = pattern(rank as u32, i);
+    }
+    let buf = comm.device().alloc_from(&host)?;
+    let all = comm.all_gather_memory(&comm.register(&buf))?;
+    Ok((buf, all))
+}
+
+fn assert_gathered(
+    comm: &Communicator,
+    buf: &DeviceBuffer<u32>,
+    chunk: usize,
+    what: &str,
+) -> Result<()> {
+    let got = buf.to_vec()?;
+    for r in 0..comm.size() {
+        for i in 0..chunk {
+            let have = got[r as usize * chunk + i];
+            assert_eq!(
+                have,
+                pattern(r, i),
+                "{what}: rank {} element {i} of rank {r}'s chunk",
+                comm.rank()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn run_rank() -> Result<u32> {
+    let mut comm = Communicator::from_env(CommunicatorConfig {
+        wait_timeout: Duration::from_secs(30),
+        ..Default::default()
+    })?;
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let stream = comm.device().stream()?;
+    let chunk = 3001;
+
+    // Port channels: the proxy copies into the peer process's mapped memory.
+    let (buf, all) = ring_buffer(&comm, chunk)?;
+    let (to_next, to_prev) = comm.ring_port_channels(&all, &all[rank as usize])?;
+    let args = (
+        to_next.device_handle(),
+        to_prev.device_handle(),
+        rank,
+        ranks,
+        (chunk * 4) as u64,
+    );
+    port_ring_exchange::launch(&stream, LaunchConfig::grid(1).block(1), args)?;
+    stream.synchronize()?;
+    comm.check()?;
+    comm.barrier()?;
+    assert_gathered(&comm, &buf, chunk, "port ring")?;
+
+    // Memory channels: kernel threads store into the peer process's memory directly.
+    let (buf, all) = ring_buffer(&comm, chunk)?;
+    let (to_next, from_prev) = comm.ring_memory_channels(&all, &all[rank as usize], None)?;
+    let args = (
+        to_next.device_handle(),
+        from_prev.device_handle(),
+        rank,
+        ranks,
+        (chunk * 4) as u64,
+    );
+    memory_ring_exchange::launch(&stream, LaunchConfig::grid(1).block(2), args)?;
+    stream.synchronize()?;
+    comm.check()?;
+    comm.barrier()?;
+    assert_gathered(&comm, &buf, chunk, "memory ring")?;
+
+    // All-reduce across processes.
+    let n = 10_007usize;
+    let value = |r: u32, i: usize| ((i * 7 + r as usize * 13) % 101) as f32;
+    let mut host = vec![0f32; 2 * n];
+    for (i, v) in host.iter_mut().take(n).enumerate() {
+        *v = value(rank, i);
+    }
+    let work = comm.device().alloc_from(&host)?;
+    let all = comm.all_gather_memory(&comm.register(&work))?;
+    let (next, prev) = comm.ring_memory_channels(&all, &all[rank as usize], None)?;
+    let args = RingAllReduceArgs {
+        next: next.device_handle(),
+        prev: prev.device_handle(),
+        input: work.addr(),
+        work: work.addr(),
+        n: n as u64,
+        rank,
+        n_ranks: ranks,
+    };
+    ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1).block(2), (args,))?;
+    stream.synchronize()?;
+    comm.check()?;
+    comm.barrier()?;
+    let got = work.to_vec()?;
+    for (i, &have) in got.iter().take(n).enumerate() {
+        let want: f32 = (0..ranks).map(|r| value(r, i)).sum();
+        assert_eq!(have, want, "all-reduce: rank {rank} element {i}");
+    }
+    Ok(rank)
+}
+
+/// The child role: one rank of a job the parent started. Ignored in normal runs; the
+/// parent runs it by name with `--ignored`.
+#[test]
+#[ignore = "the child role of the multi-process tests, started by them"]
+fn child_rank() {
+    assert!(
+        std::env::var_os(CHILD_ENV).is_some(),
+        "run by the multi-process tests only"
+    );
+    match run_rank() {
+        Ok(rank) => println!("CHILD-OK rank={rank}"),
+        Err(e) => panic!("rank failed: {e}"),
+    }
+}
+
+/// Starts `ranks` processes of this test binary as one job and checks every one finished
+/// its work.
+fn run_job(ranks: u32) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut children: Vec<_> = (0..ranks)
+        .map(|r| {
+            let mut cmd = Command::new(&exe);
+            cmd.args([
+                "--exact",
+                "child_rank",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ]);
+            for v in LAUNCHER_VARS {
+                cmd.env_remove(v);
+            }
+            cmd.env(CHILD_ENV, r.to_string())
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", ranks.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("LOCAL_WORLD_SIZE", ranks.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("OXCCL_SECRET", "00112233445566778899aabbccddeeff")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + JOB_TIMEOUT;
+    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+        if Instant::now() > deadline {
+            for c in &mut children {
+                let _ = c.kill();
+            }
+            panic!("the {ranks}-process job did not finish within {JOB_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (r, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(&format!("CHILD-OK rank={r}")),
+            "rank {r} failed ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Guards against channels that only work between threads of one process: memory that is
+/// not shared between processes, addresses of another process used as they are, a proxy
+/// that cannot reach a peer's semaphore.
+#[test]
+fn two_ranks_as_processes() {
+    run_job(2);
+}
+
+/// As above, with distinct next and previous ranks (three peers, three mapped objects each).
+#[test]
+fn three_ranks_as_processes() {
+    run_job(3);
+}
