@@ -172,35 +172,6 @@ impl OutOfBand for InProcessExchange {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Guards against a receive that waits forever for a peer that never sends.
-    #[test]
-    fn recv_times_out_naming_the_peer() {
-        let group = InProcessExchange::group(2, Duration::from_millis(20));
-        let err = group[0].recv(1, 5).unwrap_err();
-        assert!(
-            matches!(&err, Error::Timeout { what, .. } if what.contains("rank 1")),
-            "{err}"
-        );
-    }
-
-    /// Guards against messages of different tags or senders being mixed up.
-    #[test]
-    fn tags_keep_messages_apart() {
-        let group = InProcessExchange::group(3, Duration::from_secs(5));
-        group[1].send(0, 7, b"seven".to_vec()).unwrap();
-        group[2].send(0, 7, b"two".to_vec()).unwrap();
-        group[1].send(0, 8, b"eight".to_vec()).unwrap();
-        assert_eq!(group[0].recv(1, 8).unwrap(), b"eight");
-        assert_eq!(group[0].recv(2, 7).unwrap(), b"two");
-        assert_eq!(group[0].recv(1, 7).unwrap(), b"seven");
-        assert!(group[0].send(3, 0, vec![]).is_err());
-    }
-}
-
 /// The exchange over `oxccl_bootstrap`'s authenticated TCP bootstrap: ranks in separate
 /// processes, on one node or several.
 pub struct BootstrapExchange {
@@ -242,5 +213,34 @@ impl OutOfBand for BootstrapExchange {
 
     fn barrier(&self) -> Result<()> {
         Ok(self.bootstrap.barrier()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against a receive that waits forever for a peer that never sends.
+    #[test]
+    fn recv_times_out_naming_the_peer() {
+        let group = InProcessExchange::group(2, Duration::from_millis(20));
+        let err = group[0].recv(1, 5).unwrap_err();
+        assert!(
+            matches!(&err, Error::Timeout { what, .. } if what.contains("rank 1")),
+            "{err}"
+        );
+    }
+
+    /// Guards against messages of different tags or senders being mixed up.
+    #[test]
+    fn tags_keep_messages_apart() {
+        let group = InProcessExchange::group(3, Duration::from_secs(5));
+        group[1].send(0, 7, b"seven".to_vec()).unwrap();
+        group[2].send(0, 7, b"two".to_vec()).unwrap();
+        group[1].send(0, 8, b"eight".to_vec()).unwrap();
+        assert_eq!(group[0].recv(1, 8).unwrap(), b"eight");
+        assert_eq!(group[0].recv(2, 7).unwrap(), b"two");
+        assert_eq!(group[0].recv(1, 7).unwrap(), b"seven");
+        assert!(group[0].send(3, 0, vec![]).is_err());
     }
 }
