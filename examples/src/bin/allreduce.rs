@@ -5,13 +5,16 @@
 //! cargo run --release -p oxccl-examples --bin allreduce -- --ranks 2 --max-bytes 16M
 //! ```
 //!
-//! Ranks are threads of one process, each on its own emulated device (CPU backend); the
-//! kernel is `oxccl_device::kernels::all_reduce::ring_all_reduce_sum_f32` over memory
-//! channels.
+//! Ranks are threads of one process, each on its own emulated device (CPU backend), or
+//! with `--processes` separate processes this program starts itself (with torchrun's
+//! variables), mapping each other's device memory. Started by a launcher (torchrun,
+//! `mpirun`, `srun`: its variables are found), each process is one rank and rank 0 prints
+//! the table. The kernel is `oxccl_device::kernels::all_reduce::ring_all_reduce_sum_f32`
+//! over memory channels.
 
 use clap::Parser;
 use oxccl::in_process::{self, InProcessConfig};
-use oxccl::{Communicator, DeviceBuffer, MemoryChannel, Result, Stream};
+use oxccl::{Communicator, CommunicatorConfig, DeviceBuffer, MemoryChannel, Result, Stream};
 use oxccl_device::kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_examples::parse_bytes;
@@ -41,6 +44,10 @@ struct Args {
     /// Kernel threads per rank.
     #[arg(long, default_value_t = 1)]
     threads: u32,
+    /// Run each rank as its own process (this program, started `--ranks` times) instead
+    /// of as threads of one process.
+    #[arg(long)]
+    processes: bool,
 }
 
 /// Small integers, so every sum is exact in f32 whatever the order of additions.
@@ -156,9 +163,136 @@ fn run(a: &Args) -> Result<bool> {
     })
     .take_while(|&b| b <= a.max_bytes.max(4))
     .collect();
+    if oxccl_bootstrap::LaunchEnv::detect().is_ok() {
+        return run_launched_rank(a, &sizes);
+    }
+    if a.processes {
+        return launch_processes(a);
+    }
+    let rows = in_process::run(a.ranks, InProcessConfig::default(), |comm| {
+        bench_rank(comm, a, &sizes)
+    })?;
+    Ok(print_table(a, "threads of one process", &sizes, &rows))
+}
+
+/// Every size, out of place and in place, on this rank: (bytes, (µs, wrong), (µs, wrong)).
+fn bench_rank(comm: &mut Communicator, a: &Args, sizes: &[u64]) -> Result<Vec<Row>> {
     let max_n = (sizes.last().copied().unwrap_or(4) / 4) as usize;
+    let mut rank = Rank::new(comm, max_n)?;
+    let mut rows = Vec::new();
+    for &bytes in sizes {
+        let n = (bytes / 4) as usize;
+        let mut row = (bytes, (0.0, 0), (0.0, 0));
+        for in_place in [false, true] {
+            let wrong = rank.check(comm, n, in_place, a.threads)?;
+            let us = rank.time(comm, n, in_place, a)?;
+            *(if in_place { &mut row.2 } else { &mut row.1 }) = (us, wrong);
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// One rank of a job a launcher started: benchmark, gather every rank's rows, rank 0
+/// prints.
+fn run_launched_rank(a: &Args, sizes: &[u64]) -> Result<bool> {
+    let mut comm = Communicator::from_env(CommunicatorConfig::default())?;
+    let rows = bench_rank(&mut comm, a, sizes)?;
+    let encoded: Vec<u8> = rows
+        .iter()
+        .flat_map(|&(bytes, (t0, w0), (t1, w1))| {
+            [bytes, t0.to_bits(), w0, t1.to_bits(), w1]
+                .into_iter()
+                .flat_map(u64::to_le_bytes)
+        })
+        .collect();
+    let all: Vec<Vec<Row>> = comm
+        .out_of_band()
+        .all_gather(encoded)?
+        .iter()
+        .map(|bytes| {
+            let words: Vec<u64> = bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+                .collect();
+            words
+                .chunks_exact(5)
+                .map(|w| {
+                    (
+                        w[0],
+                        (f64::from_bits(w[1]), w[2]),
+                        (f64::from_bits(w[3]), w[4]),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let ok = all.iter().flatten().all(|r| r.1.1 == 0 && r.2.1 == 0);
+    if comm.rank() == 0 {
+        print_table(a, "processes", sizes, &all);
+    }
+    Ok(ok)
+}
+
+/// Starts this program once per rank, as one job with torchrun's variables on this node;
+/// rank 0's output is the program's.
+fn launch_processes(a: &Args) -> Result<bool> {
+    let system = |context: &str, source: std::io::Error| oxccl::Error::System {
+        context: context.into(),
+        source,
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| system("finding a free port for the job", e))?
+        .port();
+    let secret: String = oxccl_bootstrap::Secret::random()?
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let exe = std::env::current_exe().map_err(|e| system("finding this program", e))?;
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|s| s != "--processes")
+        .collect();
+    let mut children = Vec::new();
+    for rank in 0..a.ranks {
+        let child = std::process::Command::new(&exe)
+            .args(&args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", a.ranks.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", a.ranks.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("OXCCL_SECRET", &secret)
+            .stdout(if rank == 0 {
+                std::process::Stdio::inherit()
+            } else {
+                std::process::Stdio::null()
+            })
+            .spawn()
+            .map_err(|e| system(&format!("starting rank {rank}"), e))?;
+        children.push(child);
+    }
+    let mut ok = true;
+    for (rank, mut child) in children.into_iter().enumerate() {
+        let status = child
+            .wait()
+            .map_err(|e| system(&format!("waiting for rank {rank}"), e))?;
+        if !status.success() {
+            eprintln!("allreduce: rank {rank} failed: {status}");
+            ok = false;
+        }
+    }
+    Ok(ok)
+}
+
+/// Prints the header and one row per size; returns whether no element was wrong. The time
+/// of a size is the slowest rank's; wrong elements add up over ranks.
+fn print_table(a: &Args, ranks_are: &str, sizes: &[u64], rows: &[Vec<Row>]) -> bool {
     println!(
-        "# oxccl all-reduce (sum, float): {} ranks as threads of one process, cpu backend, {} kernel thread(s) per rank, ring over memory channels",
+        "# oxccl all-reduce (sum, float): {} ranks as {ranks_are}, cpu backend, {} kernel thread(s) per rank, ring over memory channels",
         a.ranks, a.threads
     );
     println!("#");
@@ -195,22 +329,6 @@ fn run(a: &Args) -> Result<bool> {
         "(GB/s)",
         ""
     );
-    let rows: Vec<Vec<Row>> = in_process::run(a.ranks, InProcessConfig::default(), |comm| {
-        let mut rank = Rank::new(comm, max_n)?;
-        let mut rows = Vec::new();
-        for &bytes in &sizes {
-            let n = (bytes / 4) as usize;
-            let mut row = (bytes, (0.0, 0), (0.0, 0));
-            for in_place in [false, true] {
-                let wrong = rank.check(comm, n, in_place, a.threads)?;
-                let us = rank.time(comm, n, in_place, a)?;
-                *(if in_place { &mut row.2 } else { &mut row.1 }) = (us, wrong);
-            }
-            rows.push(row);
-        }
-        Ok(rows)
-    })?;
-    // Time of a size is the slowest rank's; wrong elements add up over ranks.
     let factor = 2.0 * (a.ranks as f64 - 1.0) / a.ranks as f64;
     let (mut busbw_sum, mut total_wrong) = (0.0, 0u64);
     for (i, &bytes) in sizes.iter().enumerate() {
@@ -253,5 +371,5 @@ fn run(a: &Args) -> Result<bool> {
         "# Avg bus bandwidth    : {:.4}",
         busbw_sum / (2 * sizes.len().max(1)) as f64
     );
-    Ok(total_wrong == 0)
+    total_wrong == 0
 }
