@@ -43,11 +43,14 @@ const LAUNCHER_VARS: &[&str] = &[
 ];
 
 /// The child role: join from the environment, run every operation, report one line.
+/// Ignored in normal runs; the job tests run it by name with `--ignored`.
 #[test]
+#[ignore = "the child role of the process tests, started by them"]
 fn child_process_entry() {
-    if std::env::var_os(CHILD_ENV).is_none() {
-        return;
-    }
+    assert!(
+        std::env::var_os(CHILD_ENV).is_some(),
+        "run by the process tests only"
+    );
     let bs =
         Bootstrap::from_env_with_config(&Config::default().with_timeout(Duration::from_secs(30)))
             .expect("child init");
@@ -93,6 +96,7 @@ fn run_job(n: usize, vars: impl Fn(usize) -> Vec<(String, String)>) -> Vec<Strin
             cmd.args([
                 "child_process_entry",
                 "--exact",
+                "--ignored",
                 "--nocapture",
                 "--test-threads=1",
             ])
