@@ -1,6 +1,7 @@
 //! Cooperating threads as a type: who shares a piece of work, and how it is split.
 //!
-//! A device call that splits work (a copy, packet packing) takes `impl Coop` instead of a
+//! [`Thread`], [`Warp`], [`Block`] and [`Grid`] are the groups. A device call that splits
+//! work (a copy, packet packing) takes `impl Coop` instead of a
 //! `(thread_id, num_threads)` pair. [`Coop::split`] gives each thread its share in the order
 //! that is fast on the target: on the GPU consecutive threads take consecutive elements
 //! (coalesced loads), in the CPU emulator each thread takes one contiguous chunk (cache lines
@@ -33,6 +34,16 @@ pub trait SyncCoop: Coop {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Thread;
 
+/// Threads per warp on NVIDIA GPUs.
+pub const WARP_SIZE: u32 = 32;
+
+/// The threads of the calling thread's warp: [`WARP_SIZE`] consecutive threads of the block
+/// (fewer in the block's last warp when the block size is not a multiple). On the GPU they
+/// run in lock step; in the emulator they are ordinary threads, so code must not rely on
+/// lock step (hence no `SyncCoop` for it).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Warp;
+
 /// All threads of the calling thread's block.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Block;
@@ -55,6 +66,27 @@ impl Coop for Thread {
 impl SyncCoop for Thread {
     #[inline(always)]
     fn sync(&self) {}
+}
+
+/// Rank within its warp and size of the warp of the thread of rank `thread` in a block of
+/// `block_threads` threads.
+#[inline(always)]
+pub const fn warp_of(thread: u32, block_threads: u32) -> (u32, u32) {
+    let lane = thread % WARP_SIZE;
+    let first = thread - lane;
+    let left = block_threads.saturating_sub(first);
+    (lane, if left < WARP_SIZE { left } else { WARP_SIZE })
+}
+
+impl Coop for Warp {
+    #[inline(always)]
+    fn thread_rank(&self) -> u64 {
+        warp_of(arch::thread_rank_in_block(), arch::threads_per_block()).0 as u64
+    }
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        warp_of(arch::thread_rank_in_block(), arch::threads_per_block()).1 as u64
+    }
 }
 
 impl Coop for Block {
@@ -165,6 +197,24 @@ mod tests {
                     }
                 }
                 assert!(seen.iter().all(|&c| c == 1), "n={n} size={size}");
+            }
+        }
+    }
+
+    /// Guards against warps of a block whose size is not a multiple of 32 overlapping or
+    /// leaving threads out (the last warp is partial).
+    #[test]
+    fn warps_partition_the_block() {
+        for block in [1u32, 31, 32, 33, 40, 64, 100] {
+            let mut seen = std::vec![0u32; block as usize];
+            for t in 0..block {
+                let (lane, size) = warp_of(t, block);
+                assert!(lane < size && size <= WARP_SIZE, "block {block} thread {t}");
+                seen[(t - lane) as usize] += 1;
+                assert_eq!(warp_of(t - lane, block).1, size, "one size per warp");
+            }
+            for first in (0..block).step_by(WARP_SIZE as usize) {
+                assert_eq!(seen[first as usize], WARP_SIZE.min(block - first));
             }
         }
     }
