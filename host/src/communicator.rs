@@ -16,6 +16,7 @@ use crate::out_of_band::{BootstrapExchange, OutOfBand};
 use crate::port_channel::PortChannel;
 use crate::registered_memory::RegisteredMemory;
 use crate::semaphore::{Device2DeviceSemaphore, Host2DeviceSemaphore, SemaphoreCells};
+use crate::stream::Stream;
 use crate::transport::Transport;
 use oxccl_device::DeviceError;
 use oxccl_device::wait::WaitPolicy;
@@ -426,6 +427,16 @@ impl Communicator {
             let to_prev = make(self, prev)?;
             Ok((make(self, next)?, to_prev))
         }
+    }
+
+    /// Waits for everything enqueued on `stream`, then reports what went wrong in its
+    /// kernels or this rank's proxy ([`Stream::synchronize`] then [`Self::check`]).
+    ///
+    /// # Errors
+    /// A stuck or failed kernel, or a channel failure named by rank, channel and peer.
+    pub fn synchronize(&self, stream: &Stream) -> Result<()> {
+        stream.synchronize()?;
+        self.check()
     }
 
     /// Reports what went wrong in kernels or the proxy since the last call: a refused

@@ -90,22 +90,35 @@ impl HostIpcHandle {
         }
         let len = usize::try_from(self.len)
             .map_err(|_| Error::InvalidUsage(format!("{} bytes do not fit", self.len)))?;
-        // SAFETY: a fresh mapping at an address of the kernel's choosing, of `len` bytes of
-        // an object at least that large (checked above).
-        let raw = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                &fd,
-                0,
-            )
-        }
-        .map_err(|e| system("mapping", e))?;
+        // SAFETY: the object holds at least `len` bytes (checked above).
+        let raw = unsafe { map_shared(&fd, len) }.map_err(|e| system("mapping", e))?;
         let ptr = NonNull::new(raw.cast::<u8>())
             .ok_or_else(|| Error::Internal("mmap returned null".into()))?;
         Ok(HostIpcMapping { ptr, len })
+    }
+}
+
+/// Maps the first `len` bytes of the shared object `fd`, readable and writable, at an
+/// address of the kernel's choosing: how both an allocation and a peer's view of it are made.
+///
+/// # Safety
+/// `fd` must be a shared-memory object of at least `len` bytes; the caller owns the mapping
+/// and unmaps it exactly once.
+pub(crate) unsafe fn map_shared(
+    fd: impl rustix::fd::AsFd,
+    len: usize,
+) -> rustix::io::Result<*mut core::ffi::c_void> {
+    // SAFETY: a fresh mapping (null hint), so no existing memory is replaced; the size is
+    // within the object by the caller's promise.
+    unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
+            fd,
+            0,
+        )
     }
 }
 

@@ -47,8 +47,7 @@ fn run(ranks: u32, n: usize, threads: u32, in_place: bool, iterations: u32) {
                 LaunchConfig::grid(1).block(threads),
                 (args,),
             )?;
-            stream.synchronize()?;
-            comm.check()?;
+            comm.synchronize(&stream)?;
             let got = work.to_vec()?;
             for (i, &have) in got.iter().take(n).enumerate() {
                 let want: f32 = (0..ranks).map(|r| input(r, i, it)).sum();

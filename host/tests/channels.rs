@@ -91,8 +91,7 @@ fn port_ring_with(ranks: u32, chunk: usize, assist: bool) {
                 bytes,
             ),
         )?;
-        stream.synchronize()?;
-        comm.check()?;
+        comm.synchronize(&stream)?;
         comm.barrier()?;
         check_all_gathered(comm, &buf, chunk)
     })
@@ -116,8 +115,7 @@ fn memory_ring(ranks: u32, chunk: usize, threads: u32) {
                 (chunk * 4) as u64,
             ),
         )?;
-        stream.synchronize()?;
-        comm.check()?;
+        comm.synchronize(&stream)?;
         comm.barrier()?;
         check_all_gathered(comm, &buf, chunk)
     })
@@ -182,8 +180,7 @@ fn packet_ring(ranks: u32, kind: u32, bytes: usize, rounds: u32) {
             } else {
                 ll16_exchange::launch(&stream, cfg, args)?;
             }
-            stream.synchronize()?;
-            comm.check()?;
+            comm.synchronize(&stream)?;
             let got = data.to_vec()?;
             for i in 0..words {
                 assert_eq!(

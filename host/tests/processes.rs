@@ -96,8 +96,7 @@ fn run_rank() -> Result<u32> {
         (chunk * 4) as u64,
     );
     port_ring_exchange::launch(&stream, LaunchConfig::grid(1).block(1), args)?;
-    stream.synchronize()?;
-    comm.check()?;
+    comm.synchronize(&stream)?;
     comm.barrier()?;
     assert_gathered(&comm, &buf, chunk, "port ring")?;
 
@@ -112,8 +111,7 @@ fn run_rank() -> Result<u32> {
         (chunk * 4) as u64,
     );
     memory_ring_exchange::launch(&stream, LaunchConfig::grid(1).block(2), args)?;
-    stream.synchronize()?;
-    comm.check()?;
+    comm.synchronize(&stream)?;
     comm.barrier()?;
     assert_gathered(&comm, &buf, chunk, "memory ring")?;
 
@@ -137,8 +135,7 @@ fn run_rank() -> Result<u32> {
         n_ranks: ranks,
     };
     ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1).block(2), (args,))?;
-    stream.synchronize()?;
-    comm.check()?;
+    comm.synchronize(&stream)?;
     comm.barrier()?;
     let got = work.to_vec()?;
     for (i, &have) in got.iter().take(n).enumerate() {

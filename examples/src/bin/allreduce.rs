@@ -113,8 +113,7 @@ impl Rank {
         self.work.copy_from_host(&host)?;
         comm.barrier()?;
         self.launch(comm, n, in_place, threads)?;
-        self.stream.synchronize()?;
-        comm.check()?;
+        comm.synchronize(&self.stream)?;
         comm.barrier()?;
         let got = self.work.to_vec()?;
         let ranks = comm.size();

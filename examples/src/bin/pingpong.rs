@@ -85,9 +85,8 @@ fn run(args: &Args) -> Result<String> {
                     (m.device_handle(), n, u32::from(rank == 0), args.bytes),
                 )?;
             }
-            stream.synchronize()?;
+            comm.synchronize(&stream)?;
             let elapsed = start.elapsed();
-            comm.check()?;
             Ok(elapsed)
         };
         let (port, mem) = match args.channel {

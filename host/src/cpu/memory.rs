@@ -6,10 +6,9 @@
 //! handle maps a peer GPU's memory. The handle travels through the bootstrap inside a
 //! registered memory.
 
-use crate::host_ipc::HostIpcHandle;
+use crate::host_ipc::{HostIpcHandle, map_shared};
 use rustix::fd::{AsRawFd, OwnedFd};
 use rustix::fs::MemfdFlags;
-use rustix::mm::{MapFlags, ProtFlags};
 use std::ptr::NonNull;
 
 /// Alignment (and granularity) of every emulated device allocation: one page, like
@@ -59,19 +58,9 @@ impl HostMemory {
         // A new memfd reads as zeros up to its length: the buffer is zeroed for free.
         rustix::fs::ftruncate(&fd, len as u64).map_err(system)?;
         let inode = rustix::fs::fstat(&fd).map_err(system)?.st_ino;
-        // SAFETY: a fresh mapping at an address of the kernel's choosing, of the whole
-        // memfd just sized to `len`; nothing else refers to that range yet.
-        let raw = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                &fd,
-                0,
-            )
-        }
-        .map_err(system)?;
+        // SAFETY: the memfd was just sized to `len`; the mapping is owned by the value built
+        // below and unmapped by its `Drop`.
+        let raw = unsafe { map_shared(&fd, len) }.map_err(system)?;
         let ptr = NonNull::new(raw.cast::<u8>())
             .ok_or(AllocError::System(std::io::ErrorKind::OutOfMemory.into()))?;
         Ok(Self {
