@@ -48,6 +48,10 @@ struct Args {
     /// of as threads of one process.
     #[arg(long)]
     processes: bool,
+    /// Also time Open MPI's `MPI_Allreduce` with the same ranks, sizes and iterations in
+    /// the same run, and print oxccl's time relative to it (needs mpicc and mpirun).
+    #[arg(long)]
+    mpi: bool,
 }
 
 /// Small integers, so every sum is exact in f32 whatever the order of additions.
@@ -165,13 +169,24 @@ fn run(a: &Args) -> Result<bool> {
     if oxccl_bootstrap::LaunchEnv::detect().is_ok() {
         return run_launched_rank(a, &sizes);
     }
+    let mpi = if a.mpi {
+        Some(run_mpi_baseline(a, &sizes)?)
+    } else {
+        None
+    };
     if a.processes {
-        return launch_processes(a);
+        return launch_processes(a, mpi.as_deref());
     }
     let rows = in_process::run(a.ranks, InProcessConfig::default(), |comm| {
         bench_rank(comm, a, &sizes)
     })?;
-    Ok(print_table(a, "threads of one process", &sizes, &rows))
+    Ok(print_table(
+        a,
+        "threads of one process",
+        &sizes,
+        &rows,
+        mpi.as_deref(),
+    ))
 }
 
 /// Every size, out of place and in place, on this rank: (bytes, (µs, wrong), (µs, wrong)).
@@ -228,14 +243,18 @@ fn run_launched_rank(a: &Args, sizes: &[u64]) -> Result<bool> {
         .collect();
     let ok = all.iter().flatten().all(|r| r.1.1 == 0 && r.2.1 == 0);
     if comm.rank() == 0 {
-        print_table(a, "processes", sizes, &all);
+        let mpi = std::env::var(MPI_BASELINE_ENV)
+            .ok()
+            .filter(|text| !text.is_empty())
+            .map(|text| parse_mpi_rows(&text));
+        print_table(a, "processes", sizes, &all, mpi.as_deref());
     }
     Ok(ok)
 }
 
 /// Starts this program once per rank, as one job with torchrun's variables on this node;
 /// rank 0's output is the program's.
-fn launch_processes(a: &Args) -> Result<bool> {
+fn launch_processes(a: &Args, mpi: Option<&[MpiRow]>) -> Result<bool> {
     let system = |context: &str, source: std::io::Error| oxccl::Error::System {
         context: context.into(),
         source,
@@ -252,7 +271,7 @@ fn launch_processes(a: &Args) -> Result<bool> {
     let exe = std::env::current_exe().map_err(|e| system("finding this program", e))?;
     let args: Vec<String> = std::env::args()
         .skip(1)
-        .filter(|s| s != "--processes")
+        .filter(|s| s != "--processes" && s != "--mpi")
         .collect();
     let mut children = Vec::new();
     for rank in 0..a.ranks {
@@ -265,6 +284,10 @@ fn launch_processes(a: &Args) -> Result<bool> {
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env("OXCCL_SECRET", &secret)
+            .env(
+                MPI_BASELINE_ENV,
+                mpi.map(encode_mpi_rows).unwrap_or_default(),
+            )
             .stdout(if rank == 0 {
                 std::process::Stdio::inherit()
             } else {
@@ -287,17 +310,36 @@ fn launch_processes(a: &Args) -> Result<bool> {
     Ok(ok)
 }
 
-/// Prints the header and one row per size; returns whether no element was wrong. The time
-/// of a size is the slowest rank's; wrong elements add up over ranks.
-fn print_table(a: &Args, ranks_are: &str, sizes: &[u64], rows: &[Vec<Row>]) -> bool {
+/// Prints the header and one row per size (with the MPI baseline's columns if given);
+/// returns whether no element was wrong. The time of a size is the slowest rank's; wrong
+/// elements add up over ranks.
+fn print_table(
+    a: &Args,
+    ranks_are: &str,
+    sizes: &[u64],
+    rows: &[Vec<Row>],
+    mpi: Option<&[MpiRow]>,
+) -> bool {
     println!(
         "# oxccl all-reduce (sum, float): {} ranks as {ranks_are}, cpu backend, {} kernel thread(s) per rank, ring over memory channels",
         a.ranks, a.threads
     );
+    if mpi.is_some() {
+        println!(
+            "# mpi: MPI_Allreduce of Open MPI, same ranks, sizes and iterations, same machine, same run; x_mpi = oxccl time / MPI time"
+        );
+    }
     println!("#");
+    let extra = |cols: [&str; 4]| match mpi {
+        Some(_) => format!(
+            " {:>9} {:>6} {:>9} {:>6}",
+            cols[0], cols[1], cols[2], cols[3]
+        ),
+        None => String::new(),
+    };
     println!("#{:>77}{:>36}", "out-of-place", "in-place");
     println!(
-        "#{:>11} {:>12} {:>7} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6}",
+        "#{:>11} {:>12} {:>7} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6}{}",
         "size",
         "count",
         "type",
@@ -310,10 +352,11 @@ fn print_table(a: &Args, ranks_are: &str, sizes: &[u64], rows: &[Vec<Row>]) -> b
         "time",
         "algbw",
         "busbw",
-        "#wrong"
+        "#wrong",
+        extra(["mpi", "x_mpi", "mpi_ip", "x_mpi"])
     );
     println!(
-        "#{:>11} {:>12} {:>7} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6}",
+        "#{:>11} {:>12} {:>7} {:>6} {:>5} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6}{}",
         "(B)",
         "(elements)",
         "",
@@ -326,10 +369,13 @@ fn print_table(a: &Args, ranks_are: &str, sizes: &[u64], rows: &[Vec<Row>]) -> b
         "(us)",
         "(GB/s)",
         "(GB/s)",
-        ""
+        "",
+        extra(["(us)", "", "(us)", ""])
     );
     let factor = 2.0 * (a.ranks as f64 - 1.0) / a.ranks as f64;
     let (mut busbw_sum, mut total_wrong) = (0.0, 0u64);
+    // Sums of ln(x_mpi) out of place and in place, and how many sizes had a baseline.
+    let mut log_ratios = (0.0f64, 0.0f64, 0u32);
     for (i, &bytes) in sizes.iter().enumerate() {
         let pick = |f: fn(&Row) -> (f64, u64)| {
             rows.iter().fold((0.0f64, 0u64), |(t, w), r| {
@@ -345,8 +391,19 @@ fn print_table(a: &Args, ranks_are: &str, sizes: &[u64], rows: &[Vec<Row>]) -> b
         let (o, p) = (cols(oop), cols(inp));
         busbw_sum += o.2 + p.2;
         total_wrong += o.3 + p.3;
+        let baseline = match mpi.and_then(|m| m.iter().find(|r| r.0 == bytes)) {
+            Some(&(_, mpi_oop, mpi_ip, mpi_wrong)) => {
+                total_wrong += mpi_wrong;
+                let (x_oop, x_ip) = (o.0 / mpi_oop, p.0 / mpi_ip);
+                log_ratios.0 += x_oop.ln();
+                log_ratios.1 += x_ip.ln();
+                log_ratios.2 += 1;
+                format!(" {mpi_oop:>9.2} {x_oop:>6.2} {mpi_ip:>9.2} {x_ip:>6.2}")
+            }
+            None => String::new(),
+        };
         println!(
-            " {:>11} {:>12} {:>7} {:>6} {:>5} {:>9.2} {:>7.2} {:>7.2} {:>6} {:>9.2} {:>7.2} {:>7.2} {:>6}",
+            " {:>11} {:>12} {:>7} {:>6} {:>5} {:>9.2} {:>7.2} {:>7.2} {:>6} {:>9.2} {:>7.2} {:>7.2} {:>6}{baseline}",
             bytes,
             bytes / 4,
             "float",
@@ -370,5 +427,119 @@ fn print_table(a: &Args, ranks_are: &str, sizes: &[u64], rows: &[Vec<Row>]) -> b
         "# Avg bus bandwidth    : {:.4}",
         busbw_sum / (2 * sizes.len().max(1)) as f64
     );
+    if log_ratios.2 > 0 {
+        let n = f64::from(log_ratios.2);
+        println!(
+            "# vs MPI_Allreduce     : geometric mean of x_mpi {:.2} out-of-place, {:.2} in-place",
+            (log_ratios.0 / n).exp(),
+            (log_ratios.1 / n).exp()
+        );
+    }
     total_wrong == 0
+}
+
+/// One size of the MPI baseline: (bytes, out-of-place µs, in-place µs, wrong elements).
+type MpiRow = (u64, f64, f64, u64);
+
+/// The baseline's C source, built with `mpicc` on first use.
+const MPI_SOURCE: &str = include_str!("../../mpi/allreduce_mpi.c");
+
+/// Where a run hands the baseline to the processes it starts (rank 0 prints it).
+const MPI_BASELINE_ENV: &str = "OXCCL_ALLREDUCE_MPI_BASELINE";
+
+/// Builds (once, next to this program) and runs the MPI baseline with the same ranks,
+/// sizes and iterations.
+fn run_mpi_baseline(a: &Args, sizes: &[u64]) -> Result<Vec<MpiRow>> {
+    let fail = |what: String| {
+        oxccl::Error::InvalidUsage(format!(
+            "--mpi: {what} (it needs Open MPI's mpicc and mpirun; on Debian: apt-get install openmpi-bin libopenmpi-dev)"
+        ))
+    };
+    let exe =
+        std::env::current_exe().map_err(|e| fail(format!("cannot find this program: {e}")))?;
+    let dir = exe
+        .parent()
+        .unwrap_or(std::path::Path::new("."))
+        .join("oxccl-mpi");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
+    let (src, bin) = (dir.join("allreduce_mpi.c"), dir.join("allreduce_mpi"));
+    if std::fs::read_to_string(&src).ok().as_deref() != Some(MPI_SOURCE) || !bin.exists() {
+        std::fs::write(&src, MPI_SOURCE)
+            .map_err(|e| fail(format!("cannot write {}: {e}", src.display())))?;
+        let status = std::process::Command::new("mpicc")
+            .args(["-O2", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .map_err(|e| fail(format!("cannot run mpicc: {e}")))?;
+        if !status.success() {
+            return Err(fail(format!("mpicc failed: {status}")));
+        }
+    }
+    let (min, max) = (
+        sizes.first().copied().unwrap_or(4),
+        sizes.last().copied().unwrap_or(4),
+    );
+    let numbers = [
+        min,
+        max,
+        a.step_factor.max(2),
+        u64::from(a.iters),
+        u64::from(a.warmup),
+    ];
+    let output = std::process::Command::new("mpirun")
+        .args([
+            "-np",
+            &a.ranks.to_string(),
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+        ])
+        // Shared memory between the ranks, without the cross-process copy mechanism that
+        // containers often forbid.
+        .args(["--mca", "btl", "self,vader"])
+        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+        .arg(&bin)
+        .args(numbers.map(|v| v.to_string()))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| fail(format!("cannot run mpirun: {e}")))?;
+    if !output.status.success() {
+        return Err(fail(format!("mpirun failed: {}", output.status)));
+    }
+    let rows = parse_mpi_rows(&String::from_utf8_lossy(&output.stdout));
+    let expected: Vec<u64> = sizes.to_vec();
+    if rows.iter().map(|r| r.0).collect::<Vec<_>>() != expected {
+        return Err(fail(format!(
+            "the baseline reported sizes {:?}, expected {expected:?}",
+            rows.iter().map(|r| r.0).collect::<Vec<_>>()
+        )));
+    }
+    Ok(rows)
+}
+
+/// Reads `<bytes> <out-of-place us> <in-place us> <wrong>` lines; anything else is skipped.
+fn parse_mpi_rows(text: &str) -> Vec<MpiRow> {
+    text.lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            Some((
+                f.next()?.parse().ok()?,
+                f.next()?.parse().ok()?,
+                f.next()?.parse().ok()?,
+                f.next()?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// The baseline as the processes this program starts receive it (see [`parse_mpi_rows`]).
+fn encode_mpi_rows(rows: &[MpiRow]) -> String {
+    rows.iter()
+        .map(|r| format!("{} {} {} {}", r.0, r.1, r.2, r.3))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
