@@ -543,3 +543,18 @@ fn encode_mpi_rows(rows: &[MpiRow]) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{encode_mpi_rows, parse_mpi_rows};
+
+    /// Guards against the baseline's figures being misread (a wrong column would put MPI's
+    /// in-place time under out-of-place) or mpirun's chatter being taken for a row.
+    #[test]
+    fn mpi_rows_parse_and_round_trip() {
+        let text = "warning: something\n8 1.240 0.445 0\n32 0.5 0.6 2\nnot a row\n";
+        let rows = parse_mpi_rows(text);
+        assert_eq!(rows, [(8, 1.24, 0.445, 0), (32, 0.5, 0.6, 2)]);
+        assert_eq!(parse_mpi_rows(&encode_mpi_rows(&rows)), rows);
+    }
+}
