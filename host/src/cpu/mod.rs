@@ -104,15 +104,33 @@ impl CpuDevice {
 ///
 /// A waiter polls the condition for a short while (a kernel often finishes within
 /// microseconds), then sleeps on a condition variable. Dekker handshake: the waiter
-/// increments `sleepers` and then checks the condition; the notifier makes the condition
-/// true and then checks `sleepers`, both with SeqCst, so at least one sees the other and
-/// a wake-up is never lost. The condition is re-checked under `lock`, which the notifier
-/// takes before notifying.
-#[derive(Debug, Default)]
+/// increments `sleepers`, registers (under `lock`) the progress count it needs in
+/// `wake_at`, and then checks the condition; the notifier makes progress and then checks
+/// `sleepers` and `wake_at`, all with SeqCst, so either the waiter sees the progress or the
+/// notifier sees the registration, and a wake-up is never lost. The notifier takes `lock`
+/// before notifying, and resets `wake_at` there; woken waiters register again.
+///
+/// `wake_at` spares a waiter for the 20th of 20 queued launches a wake-up (a futex call and
+/// a context switch) at each of the 19 before.
+#[derive(Debug)]
 pub(crate) struct Signal {
     sleepers: AtomicU32,
+    /// The smallest progress count a sleeper waits for (`u64::MAX`: none registered since
+    /// the last wake-up).
+    wake_at: AtomicU64,
     lock: Mutex<()>,
     cond: Condvar,
+}
+
+impl Default for Signal {
+    fn default() -> Self {
+        Signal {
+            sleepers: AtomicU32::new(0),
+            wake_at: AtomicU64::new(u64::MAX),
+            lock: Mutex::new(()),
+            cond: Condvar::new(),
+        }
+    }
 }
 
 /// How long a host wait polls before it sleeps.
@@ -121,16 +139,37 @@ const HOST_POLL: Duration = Duration::from_micros(50);
 impl Signal {
     /// Wakes every sleeping waiter. Call after making the condition true.
     pub(crate) fn notify(&self) {
+        self.notify_progress(u64::MAX);
+    }
+
+    /// Wakes the sleeping waiters if one of them waits for a progress count of at most
+    /// `progress`. Call after the (SeqCst) update that made the progress.
+    pub(crate) fn notify_progress(&self, progress: u64) {
         fence(Ordering::SeqCst);
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
+        // SeqCst: the notifier's half of the handshake (see the type's docs).
+        if self.sleepers.load(Ordering::SeqCst) > 0
+            && progress >= self.wake_at.load(Ordering::SeqCst)
+        {
             let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+            self.wake_at.store(u64::MAX, Ordering::SeqCst);
             self.cond.notify_all();
         }
     }
 
-    /// Waits until `done()` holds or `deadline` passes (`None`: no deadline). Returns
-    /// whether `done()` held.
+    /// Waits until `done()` holds or `deadline` passes (`None`: no deadline), woken by any
+    /// notification. Returns whether `done()` held.
     pub(crate) fn wait_until(&self, done: impl Fn() -> bool, deadline: Option<Instant>) -> bool {
+        self.wait_for(0, done, deadline)
+    }
+
+    /// As [`Self::wait_until`], but woken only by notifications of a progress count of at
+    /// least `target`. `done()` must load the progress with SeqCst.
+    pub(crate) fn wait_for(
+        &self,
+        target: u64,
+        done: impl Fn() -> bool,
+        deadline: Option<Instant>,
+    ) -> bool {
         let start = Instant::now();
         let mut polls = 0u32;
         loop {
@@ -150,6 +189,9 @@ impl Signal {
         fence(Ordering::SeqCst);
         let mut guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
         let finished = loop {
+            // Under the lock, so a notifier's reset cannot erase it unseen; again after
+            // every wake-up, which reset it.
+            self.wake_at.fetch_min(target, Ordering::SeqCst);
             if done() {
                 break true;
             }
@@ -169,5 +211,49 @@ impl Signal {
         drop(guard);
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         finished
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Signal;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    /// Guards against a waiter for a progress count left asleep when progress races its
+    /// registration (a lost wake-up would show as a multi-second stall: the deadline is
+    /// 10 s), and against a waiter that returns before its count.
+    #[test]
+    fn progress_waiter_wakes_at_its_count() {
+        let signal = Arc::new(Signal::default());
+        let progress = Arc::new(AtomicU64::new(0));
+        for round in 1..=200u64 {
+            let target = round * 3;
+            let notifier = {
+                let (signal, progress) = (signal.clone(), progress.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..3 {
+                        // Odd rounds: slower than the waiter's polling phase, so it sleeps.
+                        if round % 2 == 1 {
+                            std::thread::sleep(Duration::from_micros(200));
+                        }
+                        let now = progress.fetch_add(1, Ordering::SeqCst) + 1;
+                        signal.notify_progress(now);
+                    }
+                })
+            };
+            let started = Instant::now();
+            let deadline = Some(started + Duration::from_secs(10));
+            let reached = || progress.load(Ordering::SeqCst) >= target;
+            assert!(signal.wait_for(target, reached, deadline), "round {round}");
+            assert!(progress.load(Ordering::SeqCst) >= target);
+            let waited = started.elapsed();
+            assert!(
+                waited < Duration::from_secs(2),
+                "round {round}: the waiter slept {waited:?}"
+            );
+            notifier.join().unwrap();
+        }
     }
 }

@@ -104,9 +104,10 @@ impl CpuStream {
         let target = self.submitted.load(Ordering::Relaxed);
         let started = Instant::now();
         let deadline = started.checked_add(timeout);
-        // Acquire: pairs with the Release in `finish`, so the kernels' writes are visible.
-        let done = || self.completed.load(Ordering::Acquire) >= target;
-        if !self.progress.wait_until(done, deadline) {
+        // SeqCst: acquires the kernels' writes (pairs with the SeqCst increment in
+        // `finish`), and is the waiter's half of the `Signal` handshake.
+        let done = || self.completed.load(Ordering::SeqCst) >= target;
+        if !self.progress.wait_for(target, done, deadline) {
             self.device.mark_stuck();
             return Err(Error::Timeout {
                 what: self.describe_stuck(),
@@ -165,8 +166,8 @@ impl CpuStream {
         };
         // SeqCst (a Release at least, pairing with `synchronize`): the Dekker pair of
         // `Signal::notify`.
-        self.completed.fetch_add(1, Ordering::SeqCst);
-        self.progress.notify();
+        let completed = self.completed.fetch_add(1, Ordering::SeqCst) + 1;
+        self.progress.notify_progress(completed);
         self.device.launch_completed();
         next
     }
