@@ -72,12 +72,6 @@ pub fn fetch_and(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
     imp::fetch_and(a, v, order, scope)
 }
 
-/// Raises `a` to at least `v` with `order` at `scope` and returns the previous value.
-#[inline(always)]
-pub fn fetch_max(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
-    imp::fetch_max(a, v, order, scope)
-}
-
 /// Publishes a 128-bit pair `[w0, w1]` so that an observer that acquires `w1` at `scope` also
 /// sees `w0`.
 ///
@@ -133,11 +127,6 @@ mod imp {
     #[inline(always)]
     pub fn fetch_add(a: &AtomicU64, v: u64, order: Ordering, _scope: Scope) -> u64 {
         a.fetch_add(v, order)
-    }
-
-    #[inline(always)]
-    pub fn fetch_max(a: &AtomicU64, v: u64, order: Ordering, _scope: Scope) -> u64 {
-        a.fetch_max(v, order)
     }
 
     #[inline(always)]
@@ -241,24 +230,6 @@ mod imp {
                     o = out(reg64) old, v = in(reg64) v, p = in(reg64) p, options(nostack))
                 }
                 _ => scoped!(scope, "atom.acq_rel", ".global.add.u64 {o}, [{p}], {v};",
-                    o = out(reg64) old, v = in(reg64) v, p = in(reg64) p, options(nostack)),
-            }
-        }
-        old
-    }
-
-    #[inline(always)]
-    pub fn fetch_max(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
-        let p = a.as_ptr();
-        let old: u64;
-        // SAFETY: as in `fetch_add`.
-        unsafe {
-            match order {
-                Ordering::Relaxed => {
-                    scoped!(scope, "atom.relaxed", ".global.max.u64 {o}, [{p}], {v};",
-                    o = out(reg64) old, v = in(reg64) v, p = in(reg64) p, options(nostack))
-                }
-                _ => scoped!(scope, "atom.acq_rel", ".global.max.u64 {o}, [{p}], {v};",
                     o = out(reg64) old, v = in(reg64) v, p = in(reg64) p, options(nostack)),
             }
         }
