@@ -173,21 +173,26 @@ fn stream_with_timeout(device: &Device, timeout: Duration) -> Stream {
 // Tests
 // ---------------------------------------------------------------------------------------
 
-/// Guards against threads of a launch not all running, or computing wrong grid ranks
-/// (block-major, thread-minor), on the simplest multi-block launch.
-#[test]
-fn each_thread_writes_its_grid_rank() {
-    let device = Device::cpu(0);
-    let stream = device.stream().unwrap();
+/// Launches `write_grid_rank` on a 2 x 4 grid and checks every thread wrote its rank.
+fn assert_grid_ranks_written(device: &Device, stream: &Stream) {
     let out = device.alloc::<u64>(8).unwrap();
     write_grid_rank::launch(
-        &stream,
+        stream,
         LaunchConfig::grid(2).block(4),
         (out.device_slice(),),
     )
     .unwrap();
     stream.synchronize().unwrap();
     assert_eq!(out.to_vec().unwrap(), (0..8).collect::<Vec<u64>>());
+}
+
+/// Guards against threads of a launch not all running, or computing wrong grid ranks
+/// (block-major, thread-minor), on the simplest multi-block launch.
+#[test]
+fn each_thread_writes_its_grid_rank() {
+    let device = Device::cpu(0);
+    let stream = device.stream().unwrap();
+    assert_grid_ranks_written(&device, &stream);
 }
 
 /// Guards against y/z components being dropped or transposed when the emulator turns a
@@ -351,15 +356,7 @@ fn panicking_kernel_reports_kernel_failed_and_stream_recovers() {
         }
         other => panic!("expected KernelFailed, got {other:?}"),
     }
-    let out = device.alloc::<u64>(8).unwrap();
-    write_grid_rank::launch(
-        &stream,
-        LaunchConfig::grid(2).block(4),
-        (out.device_slice(),),
-    )
-    .unwrap();
-    stream.synchronize().unwrap();
-    assert_eq!(out.to_vec().unwrap(), (0..8).collect::<Vec<u64>>());
+    assert_grid_ranks_written(&device, &stream);
     stream.synchronize().unwrap();
 }
 
