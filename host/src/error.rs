@@ -63,3 +63,12 @@ pub enum Error {
     #[error("internal error: {0}")]
     Internal(String),
 }
+
+/// The message of a caught panic: its payload if it is a string, else a placeholder.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("panic with a non-string payload")
+}

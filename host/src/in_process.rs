@@ -76,7 +76,7 @@ where
                 Ok(h) => h.join().unwrap_or_else(|panic| {
                     Err(Error::Internal(format!(
                         "rank {rank} panicked: {}",
-                        panic_message(&panic)
+                        crate::error::panic_message(panic.as_ref())
                     )))
                 }),
                 Err(e) => Err(e),
@@ -96,12 +96,4 @@ where
         }
     }
     Ok(out)
-}
-
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic".into())
 }

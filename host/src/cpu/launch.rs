@@ -138,11 +138,7 @@ impl Launch {
     }
 
     fn record_failure(&self, index: u32, payload: &Box<dyn Any + Send>) {
-        let message = payload
-            .downcast_ref::<&str>()
-            .copied()
-            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-            .unwrap_or("panic with a non-string payload");
+        let message = crate::error::panic_message(payload.as_ref());
         let threads_per_block = self.config.block.volume() as u32;
         let (block, thread) = (index / threads_per_block, index % threads_per_block);
         let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
