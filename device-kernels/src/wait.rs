@@ -74,6 +74,16 @@ impl WaitPolicy {
         reserved: 0,
     };
 
+    /// At most `timeout_ns` nanoseconds per wait, and no abort flag.
+    pub const fn with_timeout_ns(timeout_ns: u64) -> WaitPolicy {
+        WaitPolicy {
+            abort_flag: 0,
+            timeout_ns,
+            site: 0,
+            reserved: 0,
+        }
+    }
+
     /// Whether the abort flag has been raised.
     #[inline(always)]
     pub fn aborted(&self) -> bool {

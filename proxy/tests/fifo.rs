@@ -10,6 +10,10 @@ use oxccl_proxy::fifo::MAX_FIFO_SIZE;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Every wait of these tests gives up after 30 s, so a broken consumer fails the test
+/// instead of hanging it.
+const WAIT: WaitPolicy = WaitPolicy::with_timeout_ns(30_000_000_000);
+
 fn trigger(producer: u32, seq: u64) -> ProxyTrigger {
     ProxyTrigger::encode(&TriggerFields {
         kind: trigger_type::DATA | trigger_type::FLAG,
@@ -47,7 +51,7 @@ fn drain(fifo: &mut Fifo, n: usize) -> Vec<TriggerFields> {
 fn smoke() {
     let mut fifo = Fifo::new(4).unwrap();
     assert!(fifo.poll().is_none(), "a fresh ring must read empty");
-    let h = fifo.device_handle(WaitPolicy::UNBOUNDED);
+    let h = fifo.device_handle(WAIT);
     assert_eq!(h.push(trigger(3, 9)).unwrap(), 0);
     assert_eq!(drain(&mut fifo, 1), [trigger(3, 9).decode()]);
     assert!(fifo.poll().is_none());
@@ -60,7 +64,7 @@ fn smoke() {
 fn wraps_at_lap_boundary() {
     for size in [1u32, 2, 4] {
         let mut fifo = Fifo::new(size).unwrap();
-        let h = fifo.device_handle(WaitPolicy::UNBOUNDED);
+        let h = fifo.device_handle(WAIT);
         for seq in 0..(4 * size as u64 + 1) {
             h.push(trigger(1, seq)).unwrap();
             assert_eq!(drain(&mut fifo, 1)[0].dst_offset, seq, "size {size}");
@@ -105,7 +109,7 @@ fn many_producers() {
     const PRODUCERS: u32 = 6;
     const EACH: u64 = if cfg!(miri) { 20 } else { 20_000 };
     let mut fifo = Fifo::new(8).unwrap();
-    let h = fifo.device_handle(WaitPolicy::UNBOUNDED);
+    let h = fifo.device_handle(WAIT);
     let producers: Vec<_> = (0..PRODUCERS)
         .map(|p| {
             std::thread::spawn(move || {
@@ -146,7 +150,7 @@ fn bad_sizes_are_refused() {
 #[test]
 fn sync_waits_for_pop() {
     let mut fifo = Fifo::new(4).unwrap();
-    let h = fifo.device_handle(WaitPolicy::UNBOUNDED);
+    let h = fifo.device_handle(WAIT);
     let done = std::sync::Arc::new(AtomicU64::new(0));
     let seen = done.clone();
     let producer = std::thread::spawn(move || {
@@ -170,7 +174,7 @@ fn sync_waits_for_pop() {
 fn pushes_wake_a_parked_consumer() {
     const ROUNDS: u64 = 200;
     let mut fifo = Fifo::new(4).unwrap();
-    let h = fifo.device_handle(WaitPolicy::UNBOUNDED);
+    let h = fifo.device_handle(WAIT);
     let cells = fifo.cells();
     let consumer = std::thread::spawn(move || {
         let mut longest = Duration::ZERO;
@@ -188,8 +192,10 @@ fn pushes_wake_a_parked_consumer() {
                 }
             }
             longest = longest.max(started.elapsed());
-            // Write the tail back, as the proxy's next poll does.
-            assert!(fifo.poll().is_none());
+            // Write the tail back, as the proxy's next poll does. (It may already find the
+            // next trigger: a pop that completes a batch writes the tail back itself, which
+            // lets the producer's sync return and push at once.)
+            let _ = fifo.poll();
         }
         longest
     });

@@ -5,14 +5,14 @@
 //!
 //! 1. `fmt`: `cargo fmt --all -- --check`
 //! 2. `clippy`: `cargo clippy --workspace --all-targets -- -D warnings`
-//! 3. `test`: `cargo test --workspace`
+//! 3. `test`: `cargo test --workspace`, killed after [`STEP_TIME_LIMIT`]
 //! 4. `loom`: the loom models of the FIFO and semaphore protocols ([`run_loom`])
 //! 5. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90
 //!
 //! Under `CI=true` the rustup components all steps need are installed first.
 
 use crate::build_ptx::{self, DEFAULT_ARCHES};
-use crate::util::{Tool, ensure_components, fmt_duration, is_ci, run, show};
+use crate::util::{Tool, ensure_components, fmt_duration, is_ci, run, run_bounded, show};
 use crate::workspace::Workspace;
 use anyhow::{Result, bail};
 use std::process::Command;
@@ -23,6 +23,10 @@ pub const LOOM_CRATES: &[&str] = &["oxccl-device", "oxccl-proxy"];
 
 /// Preemption bound loom explores by default; `LOOM_MAX_PREEMPTIONS` overrides it.
 pub const LOOM_MAX_PREEMPTIONS: &str = "3";
+
+/// Longest the `test` step and the `loom` step may each take, builds included (a full run
+/// takes a few minutes): past it the step is killed and fails, so a hung test cannot hold CI.
+pub const STEP_TIME_LIMIT: Duration = Duration::from_secs(20 * 60);
 
 /// Options of `cargo xtask ci`.
 #[derive(Debug, Clone, Default)]
@@ -73,7 +77,11 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
     let steps: Vec<Step> = vec![
         ("fmt", show(&fmt), Box::new(move || run(&mut fmt))),
         ("clippy", show(&clippy), Box::new(move || run(&mut clippy))),
-        ("test", show(&test), Box::new(move || run(&mut test))),
+        (
+            "test",
+            show(&test),
+            Box::new(move || run_bounded(&mut test, STEP_TIME_LIMIT)),
+        ),
         (
             "loom",
             "cargo xtask loom".into(),
@@ -173,5 +181,5 @@ pub fn run_loom(ws: &Workspace, args: &[String]) -> Result<()> {
     if !args.is_empty() {
         cmd.arg("--").args(args);
     }
-    run(&mut cmd)
+    run_bounded(&mut cmd, STEP_TIME_LIMIT)
 }
