@@ -2,12 +2,14 @@
 //! requests.
 //!
 //! - [`fifo`]: the ring's cells and its single consumer.
+//! - [`consumer_pacing`]: how the consumer leaves the ring alone after draining a stream.
 //! - [`connection`]: the [`Connection`] trait a transport implements.
 //! - [`memory_region`]: what the proxy knows of registered memory.
 //! - [`proxy_service`]: the thread, the id tables, and the checks on every trigger.
 #![warn(missing_docs)]
 
 pub mod connection;
+pub mod consumer_pacing;
 pub mod error;
 pub mod fifo;
 pub mod memory_region;

@@ -15,6 +15,7 @@
 //! still execute one at a time, in order, through the same checks.
 
 use crate::connection::Connection;
+use crate::consumer_pacing;
 use crate::error::{ProxyError, Refusal, Side};
 use crate::fifo::{Fifo, FifoCells};
 use crate::memory_region::MemoryRegion;
@@ -358,8 +359,9 @@ fn run(consumer: &Mutex<Fifo>, cells: &FifoCells, shared: &Shared) {
     loop {
         // Stay hot only after executing something ourselves. `None` means a kernel thread
         // is assisting: that is its work, and spinning beside it would take its core.
-        if let Some(1..) = drain(consumer, shared) {
+        if let Some(executed @ 1..) = drain(consumer, shared) {
             idle = 0;
+            consumer_pacing::after_drain(executed);
             continue;
         }
         // Acquire: pairs with the Release in `stop`. The drain above found the ring empty

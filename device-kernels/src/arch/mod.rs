@@ -179,6 +179,17 @@ pub fn ring_doorbell(addr: u64, proxy_asleep: bool) {
     imp::ring_doorbell(addr, proxy_asleep)
 }
 
+/// Asks for the cache line holding `addr` in a writable state ahead of a store to it (a hint:
+/// it never faults, and does nothing where it does not apply).
+///
+/// On the CPU emulator a FIFO push stores into lines the proxy thread last read a lap ago,
+/// and the push's atomic claim waits for those stores to gain the line; asking early takes
+/// that wait off the push. On the GPU, whose pushes cross to host memory, it does nothing.
+#[inline(always)]
+pub fn prefetch_for_write(addr: *const u8) {
+    imp::prefetch_for_write(addr)
+}
+
 /// Stops the kernel at once (`trap`); on the host, panics the calling kernel thread.
 #[inline(always)]
 pub fn trap() -> ! {

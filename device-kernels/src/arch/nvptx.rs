@@ -117,3 +117,6 @@ pub(crate) fn trap() -> ! {
 
 #[inline(always)]
 pub(crate) fn ring_doorbell(_addr: u64, _proxy_asleep: bool) {}
+
+#[inline(always)]
+pub(crate) fn prefetch_for_write(_addr: *const u8) {}
