@@ -211,6 +211,57 @@ impl MemoryChannelDeviceHandle {
         self.semaphore.poll()
     }
 
+    /// Stores `payload` with `flag` as packet `index` (in units of `P`) of the peer's buffer:
+    /// for kernels that compute what they send (a reduction) rather than copy it.
+    ///
+    /// # Errors
+    /// [`DeviceError::InvalidArgument`] for flag 0; [`DeviceError::OutOfBounds`] past the
+    /// end of the peer's buffer (nothing is written).
+    #[inline(always)]
+    pub fn write_packet<P: Packet>(
+        &self,
+        index: u64,
+        payload: P::Payload,
+        flag: u32,
+    ) -> Result<(), DeviceError> {
+        let off = self.packet_offset::<P>(index, flag, self.remote_size)?;
+        // SAFETY: a whole packet inside the registered peer buffer (checked), aligned for
+        // `P` (registered buffers are page-aligned, `off` a multiple of the packet size).
+        unsafe { P::store(self.remote + off, payload, flag) };
+        Ok(())
+    }
+
+    /// Waits until packet `index` (in units of `P`) of our packet buffer carries `flag`, and
+    /// returns its payload.
+    ///
+    /// # Errors
+    /// As [`Self::write_packet`] for our packet buffer, and [`DeviceError::Timeout`] /
+    /// [`DeviceError::Aborted`] if the packet does not arrive within the wait limit.
+    #[inline(always)]
+    pub fn read_packet<P: Packet>(&self, index: u64, flag: u32) -> Result<P::Payload, DeviceError> {
+        let off = self.packet_offset::<P>(index, flag, self.packets_size)?;
+        // SAFETY: as in `write_packet`, for our packet buffer.
+        unsafe { P::load(self.packets + off, flag, &self.semaphore.wait) }
+    }
+
+    /// Byte offset of packet `index` of `P` in a buffer of `size` bytes, if the whole packet
+    /// fits and `flag` is usable.
+    #[inline(always)]
+    fn packet_offset<P: Packet>(
+        &self,
+        index: u64,
+        flag: u32,
+        size: u64,
+    ) -> Result<u64, DeviceError> {
+        if flag == 0 {
+            return Err(self.refuse(DeviceError::InvalidArgument));
+        }
+        index
+            .checked_mul(P::PACKET_BYTES)
+            .filter(|&off| in_bounds(off, P::PACKET_BYTES, size))
+            .ok_or_else(|| self.refuse(DeviceError::OutOfBounds))
+    }
+
     /// Sends `bytes` of our buffer at `src_off` as packets of type `P` with `flag` into the
     /// peer's buffer at `dst_off` (which takes `2 * bytes`), split among `coop`.
     ///

@@ -8,6 +8,7 @@
 //! (bounds checks of a split copy) fail alike on every thread.
 
 pub mod all_reduce;
+pub mod packet_all_reduce;
 pub mod packet_exchange;
 pub mod pingpong;
 pub mod ring_exchange;
