@@ -138,6 +138,11 @@ pub const EXPECTATIONS: &[Expectation] = &[
         kernels: "ll16_*",
         needs: &[Need::Ll16Store],
     },
+    // packet_all_reduce_sum_f32: every value travels as an LL16 packet.
+    Expectation {
+        kernels: "packet_all_reduce_*",
+        needs: &[Need::Ll16Store],
+    },
 ];
 
 /// One broken rule.

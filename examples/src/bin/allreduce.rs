@@ -9,15 +9,21 @@
 //! with `--processes` separate processes this program starts itself (with torchrun's
 //! variables), mapping each other's device memory. Started by a launcher (torchrun,
 //! `mpirun`, `srun`: its variables are found), each process is one rank and rank 0 prints
-//! the table. The kernel is `oxccl_device::kernels::all_reduce::ring_all_reduce_sum_f32`
-//! over memory channels.
+//! the table. Messages up to `--packet-max-bytes` go through
+//! `oxccl_device::kernels::packet_all_reduce::packet_all_reduce_sum_f32` (LL packets, no
+//! semaphore round trips), larger ones through
+//! `oxccl_device::kernels::all_reduce::ring_all_reduce_sum_f32`; both over memory channels.
 
 use clap::Parser;
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Communicator, CommunicatorConfig, DeviceBuffer, MemoryChannel, Result, Stream};
 use oxccl_device::kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
+use oxccl_device::kernels::packet_all_reduce::{
+    PacketAllReduceArgs, packet_all_reduce_sum_f32, packet_scratch_bytes,
+};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_examples::parse_bytes;
+use std::cell::Cell;
 use std::time::Instant;
 
 /// Measures all-reduce (sum of f32) across ranks.
@@ -44,6 +50,12 @@ struct Args {
     /// Kernel threads per rank.
     #[arg(long, default_value_t = 1)]
     threads: u32,
+    /// Largest message sent as LL packets; larger ones take the semaphore ring (0: never
+    /// packets). On the CPU emulator the two take the same time up to about 512 B, and
+    /// packets are slower above: each carries half its bytes, and the receiver polls
+    /// lines the sender is still writing.
+    #[arg(long, default_value = "512", value_parser = parse_bytes)]
+    packet_max_bytes: u64,
     /// Run each rank as its own process (this program, started `--ranks` times) instead
     /// of as threads of one process.
     #[arg(long)]
@@ -64,11 +76,32 @@ struct Rank {
     input: DeviceBuffer<f32>,
     next: MemoryChannel,
     prev: MemoryChannel,
+    /// LL-packet channels over every rank's scratch, if any size takes packets.
+    packets: Option<PacketPath>,
     stream: Stream,
 }
 
+/// What the LL-packet all-reduce needs: the scratch peers write, channels over it, and the
+/// flag of the last call (every rank makes the same calls, so the flags agree).
+struct PacketPath {
+    _scratch: DeviceBuffer<u64>,
+    next: MemoryChannel,
+    prev: MemoryChannel,
+    max_bytes: u64,
+    flag: Cell<u32>,
+}
+
+impl PacketPath {
+    /// The next call's flag: 1, 2, ... skipping 0 when it wraps.
+    fn next_flag(&self) -> u32 {
+        let f = self.flag.get().wrapping_add(1).max(1);
+        self.flag.set(f);
+        f
+    }
+}
+
 impl Rank {
-    fn new(comm: &mut Communicator, max_n: usize) -> Result<Rank> {
+    fn new(comm: &mut Communicator, max_n: usize, max_packet_bytes: u64) -> Result<Rank> {
         let rank = comm.rank();
         let work = comm.alloc::<f32>(2 * max_n)?;
         let input = comm
@@ -77,30 +110,68 @@ impl Rank {
         let all = comm.all_gather_memory(&comm.register(&work))?;
         let mine = all[rank as usize].clone();
         let (next, prev) = comm.ring_memory_channels(&all, &mine, None)?;
+        let packet_n = (max_packet_bytes.min(max_n as u64 * 4) / 4) as usize;
+        let packets = if packet_n > 0 {
+            let bytes = packet_scratch_bytes(packet_n as u64, comm.size()).max(8);
+            let scratch = comm.alloc::<u64>(bytes.div_ceil(8) as usize)?;
+            let all = comm.all_gather_memory(&comm.register(&scratch))?;
+            let mine = all[rank as usize].clone();
+            let (next, prev) = comm.ring_memory_channels(&all, &mine, Some(&mine))?;
+            Some(PacketPath {
+                _scratch: scratch,
+                next,
+                prev,
+                max_bytes: packet_n as u64 * 4,
+                flag: Cell::new(0),
+            })
+        } else {
+            None
+        };
         Ok(Rank {
             work,
             input,
             next,
             prev,
+            packets,
             stream: comm.device().stream()?,
         })
     }
 
     fn launch(&self, comm: &Communicator, n: usize, in_place: bool, threads: u32) -> Result<()> {
+        let config = LaunchConfig::grid(1).block(threads);
+        let input = if in_place {
+            self.work.addr()
+        } else {
+            self.input.addr()
+        };
+        if let Some(p) = self
+            .packets
+            .as_ref()
+            .filter(|p| n as u64 * 4 <= p.max_bytes)
+        {
+            let args = PacketAllReduceArgs {
+                next: p.next.device_handle(),
+                prev: p.prev.device_handle(),
+                input,
+                output: self.work.addr(),
+                n: n as u64,
+                flag: p.next_flag(),
+                rank: comm.rank(),
+                n_ranks: comm.size(),
+                reserved: 0,
+            };
+            return packet_all_reduce_sum_f32::launch(&self.stream, config, (args,));
+        }
         let args = RingAllReduceArgs {
             next: self.next.device_handle(),
             prev: self.prev.device_handle(),
-            input: if in_place {
-                self.work.addr()
-            } else {
-                self.input.addr()
-            },
+            input,
             work: self.work.addr(),
             n: n as u64,
             rank: comm.rank(),
             n_ranks: comm.size(),
         };
-        ring_all_reduce_sum_f32::launch(&self.stream, LaunchConfig::grid(1).block(threads), (args,))
+        ring_all_reduce_sum_f32::launch(&self.stream, config, (args,))
     }
 
     /// Runs once from fresh inputs and counts wrong elements.
@@ -192,7 +263,7 @@ fn run(a: &Args) -> Result<bool> {
 /// Every size, out of place and in place, on this rank: (bytes, (µs, wrong), (µs, wrong)).
 fn bench_rank(comm: &mut Communicator, a: &Args, sizes: &[u64]) -> Result<Vec<Row>> {
     let max_n = (sizes.last().copied().unwrap_or(4) / 4) as usize;
-    let mut rank = Rank::new(comm, max_n)?;
+    let mut rank = Rank::new(comm, max_n, a.packet_max_bytes)?;
     let mut rows = Vec::new();
     for &bytes in sizes {
         let n = (bytes / 4) as usize;
@@ -321,8 +392,17 @@ fn print_table(
     mpi: Option<&[MpiRow]>,
 ) -> bool {
     println!(
-        "# oxccl all-reduce (sum, float): {} ranks as {ranks_are}, cpu backend, {} kernel thread(s) per rank, ring over memory channels",
-        a.ranks, a.threads
+        "# oxccl all-reduce (sum, float): {} ranks as {ranks_are}, cpu backend, {} kernel thread(s) per rank, {}",
+        a.ranks,
+        a.threads,
+        if a.packet_max_bytes >= 4 {
+            format!(
+                "LL-packet ring up to {} B, then semaphore ring, over memory channels",
+                a.packet_max_bytes
+            )
+        } else {
+            "semaphore ring over memory channels".into()
+        }
     );
     if mpi.is_some() {
         println!(
