@@ -26,7 +26,8 @@ pub const STREAM_PAUSE: Duration = Duration::from_nanos(300);
 /// Spin-loop hints between two looks at the clock while pausing.
 const PAUSE_CHECK_EVERY: u32 = 8;
 
-/// Call [`after_drain`] with the number of triggers each drain executed.
+/// Paces the consumer after a drain that executed `executed` triggers: returns at once
+/// after fewer than [`STREAM_BATCH`], else once [`STREAM_PAUSE`] has passed.
 pub fn after_drain(executed: u64) {
     if executed < STREAM_BATCH {
         return;
