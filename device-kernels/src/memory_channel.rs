@@ -154,13 +154,7 @@ impl MemoryChannelDeviceHandle {
     /// [`DeviceError::OutOfBounds`] past the end of the peer's buffer.
     #[inline(always)]
     pub fn write<T: bytemuck::Pod>(&self, index: u64, value: T) -> Result<(), DeviceError> {
-        let size = core::mem::size_of::<T>() as u64;
-        let Some(off) = index
-            .checked_mul(size)
-            .filter(|&off| in_bounds(off, size, self.remote_size))
-        else {
-            return Err(self.refuse(DeviceError::OutOfBounds));
-        };
+        let off = self.element_offset(index, core::mem::size_of::<T>() as u64, self.remote_size)?;
         // SAFETY: in bounds of the registered peer buffer; unaligned-safe write.
         unsafe { ((self.remote + off) as usize as *mut T).write_volatile(value) };
         Ok(())
@@ -172,13 +166,7 @@ impl MemoryChannelDeviceHandle {
     /// [`DeviceError::OutOfBounds`] past the end of the peer's buffer.
     #[inline(always)]
     pub fn read<T: bytemuck::Pod>(&self, index: u64) -> Result<T, DeviceError> {
-        let size = core::mem::size_of::<T>() as u64;
-        let Some(off) = index
-            .checked_mul(size)
-            .filter(|&off| in_bounds(off, size, self.remote_size))
-        else {
-            return Err(self.refuse(DeviceError::OutOfBounds));
-        };
+        let off = self.element_offset(index, core::mem::size_of::<T>() as u64, self.remote_size)?;
         // SAFETY: in bounds of the registered peer buffer.
         Ok(unsafe { ((self.remote + off) as usize as *const T).read_volatile() })
     }
@@ -256,9 +244,16 @@ impl MemoryChannelDeviceHandle {
         if flag == 0 {
             return Err(self.refuse(DeviceError::InvalidArgument));
         }
+        self.element_offset(index, P::PACKET_BYTES, size)
+    }
+
+    /// Byte offset of element `index` of `elem` bytes in a buffer of `size` bytes, if the
+    /// whole element fits (no overflow); else the call is refused as out of bounds.
+    #[inline(always)]
+    fn element_offset(&self, index: u64, elem: u64, size: u64) -> Result<u64, DeviceError> {
         index
-            .checked_mul(P::PACKET_BYTES)
-            .filter(|&off| in_bounds(off, P::PACKET_BYTES, size))
+            .checked_mul(elem)
+            .filter(|&off| in_bounds(off, elem, size))
             .ok_or_else(|| self.refuse(DeviceError::OutOfBounds))
     }
 
