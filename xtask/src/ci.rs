@@ -11,8 +11,9 @@
 //!
 //! Under `CI=true` the rustup components all steps need are installed first.
 
+use crate::bounded::run_bounded;
 use crate::build_ptx::{self, DEFAULT_ARCHES};
-use crate::util::{Tool, ensure_components, fmt_duration, is_ci, run, run_bounded, show};
+use crate::util::{Tool, ensure_components, fmt_duration, is_ci, run, show};
 use crate::workspace::Workspace;
 use anyhow::{Result, bail};
 use std::process::Command;

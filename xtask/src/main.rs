@@ -6,8 +6,10 @@
 //! - `loom`: model-checks the FIFO and semaphore protocols (see [`ci::run_loom`]).
 //! - `ci`: everything CI checks, in order (see [`ci`]).
 
+mod bounded;
 mod build_ptx;
 mod ci;
+mod interrupt;
 mod kernels;
 mod ptx;
 mod ptx_rules;

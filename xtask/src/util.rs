@@ -3,7 +3,7 @@
 use anyhow::{Context, Result, bail};
 use std::ffi::OsStr;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// An external program, looked up on `PATH`.
 pub struct Tool {
@@ -53,73 +53,6 @@ pub fn run(cmd: &mut Command) -> Result<()> {
         bail!("`{shown}` failed ({status})");
     }
     Ok(())
-}
-
-/// Runs `cmd` like [`run`], but gives up after `limit`: the command and every process it
-/// started are killed, and the error says so. A test that hangs then fails CI in bounded
-/// time instead of holding it until the runner's own limit.
-pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<()> {
-    let shown = show(cmd);
-    println!("$ {shown}   (time limit {})", fmt_duration(limit));
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start `{shown}`"))?;
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait()? {
-            if !status.success() {
-                bail!("`{shown}` failed ({status})");
-            }
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            kill_descendants(child.id());
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!(
-                "`{shown}` did not finish within {} and was killed with everything it started \
-                 (the output above names the test still running)",
-                fmt_duration(limit)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Sends SIGKILL to every descendant of `root` (not `root` itself), found through the
-/// parent ids in `/proc/<pid>/stat`. The command keeps our process group, so Ctrl-C still
-/// reaches it; this is how a timeout reaches the test binaries cargo started.
-fn kill_descendants(root: u32) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    let parents: Vec<(u32, u32)> = entries
-        .filter_map(|e| {
-            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // Fields after the parenthesised command name: state, then the parent id.
-            let after_name = &stat[stat.rfind(')')? + 1..];
-            let ppid = after_name.split_whitespace().nth(1)?.parse().ok()?;
-            Some((pid, ppid))
-        })
-        .collect();
-    let mut found = vec![root];
-    let mut i = 0;
-    while i < found.len() {
-        let parent = found[i];
-        found.extend(
-            parents
-                .iter()
-                .filter(|&&(_, pp)| pp == parent)
-                .map(|&(p, _)| p),
-        );
-        i += 1;
-    }
-    for &pid in &found[1..] {
-        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
-    }
 }
 
 /// The command line as a shell would read it, with the variables it sets first.
@@ -268,39 +201,5 @@ mod tests {
             show(&c),
             "RUSTFLAGS='-C target-cpu=sm_70' cargo rustc -p 'a b'"
         );
-    }
-
-    /// Guards against a hung step holding CI: the step fails near its limit, and what the
-    /// command started in the background dies with it.
-    #[test]
-    fn bounded_run_kills_a_hung_command_and_its_children() {
-        let dir = std::env::temp_dir().join(format!("xtask-bounded-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let pid_file = dir.join("pid");
-        let mut c = Command::new("sh");
-        c.arg("-c").arg(format!(
-            "sleep 300 & echo $! > '{}'; wait",
-            pid_file.display()
-        ));
-        let started = Instant::now();
-        let err = run_bounded(&mut c, Duration::from_millis(500)).unwrap_err();
-        assert!(started.elapsed() < Duration::from_secs(10));
-        assert!(err.to_string().contains("did not finish"), "{err}");
-        let pid = std::fs::read_to_string(&pid_file).unwrap();
-        let stat = format!("/proc/{}/stat", pid.trim());
-        let deadline = Instant::now() + Duration::from_secs(5);
-        // Gone, or a zombie waiting for its new parent to reap it.
-        while std::fs::read_to_string(&stat).is_ok_and(|s| !s.contains(") Z")) {
-            assert!(Instant::now() < deadline, "the background sleep survived");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// Guards against a bounded run that reports a failing command as passed.
-    #[test]
-    fn bounded_run_reports_exit_status() {
-        assert!(run_bounded(&mut Command::new("true"), Duration::from_secs(30)).is_ok());
-        assert!(run_bounded(&mut Command::new("false"), Duration::from_secs(30)).is_err());
     }
 }
