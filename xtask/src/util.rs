@@ -87,10 +87,7 @@ pub fn is_ci() -> bool {
 
 /// Whether the process runs as root (then apt-get may install packages).
 pub fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "0")
+    rustix::process::geteuid().is_root()
 }
 
 /// Adds the rustup `components` that are not installed yet, saying so; `who` prefixes the
