@@ -1,8 +1,8 @@
 //! Running external commands under a deadline, in a process group of their own.
 //!
-//! Past its limit a command's whole process group gets SIGKILL, then the command is reaped,
-//! and the error names the command and the limit, so a hung command fails its CI step
-//! instead of holding it. The group is what makes that complete: `cargo
+//! Every command xtask runs goes through here, so none can hold a CI step forever: past its
+//! limit the command's whole process group gets SIGKILL, then the command is reaped, and the
+//! error names the command and the limit. The group is what makes that complete: `cargo
 //! test` starts test binaries, `pip` starts builds, and a process whose parent exited is
 //! still in the group, though no longer anyone's descendant.
 //!
@@ -15,8 +15,11 @@ use crate::interrupt::{self, InFlight};
 use crate::util::{fmt_duration, show};
 use anyhow::{Context, Result, bail};
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+use std::io::Read;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How often the supervisor looks at the command, its deadline and the signals.
@@ -26,16 +29,36 @@ const POLL: Duration = Duration::from_millis(50);
 /// its group gets SIGKILL (a shell's background jobs ignore SIGINT).
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 
+/// How long to wait, once the command ended, for the end of its output: a process it left
+/// running may hold the pipe open.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+
 /// Prints `cmd` (with the environment it sets) and its limit, runs it with the terminal's
 /// stdout and stderr, and fails if it does not exit successfully within `limit`.
 pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<()> {
     announce(cmd, limit);
     let shown = show(cmd);
-    let status = supervise(cmd, limit)?;
-    if !status.success() {
-        bail!("`{shown}` failed ({status})");
+    let out = supervise(cmd, limit, Mode::Inherit)?;
+    if !out.status.success() {
+        bail!("`{shown}` failed ({})", out.status);
     }
     Ok(())
+}
+
+/// Runs `cmd` quietly and returns its status, stdout and stderr, like [`Command::output`],
+/// but fails if it runs past `limit`. A command that exits unsuccessfully is not an error
+/// here; the caller reads the status.
+pub fn output_bounded(cmd: &mut Command, limit: Duration) -> Result<Output> {
+    supervise(cmd, limit, Mode::Capture)
+}
+
+/// What happens to the command's output.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Both streams go where xtask's go.
+    Inherit,
+    /// Both streams are kept, none printed.
+    Capture,
 }
 
 fn announce(cmd: &Command, limit: Duration) {
@@ -45,7 +68,7 @@ fn announce(cmd: &Command, limit: Duration) {
 /// Runs `cmd` in a new process group until it exits, `limit` passes, or xtask is told to
 /// stop; in the last two cases the group is killed and the command reaped before the error
 /// returns.
-fn supervise(cmd: &mut Command, limit: Duration) -> Result<ExitStatus> {
+fn supervise(cmd: &mut Command, limit: Duration, mode: Mode) -> Result<Output> {
     let shown = show(cmd);
     let _in_flight = InFlight::enter()?;
     if let Some(sig) = interrupt::received() {
@@ -55,18 +78,35 @@ fn supervise(cmd: &mut Command, limit: Duration) -> Result<ExitStatus> {
         );
     }
     cmd.process_group(0).stdin(Stdio::null());
+    if mode == Mode::Capture {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot start `{shown}`"))?;
     let mut group = Group::new(child);
+    let stdout = group.child.stdout.take().map(Drain::start);
+    let stderr = group.child.stderr.take().map(Drain::start);
+    let collect = |stdout: Option<Drain>, stderr: Option<Drain>| {
+        (
+            stdout.map(Drain::finish).unwrap_or_default(),
+            stderr.map(Drain::finish).unwrap_or_default(),
+        )
+    };
 
     let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = group.try_wait()? {
-            return Ok(status);
+            let (stdout, stderr) = collect(stdout, stderr);
+            return Ok(Output {
+                status,
+                stdout,
+                stderr,
+            });
         }
         if let Some(sig) = interrupt::received() {
             group.stop(sig);
+            let _ = collect(stdout, stderr);
             bail!(
                 "`{shown}` stopped: xtask received {} (passed on to the command, then \
                  SIGKILL to what was left of it after {})",
@@ -76,9 +116,16 @@ fn supervise(cmd: &mut Command, limit: Duration) -> Result<ExitStatus> {
         }
         if Instant::now() >= deadline {
             group.kill();
+            let (_, stderr) = collect(stdout, stderr);
+            let tail = last_lines(&stderr, 20);
+            let seen = match mode {
+                Mode::Capture if tail.is_empty() => String::new(),
+                Mode::Capture => format!("; the end of its stderr:\n{tail}"),
+                Mode::Inherit => " (the output above shows how far it got)".to_string(),
+            };
             bail!(
                 "`{shown}` did not finish within {} and was killed with everything it \
-                 started (the output above shows how far it got)",
+                 started{seen}",
                 fmt_duration(limit)
             );
         }
@@ -158,6 +205,51 @@ impl Drop for Group {
             self.kill();
         }
     }
+}
+
+/// A thread reading one of the command's output pipes to its end.
+struct Drain {
+    buf: Arc<Mutex<Vec<u8>>>,
+    done: Receiver<()>,
+}
+
+impl Drain {
+    /// Starts reading `pipe`.
+    fn start(mut pipe: impl Read + Send + 'static) -> Drain {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let (tx, done) = std::sync::mpsc::channel();
+        let kept = Arc::clone(&buf);
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 8192];
+            loop {
+                let n = match pipe.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                kept.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .extend_from_slice(&chunk[..n]);
+            }
+            let _ = tx.send(());
+        });
+        Drain { buf, done }
+    }
+
+    /// What was read, once the pipe closed or [`DRAIN_GRACE`] passed.
+    fn finish(self) -> Vec<u8> {
+        // Ended, or still held open by a process the command left behind: either way, go on.
+        let _ = self.done.recv_timeout(DRAIN_GRACE);
+        std::mem::take(&mut *self.buf.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// The last `n` lines of `bytes`, as text.
+fn last_lines(bytes: &[u8], n: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 #[cfg(test)]
@@ -302,6 +394,35 @@ mod tests {
         assert!(run_bounded(&mut Command::new("false"), Duration::from_secs(30)).is_err());
     }
 
+    /// Guards against a quiet run that loses what the command printed, or hangs on it.
+    #[test]
+    fn output_is_captured() {
+        let out = output_bounded(
+            Command::new("sh").args(["-c", "echo out; echo err >&2; exit 3"]),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        assert_eq!(out.status.code(), Some(3));
+        assert_eq!(out.stdout, b"out\n");
+        assert_eq!(out.stderr, b"err\n");
+    }
+
+    /// Guards against a quiet run that waits forever on a tool that hangs, and against a
+    /// timeout error that hides what the tool said before it hung.
+    #[test]
+    fn quiet_run_is_bounded_and_shows_stderr() {
+        let started = Instant::now();
+        let err = output_bounded(
+            Command::new("sh").args(["-c", "echo connecting >&2; exec sleep 300"]),
+            Duration::from_millis(500),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(err.contains("did not finish within 0.5s"), "{err}");
+        assert!(err.contains("connecting"), "{err}");
+    }
+
     /// Guards against a missing program that reads as a hang or a pass.
     #[test]
     fn a_missing_program_is_an_error() {
@@ -312,5 +433,55 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("cannot start"), "{err}");
+    }
+
+    /// Guards against a step that can hang CI again: outside this file, xtask starts
+    /// programs only through [`run_bounded`] and its siblings, never with `Command::status`,
+    /// `output` or `spawn`, which wait without a limit.
+    #[test]
+    fn no_command_runs_unbounded() {
+        use syn::visit::Visit;
+
+        struct Calls<'a> {
+            file: &'a str,
+            found: Vec<String>,
+        }
+        impl<'ast> Visit<'ast> for Calls<'_> {
+            fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+                let is_test = m.attrs.iter().any(|a| {
+                    a.path().is_ident("cfg")
+                        && a.parse_args::<syn::Ident>().is_ok_and(|i| i == "test")
+                });
+                if !is_test {
+                    syn::visit::visit_item_mod(self, m);
+                }
+            }
+            fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+                let method = call.method.to_string();
+                if call.args.is_empty() && ["status", "output", "spawn"].contains(&&*method) {
+                    self.found.push(format!("{}: .{method}()", self.file));
+                }
+                syn::visit::visit_expr_method_call(self, call);
+            }
+        }
+
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if !name.ends_with(".rs") || name == "bounded.rs" {
+                continue;
+            }
+            let file = syn::parse_file(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let mut calls = Calls {
+                file: &name,
+                found: Vec::new(),
+            };
+            calls.visit_file(&file);
+            found.extend(calls.found);
+        }
+        found.sort();
+        assert!(found.is_empty(), "unbounded commands: {found:#?}");
     }
 }

@@ -22,16 +22,17 @@
 //! of [`crate::ptx_rules`]. A kernel that spills fails the check unless `--allow-spills`: a
 //! communication primitive that spills has regressed.
 
+use crate::bounded::run_bounded;
 use crate::kernels::{self, KernelFn};
 use crate::ptx::Module;
 use crate::ptx_rules;
 use crate::ptxas::{self, FunctionStats};
-use crate::util::{Tool, ensure_components, fmt_duration, run};
+use crate::util::{Tool, ensure_components, fmt_duration};
 use crate::workspace::{DEVICE_CRATE, Package, Workspace};
 use anyhow::{Context, Result, bail};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The LLVM target of NVIDIA GPUs.
 pub const TARGET: &str = "nvptx64-nvidia-cuda";
@@ -39,6 +40,11 @@ pub const TARGET: &str = "nvptx64-nvidia-cuda";
 /// Architectures built when `--arch` is not given: Volta (the floor: acquire/release and
 /// `nanosleep` need sm_70), Ampere, Hopper.
 pub const DEFAULT_ARCHES: &[&str] = &["sm_70", "sm_80", "sm_90"];
+
+/// Longest one `cargo rustc` of a kernel crate for one architecture may take. From a cold
+/// cache it builds `core` too, a few minutes on two cores; past the limit the build is
+/// killed and build-ptx fails naming the crate and the architecture.
+pub const BUILD_TIME_LIMIT: Duration = Duration::from_secs(20 * 60);
 
 /// Rustup components the nvptx build needs.
 pub const COMPONENTS: &[&str] = &["rust-src", "llvm-tools", "llvm-bitcode-linker"];
@@ -108,7 +114,9 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
         let mut rows = Vec::new();
         for out in &outputs {
             let cubin = cubin_path(&ws.target_dir, &out.arch, out.lib());
-            let stderr = match ptxas::assemble(&ptxas, &out.arch, &out.ptx, &cubin) {
+            let assembled =
+                ptxas::assemble(&ptxas, &out.arch, &out.ptx, &cubin, ptxas::RUN_TIME_LIMIT);
+            let stderr = match assembled {
                 Ok(s) => s,
                 Err(e) => {
                     failures.push(format!("{e:#}"));
@@ -267,7 +275,8 @@ fn build_one(ws: &Workspace, pkg: &Package, arch: &str) -> Result<PathBuf> {
         .args(["rustc", "-p", &pkg.name, "--release", "--target", TARGET])
         .args(["-Zbuild-std=core", "--crate-type", "cdylib", "--target-dir"])
         .arg(&target_dir);
-    run(&mut cmd).with_context(|| format!("building {} for {arch}", pkg.name))?;
+    run_bounded(&mut cmd, BUILD_TIME_LIMIT)
+        .with_context(|| format!("building {} for {arch}", pkg.name))?;
 
     let release = target_dir.join(TARGET).join("release");
     let built = [

@@ -3,17 +3,24 @@
 //! `ci` is what CI runs (through `.ci/run`), and what to run before pushing: every step, in
 //! order, stopping at the first failure, then a summary with each step's time.
 //!
-//! 1. `fmt`: `cargo fmt --all -- --check`
-//! 2. `clippy`: `cargo clippy --workspace --all-targets -- -D warnings`
-//! 3. `test`: `cargo test --workspace`, killed after [`STEP_TIME_LIMIT`]
-//! 4. `loom`: the loom models of the FIFO and semaphore protocols ([`run_loom`])
-//! 5. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90
+//! 1. `fmt`: `cargo fmt --all -- --check`, within [`FMT_TIME_LIMIT`]
+//! 2. `clippy`: `cargo clippy --workspace --all-targets -- -D warnings`, within
+//!    [`STEP_TIME_LIMIT`]
+//! 3. `test`: `cargo test --workspace`, within [`STEP_TIME_LIMIT`]
+//! 4. `loom`: the loom models of the FIFO and semaphore protocols ([`run_loom`]), within
+//!    [`STEP_TIME_LIMIT`]
+//! 5. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90, where each build,
+//!    each ptxas run and the installation of ptxas has its own limit
+//!    ([`build_ptx::BUILD_TIME_LIMIT`], [`crate::ptxas`])
+//!
+//! Every command runs under a deadline (see [`crate::bounded`]): one that hangs fails its
+//! step, named in the error, instead of holding CI until the runner's own limit.
 //!
 //! Under `CI=true` the rustup components all steps need are installed first.
 
 use crate::bounded::run_bounded;
 use crate::build_ptx::{self, DEFAULT_ARCHES};
-use crate::util::{Tool, ensure_components, fmt_duration, is_ci, run, show};
+use crate::util::{Tool, ensure_components, fmt_duration, is_ci, show};
 use crate::workspace::Workspace;
 use anyhow::{Result, bail};
 use std::process::Command;
@@ -25,9 +32,13 @@ pub const LOOM_CRATES: &[&str] = &["oxccl-device", "oxccl-proxy"];
 /// Preemption bound loom explores by default; `LOOM_MAX_PREEMPTIONS` overrides it.
 pub const LOOM_MAX_PREEMPTIONS: &str = "3";
 
-/// Longest the `test` step and the `loom` step may each take, builds included (a full run
-/// takes a few minutes): past it the step is killed and fails, so a hung test cannot hold CI.
+/// Longest the `clippy`, `test` and `loom` steps may each take, builds included (a full
+/// run takes a few minutes): past it the step is killed and fails, so a hung test or build
+/// cannot hold CI.
 pub const STEP_TIME_LIMIT: Duration = Duration::from_secs(20 * 60);
+
+/// Longest the `fmt` step may take (it takes seconds).
+pub const FMT_TIME_LIMIT: Duration = Duration::from_secs(5 * 60);
 
 /// Options of `cargo xtask ci`.
 #[derive(Debug, Clone, Default)]
@@ -76,8 +87,16 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
 
     type Step<'a> = (&'static str, String, Box<dyn FnOnce() -> Result<()> + 'a>);
     let steps: Vec<Step> = vec![
-        ("fmt", show(&fmt), Box::new(move || run(&mut fmt))),
-        ("clippy", show(&clippy), Box::new(move || run(&mut clippy))),
+        (
+            "fmt",
+            show(&fmt),
+            Box::new(move || run_bounded(&mut fmt, FMT_TIME_LIMIT)),
+        ),
+        (
+            "clippy",
+            show(&clippy),
+            Box::new(move || run_bounded(&mut clippy, STEP_TIME_LIMIT)),
+        ),
         (
             "test",
             show(&test),

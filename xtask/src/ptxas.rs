@@ -5,14 +5,31 @@
 //! memory. It comes from the PyPI wheel `nvidia-cuda-nvcc-cu12==12.9.86` (12.x still accepts
 //! `sm_70`, which ptxas 13 dropped), installed into a private virtualenv under the target
 //! directory (`<target>/ptxas-venv`). `OXCCL_PTXAS=/path/to/ptxas` uses another one.
+//!
+//! Each step of the installation and each ptxas run has a time limit, so that a network or
+//! a tool that hangs fails build-ptx with the command it was running instead of holding CI.
 
-use crate::util::{Tool, is_ci, is_root, run};
+use crate::bounded::{output_bounded, run_bounded};
+use crate::util::{Tool, is_ci, is_root};
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 /// The wheel that provides ptxas.
 pub const WHEEL: &str = "nvidia-cuda-nvcc-cu12==12.9.86";
+
+/// Longest one ptxas run (one module, one architecture) may take; it takes seconds.
+pub const RUN_TIME_LIMIT: Duration = Duration::from_secs(5 * 60);
+
+/// Longest `python3 -m venv` may take (it installs pip from a wheel Python ships).
+pub const VENV_TIME_LIMIT: Duration = Duration::from_secs(3 * 60);
+
+/// Longest `pip install` of [`WHEEL`] may take: it downloads about 40 MB from PyPI.
+pub const PIP_TIME_LIMIT: Duration = Duration::from_secs(10 * 60);
+
+/// Longest each `apt-get` (update, then install python3-venv) may take, in CI as root only.
+pub const APT_TIME_LIMIT: Duration = Duration::from_secs(10 * 60);
 
 /// What `ptxas -v` reported for one function.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -125,13 +142,16 @@ pub fn ensure(target_dir: &Path) -> Result<PathBuf> {
     if !pip.is_file() {
         make_venv(&venv)?;
     }
-    run(Command::new(&pip).args([
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        "--no-input",
-        WHEEL,
-    ]))
+    run_bounded(
+        Command::new(&pip).args([
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-input",
+            WHEEL,
+        ]),
+        PIP_TIME_LIMIT,
+    )
     .with_context(|| format!("installing {WHEEL} (needs network access to PyPI)"))?;
     std::fs::write(&marker, WHEEL).with_context(|| format!("writing {}", marker.display()))?;
     find_in_venv(&venv).with_context(|| {
@@ -143,16 +163,23 @@ pub fn ensure(target_dir: &Path) -> Result<PathBuf> {
 }
 
 /// Runs `ptxas -arch=<arch> -v` on `ptx`, writing the cubin to `cubin`; returns stderr.
-/// Fails with ptxas's error lines if it rejects the PTX.
-pub fn assemble(ptxas: &Path, arch: &str, ptx: &Path, cubin: &Path) -> Result<String> {
-    let out = Command::new(ptxas)
-        .arg(format!("-arch={arch}"))
+/// Fails with ptxas's error lines if it rejects the PTX, and if it runs past `limit`
+/// (normally [`RUN_TIME_LIMIT`]).
+pub fn assemble(
+    ptxas: &Path,
+    arch: &str,
+    ptx: &Path,
+    cubin: &Path,
+    limit: Duration,
+) -> Result<String> {
+    let mut cmd = Command::new(ptxas);
+    cmd.arg(format!("-arch={arch}"))
         .arg("-v")
         .arg(ptx)
         .arg("-o")
-        .arg(cubin)
-        .output()
-        .with_context(|| format!("running {}", ptxas.display()))?;
+        .arg(cubin);
+    let out = output_bounded(&mut cmd, limit)
+        .with_context(|| format!("assembling {} for {arch}", ptx.display()))?;
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     if !out.status.success() {
         let errs = errors(&stderr);
@@ -183,25 +210,33 @@ fn make_venv(venv: &Path) -> Result<()> {
     let create = || {
         // A half-made venv (ensurepip missing) would be taken for a good one next time.
         let _ = std::fs::remove_dir_all(venv);
-        run(python.cmd().args(["-m", "venv"]).arg(venv))
+        run_bounded(python.cmd().args(["-m", "venv"]).arg(venv), VENV_TIME_LIMIT)
     };
-    if create().is_ok() {
-        return Ok(());
-    }
+    let mut error = match create() {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
     if is_ci() && is_root() && Tool::new("apt-get").exists() {
         println!("build-ptx: `python3 -m venv` failed; installing python3-venv with apt-get");
-        run(Command::new("apt-get").args(["update", "-qq"]))?;
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-qq", "python3-venv"])
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
-        if create().is_ok() {
-            return Ok(());
-        }
+        run_bounded(
+            Command::new("apt-get").args(["update", "-qq"]),
+            APT_TIME_LIMIT,
+        )?;
+        run_bounded(
+            Command::new("apt-get")
+                .args(["install", "-y", "-qq", "python3-venv"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            APT_TIME_LIMIT,
+        )?;
+        error = match create() {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
     }
     let _ = std::fs::remove_dir_all(venv);
     bail!(
         "cannot create a Python virtualenv at {} (install python3-venv, e.g. \
-         `apt-get install python3-venv`, or point OXCCL_PTXAS at a ptxas 12.x)",
+         `apt-get install python3-venv`, or point OXCCL_PTXAS at a ptxas 12.x): {error:#}",
         venv.display()
     )
 }
@@ -344,6 +379,60 @@ ptxas fatal   : Ptx assembly aborted due to errors
         assert!(errors(SM70).is_empty());
         assert!(errors(SPILLS).is_empty());
         assert!(parse_verbose(BAD).is_empty());
+    }
+
+    /// A ptxas stand-in: a shell script with `body`, in a directory of its own.
+    fn fake_ptxas(name: &str, body: &str) -> (PathBuf, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("ptxas");
+        std::fs::write(&exe, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (dir, exe)
+    }
+
+    /// Guards against a ptxas that hangs holding build-ptx (and CI) forever: the run fails
+    /// near its limit and names the module and architecture.
+    #[test]
+    fn a_hung_ptxas_fails_in_bounded_time() {
+        let (dir, exe) = fake_ptxas(
+            "hung-ptxas",
+            "echo 'ptxas info    : 0 bytes gmem' >&2\nexec sleep 300",
+        );
+        let started = std::time::Instant::now();
+        let err = assemble(
+            &exe,
+            "sm_70",
+            Path::new("/tmp/k.ptx"),
+            &dir.join("k.cubin"),
+            Duration::from_millis(500),
+        )
+        .unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(msg.contains("/tmp/k.ptx for sm_70"), "{msg}");
+        assert!(msg.contains("did not finish within"), "{msg}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Guards against a rejected module reported without ptxas's own error lines.
+    #[test]
+    fn rejected_ptx_shows_the_error_lines() {
+        let (dir, exe) = fake_ptxas("bad-ptxas", "cat \"$(dirname \"$0\")/said\" >&2; exit 1");
+        std::fs::write(dir.join("said"), BAD).unwrap();
+        let err = assemble(
+            &exe,
+            "sm_70",
+            Path::new("/tmp/bad.ptx"),
+            &dir.join("bad.cubin"),
+            Duration::from_secs(30),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("rejected /tmp/bad.ptx for sm_70"), "{err}");
+        assert!(err.contains("Unknown modifier '.bar'"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

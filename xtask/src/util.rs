@@ -1,9 +1,17 @@
-//! Running commands, installing rustup components, and facts about the environment.
+//! External programs, installing rustup components, and facts about the environment.
 
-use anyhow::{Context, Result, bail};
+use crate::bounded::{output_bounded, run_bounded};
+use anyhow::Result;
 use std::ffi::OsStr;
 use std::process::Command;
 use std::time::Duration;
+
+/// Longest `rustup component list` or a program's `--version` may take: they read local
+/// files only.
+pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(60);
+
+/// Longest `rustup component add` may take: it downloads the components (tens of MB).
+pub const RUSTUP_INSTALL_TIME_LIMIT: Duration = Duration::from_secs(10 * 60);
 
 /// An external program, looked up on `PATH`.
 pub struct Tool {
@@ -30,29 +38,10 @@ impl Tool {
         Command::new(&self.program)
     }
 
-    /// Whether the program can be started.
+    /// Whether the program can be started (and answers `--version` in time).
     pub fn exists(&self) -> bool {
-        self.cmd()
-            .arg("--version")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok()
+        output_bounded(self.cmd().arg("--version"), QUERY_TIME_LIMIT).is_ok()
     }
-}
-
-/// Prints `cmd` (with the environment it sets), runs it with inherited stdio, and fails if
-/// it does not exit successfully.
-pub fn run(cmd: &mut Command) -> Result<()> {
-    let shown = show(cmd);
-    println!("$ {shown}");
-    let status = cmd
-        .status()
-        .with_context(|| format!("cannot start `{shown}`"))?;
-    if !status.success() {
-        bail!("`{shown}` failed ({status})");
-    }
-    Ok(())
 }
 
 /// The command line as a shell would read it, with the variables it sets first.
@@ -94,12 +83,18 @@ pub fn is_root() -> bool {
 /// message (`build-ptx`, `ci`).
 pub fn ensure_components(who: &str, components: &[&str]) -> Result<()> {
     let rustup = Tool::new("rustup");
-    let listed = rustup
-        .cmd()
-        .args(["component", "list", "--installed"])
-        .output();
+    let listed = output_bounded(
+        rustup.cmd().args(["component", "list", "--installed"]),
+        QUERY_TIME_LIMIT,
+    );
+    let missing_rustup = |e: &anyhow::Error| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    };
     let installed = match listed {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        // A rustup that hangs fails the step instead of reading as no rustup.
+        Err(e) if !missing_rustup(&e) => return Err(e.context("listing rustup components")),
         _ => {
             // Without rustup (a distribution's Rust) the components may still be present;
             // say what is needed and let the build show whether it works.
@@ -119,7 +114,10 @@ pub fn ensure_components(who: &str, components: &[&str]) -> Result<()> {
         return Ok(());
     }
     println!("{who}: installing rustup components {}", missing.join(", "));
-    run(rustup.cmd().args(["component", "add"]).args(&missing))
+    run_bounded(
+        rustup.cmd().args(["component", "add"]).args(&missing),
+        RUSTUP_INSTALL_TIME_LIMIT,
+    )
 }
 
 /// Whether `component` appears in `rustup component list --installed` output, where host

@@ -13,13 +13,18 @@
 //! Depending on `oxccl-device` alone is not enough: host crates (`oxccl`, `oxccl-proxy`,
 //! the examples) depend on it for its shared layouts and never run on a GPU.
 
+use crate::bounded::output_bounded;
 use crate::util::Tool;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// The device crate every kernel crate builds on.
 pub const DEVICE_CRATE: &str = "oxccl-device";
+
+/// Longest `cargo metadata --no-deps` may take; it reads the manifests only.
+pub const METADATA_TIME_LIMIT: Duration = Duration::from_secs(2 * 60);
 
 /// The facts about the workspace the tasks need.
 #[derive(Debug)]
@@ -70,11 +75,13 @@ impl Package {
 impl Workspace {
     /// Reads the workspace from `cargo metadata` run in the current directory.
     pub fn load() -> Result<Workspace> {
-        let out = Tool::cargo()
-            .cmd()
-            .args(["metadata", "--format-version", "1", "--no-deps"])
-            .output()
-            .context("running `cargo metadata`")?;
+        let out = output_bounded(
+            Tool::cargo()
+                .cmd()
+                .args(["metadata", "--format-version", "1", "--no-deps"]),
+            METADATA_TIME_LIMIT,
+        )
+        .context("running `cargo metadata`")?;
         if !out.status.success() {
             bail!(
                 "`cargo metadata` failed:\n{}",
