@@ -14,9 +14,8 @@
 //! the examples) depend on it for its shared layouts and never run on a GPU.
 
 use crate::bounded::output_bounded;
-use crate::util::Tool;
 use anyhow::{Context, Result, bail};
-use serde_json::Value;
+use cargo_metadata::{DependencyKind, Metadata, MetadataCommand, TargetKind};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -73,15 +72,12 @@ impl Package {
 }
 
 impl Workspace {
-    /// Reads the workspace from `cargo metadata` run in the current directory.
+    /// Reads the workspace from `cargo metadata` run in the current directory, with the
+    /// cargo that runs xtask (`$CARGO`).
     pub fn load() -> Result<Workspace> {
-        let out = output_bounded(
-            Tool::cargo()
-                .cmd()
-                .args(["metadata", "--format-version", "1", "--no-deps"]),
-            METADATA_TIME_LIMIT,
-        )
-        .context("running `cargo metadata`")?;
+        let mut cmd = MetadataCommand::new().no_deps().cargo_command();
+        let out =
+            output_bounded(&mut cmd, METADATA_TIME_LIMIT).context("running `cargo metadata`")?;
         if !out.status.success() {
             bail!(
                 "`cargo metadata` failed:\n{}",
@@ -93,29 +89,22 @@ impl Workspace {
 
     /// Parses `cargo metadata --format-version 1` output.
     pub fn from_json(json: &[u8]) -> Result<Workspace> {
-        let v: Value = serde_json::from_slice(json).context("parsing `cargo metadata` output")?;
-        let path = |key: &str| {
-            v[key]
-                .as_str()
-                .map(PathBuf::from)
-                .with_context(|| format!("`cargo metadata` output has no `{key}`"))
-        };
-        let members: Vec<&str> = v["workspace_members"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        let packages = v["packages"]
-            .as_array()
-            .context("`cargo metadata` output has no `packages`")?
-            .iter()
-            .filter(|p| p["id"].as_str().is_some_and(|id| members.contains(&id)))
-            .map(package)
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Workspace {
-            root: path("workspace_root")?,
-            target_dir: path("target_directory")?,
-            packages,
-        })
+        let text = std::str::from_utf8(json).context("`cargo metadata` output is not UTF-8")?;
+        let metadata = MetadataCommand::parse(text).context("parsing `cargo metadata` output")?;
+        Ok(Self::from_metadata(&metadata))
+    }
+
+    /// The facts the tasks need from parsed `cargo metadata`.
+    pub fn from_metadata(metadata: &Metadata) -> Workspace {
+        Workspace {
+            root: metadata.workspace_root.clone().into_std_path_buf(),
+            target_dir: metadata.target_directory.clone().into_std_path_buf(),
+            packages: metadata
+                .workspace_packages()
+                .into_iter()
+                .map(package)
+                .collect(),
+        }
     }
 
     /// The member named `name`.
@@ -141,75 +130,85 @@ impl Workspace {
     }
 }
 
-fn package(p: &Value) -> Result<Package> {
-    let name = p["name"]
-        .as_str()
-        .context("a package without a name in `cargo metadata` output")?
-        .to_string();
-    let manifest = p["manifest_path"]
-        .as_str()
-        .map(PathBuf::from)
-        .with_context(|| format!("package `{name}` has no manifest_path"))?;
-    let dir = manifest.parent().map(PathBuf::from).unwrap_or_default();
-    const LIB_KINDS: &[&str] = &["lib", "rlib", "cdylib", "dylib", "staticlib"];
-    let lib = p["targets"].as_array().and_then(|targets| {
-        targets.iter().find_map(|t| {
-            let kinds = t["kind"].as_array()?;
-            let is_lib = kinds
-                .iter()
-                .filter_map(Value::as_str)
-                .any(|k| LIB_KINDS.contains(&k));
-            if !is_lib {
-                return None;
-            }
-            Some((
-                t["name"].as_str()?.replace('-', "_"),
-                PathBuf::from(t["src_path"].as_str()?),
-            ))
-        })
-    });
-    let depends_on_device = p["dependencies"].as_array().is_some_and(|deps| {
-        deps.iter()
-            .any(|d| d["name"] == DEVICE_CRATE && (d["kind"].is_null() || d["kind"] == "normal"))
-    });
-    let declares_kernels = p["metadata"]["oxccl"]["kernels"] == true;
-    Ok(Package {
-        name,
-        dir,
+/// Target kinds that are a library `cargo rustc --crate-type cdylib` can build (not a
+/// proc-macro).
+const LIB_KINDS: &[TargetKind] = &[
+    TargetKind::Lib,
+    TargetKind::RLib,
+    TargetKind::CDyLib,
+    TargetKind::DyLib,
+    TargetKind::StaticLib,
+];
+
+fn package(p: &cargo_metadata::Package) -> Package {
+    let lib = p
+        .targets
+        .iter()
+        .find(|t| t.kind.iter().any(|k| LIB_KINDS.contains(k)))
+        .map(|t| {
+            (
+                t.name.replace('-', "_"),
+                t.src_path.clone().into_std_path_buf(),
+            )
+        });
+    let depends_on_device = p
+        .dependencies
+        .iter()
+        .any(|d| d.name == DEVICE_CRATE && d.kind == DependencyKind::Normal);
+    Package {
+        name: p.name.to_string(),
+        dir: p
+            .manifest_path
+            .parent()
+            .map(|d| d.as_std_path().to_path_buf())
+            .unwrap_or_default(),
         lib,
         depends_on_device,
-        declares_kernels,
-    })
+        declares_kernels: p.metadata["oxccl"]["kernels"] == true,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Trimmed from `cargo metadata --format-version 1 --no-deps` on this workspace, plus a
-    /// kernel crate that opts in and a host crate that does not.
+    /// Trimmed from `cargo metadata --format-version 1 --no-deps` on this workspace (each
+    /// field `cargo_metadata` requires, and the ones the tasks read), plus a kernel crate
+    /// that opts in, a crate that depends on the device crate for its tests only, and a
+    /// host crate that does not opt in.
     const METADATA: &str = r#"{
       "packages": [
-        {"name": "oxccl-device", "id": "path+file:///w/device-kernels#oxccl-device@0.1.0",
+        {"name": "oxccl-device", "version": "0.1.0", "features": {},
+         "id": "path+file:///w/device-kernels#oxccl-device@0.1.0",
          "manifest_path": "/w/device-kernels/Cargo.toml",
          "targets": [{"kind": ["rlib"], "name": "oxccl_device", "src_path": "/w/device-kernels/src/lib.rs"}],
-         "dependencies": [{"name": "bytemuck", "kind": null}], "metadata": null},
-        {"name": "oxccl-proxy", "id": "path+file:///w/proxy#oxccl-proxy@0.1.0",
+         "dependencies": [{"name": "bytemuck", "req": "^1.16", "kind": null, "optional": false,
+                           "uses_default_features": false, "features": ["derive"]}],
+         "metadata": null},
+        {"name": "oxccl-proxy", "version": "0.1.0", "features": {},
+         "id": "path+file:///w/proxy#oxccl-proxy@0.1.0",
          "manifest_path": "/w/proxy/Cargo.toml",
          "targets": [{"kind": ["lib"], "name": "oxccl_proxy", "src_path": "/w/proxy/src/lib.rs"}],
-         "dependencies": [{"name": "oxccl-device", "kind": null}], "metadata": null},
-        {"name": "tutorial-kernels", "id": "path+file:///w/examples/kernels#tutorial-kernels@0.1.0",
+         "dependencies": [{"name": "oxccl-device", "req": "^0.1.0", "kind": null, "optional": false,
+                           "uses_default_features": true, "features": [], "path": "/w/device-kernels"}],
+         "metadata": null},
+        {"name": "tutorial-kernels", "version": "0.1.0", "features": {},
+         "id": "path+file:///w/examples/kernels#tutorial-kernels@0.1.0",
          "manifest_path": "/w/examples/kernels/Cargo.toml",
          "targets": [{"kind": ["lib"], "name": "tutorial_kernels", "src_path": "/w/examples/kernels/src/lib.rs"},
                      {"kind": ["test"], "name": "t", "src_path": "/w/examples/kernels/tests/t.rs"}],
-         "dependencies": [{"name": "oxccl-device", "kind": null}],
+         "dependencies": [{"name": "oxccl-device", "req": "^0.1.0", "kind": null, "optional": false,
+                           "uses_default_features": true, "features": []}],
          "metadata": {"oxccl": {"kernels": true}}},
-        {"name": "dev-only", "id": "path+file:///w/dev-only#dev-only@0.1.0",
+        {"name": "dev-only", "version": "0.1.0", "features": {},
+         "id": "path+file:///w/dev-only#dev-only@0.1.0",
          "manifest_path": "/w/dev-only/Cargo.toml",
          "targets": [{"kind": ["lib"], "name": "dev_only", "src_path": "/w/dev-only/src/lib.rs"}],
-         "dependencies": [{"name": "oxccl-device", "kind": "dev"}],
+         "dependencies": [{"name": "oxccl-device", "req": "^0.1.0", "kind": "dev", "optional": false,
+                           "uses_default_features": true, "features": []}],
          "metadata": {"oxccl": {"kernels": true}}},
-        {"name": "xtask", "id": "path+file:///w/xtask#xtask@0.1.0",
+        {"name": "xtask", "version": "0.1.0", "features": {},
+         "id": "path+file:///w/xtask#xtask@0.1.0",
          "manifest_path": "/w/xtask/Cargo.toml",
          "targets": [{"kind": ["bin"], "name": "xtask", "src_path": "/w/xtask/src/main.rs"}],
          "dependencies": [], "metadata": null}
@@ -221,10 +220,14 @@ mod tests {
         "path+file:///w/dev-only#dev-only@0.1.0",
         "path+file:///w/xtask#xtask@0.1.0"
       ],
+      "resolve": null,
       "target_directory": "/w/target",
+      "version": 1,
       "workspace_root": "/w"
     }"#;
 
+    /// Guards against building host crates to PTX, or missing a kernel crate: only the
+    /// device crate and members that depend on it (not for tests only) and opt in count.
     #[test]
     fn kernel_crates_are_the_device_crate_and_those_that_opt_in() {
         let ws = Workspace::from_json(METADATA.as_bytes()).unwrap();
@@ -238,6 +241,7 @@ mod tests {
         assert!(ws.package("xtask").unwrap().lib.is_none());
     }
 
+    /// Guards against a `-p` typo answered without saying what the choices are.
     #[test]
     fn unknown_package_names_the_members() {
         let ws = Workspace::from_json(METADATA.as_bytes()).unwrap();
@@ -248,9 +252,30 @@ mod tests {
         );
     }
 
+    /// Guards against a panic on output that is not `cargo metadata`'s.
     #[test]
     fn bad_json_is_an_error() {
         assert!(Workspace::from_json(b"{").is_err());
         assert!(Workspace::from_json(b"{}").is_err());
+        assert!(Workspace::from_json(b"\xff").is_err());
+    }
+
+    /// Guards against a fixture that drifted from what cargo prints: this workspace, read
+    /// through the real `cargo metadata`, has the device crate as a kernel crate and the
+    /// host crates not.
+    #[test]
+    fn loads_this_workspace() {
+        let ws = Workspace::load().unwrap();
+        assert!(
+            ws.root.join("Cargo.toml").is_file(),
+            "{}",
+            ws.root.display()
+        );
+        let device = ws.package(DEVICE_CRATE).unwrap();
+        assert!(device.is_kernel_crate());
+        assert_eq!(device.lib_name(), Some("oxccl_device"));
+        let proxy = ws.package("oxccl-proxy").unwrap();
+        assert!(proxy.depends_on_device && !proxy.is_kernel_crate());
+        assert!(ws.package("xtask").unwrap().lib.is_none());
     }
 }
