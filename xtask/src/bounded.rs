@@ -15,7 +15,7 @@ use crate::interrupt::{self, InFlight};
 use crate::util::{fmt_duration, show};
 use anyhow::{Context, Result, bail};
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::Receiver;
@@ -45,6 +45,19 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<()> {
     Ok(())
 }
 
+/// Like [`run_bounded`], but also returns the command's stdout, which is printed as it comes
+/// (a chunk at a time, so a half-written line such as libtest's `test name ... ` shows which
+/// test still runs).
+pub fn run_bounded_tee(cmd: &mut Command, limit: Duration) -> Result<String> {
+    announce(cmd, limit);
+    let shown = show(cmd);
+    let out = supervise(cmd, limit, Mode::TeeStdout)?;
+    if !out.status.success() {
+        bail!("`{shown}` failed ({})", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Runs `cmd` quietly and returns its status, stdout and stderr, like [`Command::output`],
 /// but fails if it runs past `limit`. A command that exits unsuccessfully is not an error
 /// here; the caller reads the status.
@@ -57,6 +70,8 @@ pub fn output_bounded(cmd: &mut Command, limit: Duration) -> Result<Output> {
 enum Mode {
     /// Both streams go where xtask's go.
     Inherit,
+    /// Stdout is printed and kept; stderr goes where xtask's goes.
+    TeeStdout,
     /// Both streams are kept, none printed.
     Capture,
 }
@@ -78,15 +93,19 @@ fn supervise(cmd: &mut Command, limit: Duration, mode: Mode) -> Result<Output> {
         );
     }
     cmd.process_group(0).stdin(Stdio::null());
+    if mode != Mode::Inherit {
+        cmd.stdout(Stdio::piped());
+    }
     if mode == Mode::Capture {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stderr(Stdio::piped());
     }
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot start `{shown}`"))?;
     let mut group = Group::new(child);
-    let stdout = group.child.stdout.take().map(Drain::start);
-    let stderr = group.child.stderr.take().map(Drain::start);
+    let echo = mode == Mode::TeeStdout;
+    let stdout = group.child.stdout.take().map(|p| Drain::start(p, echo));
+    let stderr = group.child.stderr.take().map(|p| Drain::start(p, false));
     let collect = |stdout: Option<Drain>, stderr: Option<Drain>| {
         (
             stdout.map(Drain::finish).unwrap_or_default(),
@@ -121,7 +140,9 @@ fn supervise(cmd: &mut Command, limit: Duration, mode: Mode) -> Result<Output> {
             let seen = match mode {
                 Mode::Capture if tail.is_empty() => String::new(),
                 Mode::Capture => format!("; the end of its stderr:\n{tail}"),
-                Mode::Inherit => " (the output above shows how far it got)".to_string(),
+                Mode::Inherit | Mode::TeeStdout => {
+                    " (the output above shows how far it got)".to_string()
+                }
             };
             bail!(
                 "`{shown}` did not finish within {} and was killed with everything it \
@@ -214,8 +235,8 @@ struct Drain {
 }
 
 impl Drain {
-    /// Starts reading `pipe`.
-    fn start(mut pipe: impl Read + Send + 'static) -> Drain {
+    /// Starts reading `pipe`; with `echo`, each chunk is also written to xtask's stdout.
+    fn start(mut pipe: impl Read + Send + 'static, echo: bool) -> Drain {
         let buf = Arc::new(Mutex::new(Vec::new()));
         let (tx, done) = std::sync::mpsc::channel();
         let kept = Arc::clone(&buf);
@@ -228,6 +249,11 @@ impl Drain {
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     Err(_) => break,
                 };
+                if echo {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(&chunk[..n]);
+                    let _ = out.flush();
+                }
                 kept.lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .extend_from_slice(&chunk[..n]);
@@ -421,6 +447,19 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(10));
         assert!(err.contains("did not finish within 0.5s"), "{err}");
         assert!(err.contains("connecting"), "{err}");
+    }
+
+    /// Guards against losing the output a tee shows, and against a tee that waits for a
+    /// whole line: libtest writes `test name ... ` before the test runs.
+    #[test]
+    fn tee_returns_stdout() {
+        let out = run_bounded_tee(
+            Command::new("sh").args(["-c", "printf 'one\\ntwo\\n'"]),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        assert_eq!(out, "one\ntwo\n");
+        assert!(run_bounded_tee(&mut Command::new("false"), Duration::from_secs(30)).is_err());
     }
 
     /// Guards against a missing program that reads as a hang or a pass.

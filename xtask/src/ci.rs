@@ -8,7 +8,7 @@
 //!    [`STEP_TIME_LIMIT`]
 //! 3. `test`: `cargo test --workspace`, within [`STEP_TIME_LIMIT`]
 //! 4. `loom`: the loom models of the FIFO and semaphore protocols ([`run_loom`]), within
-//!    [`STEP_TIME_LIMIT`]
+//!    [`STEP_TIME_LIMIT`]; fails if a crate's models ran no test
 //! 5. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90, where each build,
 //!    each ptxas run and the installation of ptxas has its own limit
 //!    ([`build_ptx::BUILD_TIME_LIMIT`], [`crate::ptxas`])
@@ -18,11 +18,12 @@
 //!
 //! Under `CI=true` the rustup components all steps need are installed first.
 
-use crate::bounded::run_bounded;
+use crate::bounded::{run_bounded, run_bounded_tee};
 use crate::build_ptx::{self, DEFAULT_ARCHES};
+use crate::libtest::{self, Summary};
 use crate::util::{Tool, ensure_components, fmt_duration, is_ci, show};
 use crate::workspace::Workspace;
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -161,25 +162,30 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
 }
 
 /// Runs the loom models: `cargo test --release -p <crate> --test loom` for each crate of
-/// [`LOOM_CRATES`] that has a `tests/loom.rs`, with `--cfg oxccl_loom` (so the device crate's
-/// atomic shim serves loom atomics), `LOOM_MAX_PREEMPTIONS` (default 3) and its own target
-/// directory (`<target>/loom`) so the cfg does not invalidate the normal build. `args` go to
-/// the test binaries (a test name filter, `--nocapture`).
+/// [`LOOM_CRATES`], with `--cfg oxccl_loom` (so the device crate's atomic shim serves loom
+/// atomics), `LOOM_MAX_PREEMPTIONS` (default 3) and its own target directory
+/// (`<target>/loom`) so the cfg does not invalidate the normal build. `args` go to the test
+/// binaries (a test name filter, `--nocapture`). All crates together get
+/// [`STEP_TIME_LIMIT`].
+///
+/// Fails unless tests ran (see [`check_loom_ran`]): a crate of [`LOOM_CRATES`] without
+/// `tests/loom.rs`, a model file with no test left in it, or a filter matching nothing
+/// would otherwise pass while checking nothing.
 pub fn run_loom(ws: &Workspace, args: &[String]) -> Result<()> {
-    let mut selected = Vec::new();
+    let mut crates = Vec::new();
     for name in LOOM_CRATES {
-        match ws.package(name) {
-            Ok(p) if p.dir.join("tests").join("loom.rs").is_file() => selected.push(*name),
-            Ok(p) => println!(
-                "loom: skipping {name}: no {} yet",
-                p.dir.join("tests").join("loom.rs").display()
-            ),
-            Err(_) => println!("loom: skipping {name}: not a workspace member"),
+        let p = ws
+            .package(name)
+            .with_context(|| format!("loom: {name} is in LOOM_CRATES"))?;
+        let models = p.dir.join("tests").join("loom.rs");
+        if !models.is_file() {
+            bail!(
+                "loom: {} is missing, so {name}'s loom models would not run (take {name} out \
+                 of LOOM_CRATES if it has none any more)",
+                models.display()
+            );
         }
-    }
-    if selected.is_empty() {
-        println!("loom: no loom tests to run");
-        return Ok(());
+        crates.push(*name);
     }
     let rustflags = match std::env::var("RUSTFLAGS") {
         Ok(f) if !f.trim().is_empty() => format!("{f} --cfg oxccl_loom"),
@@ -187,19 +193,158 @@ pub fn run_loom(ws: &Workspace, args: &[String]) -> Result<()> {
     };
     let preemptions =
         std::env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| LOOM_MAX_PREEMPTIONS.into());
-    let mut cmd: Command = Tool::cargo().cmd();
-    cmd.current_dir(&ws.root)
-        .env("RUSTFLAGS", rustflags)
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env("LOOM_MAX_PREEMPTIONS", preemptions)
-        .env("CARGO_TARGET_DIR", ws.target_dir.join("loom"))
-        .args(["test", "--release"]);
-    for name in &selected {
-        cmd.args(["-p", name]);
+    let deadline = Instant::now() + STEP_TIME_LIMIT;
+    let mut ran = Vec::new();
+    // One cargo run per crate: both binaries are `tests/loom.rs`, and only this way does
+    // each `test result:` line tell whose it is.
+    for name in crates {
+        let mut cmd: Command = Tool::cargo().cmd();
+        cmd.current_dir(&ws.root)
+            .env("RUSTFLAGS", &rustflags)
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env("LOOM_MAX_PREEMPTIONS", &preemptions)
+            .env("CARGO_TARGET_DIR", ws.target_dir.join("loom"))
+            .args(["test", "--release", "-p", name, "--test", "loom"]);
+        if !args.is_empty() {
+            cmd.arg("--").args(args);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!(
+                "loom: the step ran past {} before {name}'s models",
+                fmt_duration(STEP_TIME_LIMIT)
+            );
+        }
+        let stdout = run_bounded_tee(&mut cmd, left)?;
+        ran.push((name, libtest::summaries(&stdout)));
     }
-    cmd.args(["--test", "loom"]);
-    if !args.is_empty() {
-        cmd.arg("--").args(args);
+    let passed = check_loom_ran(&ran, args)?;
+    println!("loom: {passed} model(s) passed");
+    Ok(())
+}
+
+/// Checks that the loom runs, `(crate, the test result lines of its binary)`, ran a test,
+/// and returns how many passed.
+///
+/// Every crate must report a `test result:` line with at least one test passed, except
+/// that when `args` are given a crate may run none of its tests if a filter left them all
+/// out (`N filtered out`): a filter names the tests of one crate. A crate whose binary
+/// holds no test, or only ignored ones, fails either way, and so do runs where nothing at
+/// all passed.
+pub fn check_loom_ran(ran: &[(&str, Vec<Summary>)], args: &[String]) -> Result<u64> {
+    let mut problems = Vec::new();
+    let mut total = 0;
+    for (name, summaries) in ran {
+        if summaries.is_empty() {
+            problems.push(format!(
+                "{name}: its loom binary printed no `test result:` line"
+            ));
+            continue;
+        }
+        let passed: u64 = summaries.iter().map(|s| s.passed).sum();
+        let filtered_out: u64 = summaries.iter().map(|s| s.filtered_out).sum();
+        total += passed;
+        if passed == 0 && (args.is_empty() || filtered_out == 0) {
+            problems.push(format!(
+                "{name}: no loom test ran (`running 0 tests`, or all ignored): \
+                 tests/loom.rs checks nothing"
+            ));
+        }
     }
-    run_bounded(&mut cmd, STEP_TIME_LIMIT)
+    if problems.is_empty() && total == 0 {
+        problems.push(format!(
+            "no loom test matched `{}` in {}",
+            args.join(" "),
+            ran.iter().map(|r| r.0).collect::<Vec<_>>().join(" or ")
+        ));
+    }
+    if !problems.is_empty() {
+        bail!("loom: {}", problems.join("; "));
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ran(passed: u64, ignored: u64, filtered_out: u64) -> Vec<Summary> {
+        vec![Summary {
+            passed,
+            failed: 0,
+            ignored,
+            filtered_out,
+        }]
+    }
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Guards against failing the step when every crate ran its models.
+    #[test]
+    fn loom_passes_when_each_crate_ran_tests() {
+        let r = [
+            ("oxccl-device", ran(4, 0, 0)),
+            ("oxccl-proxy", ran(3, 0, 0)),
+        ];
+        assert_eq!(check_loom_ran(&r, &[]).unwrap(), 7);
+    }
+
+    /// Guards against a loom step that passes while checking nothing: a crate whose
+    /// `tests/loom.rs` holds no test (`running 0 tests`) fails it, even when the other
+    /// crate ran tests, and so does a crate whose tests are all ignored.
+    #[test]
+    fn loom_fails_when_a_crate_ran_no_test() {
+        let r = [
+            ("oxccl-device", ran(4, 0, 0)),
+            ("oxccl-proxy", ran(0, 0, 0)),
+        ];
+        let err = check_loom_ran(&r, &[]).unwrap_err().to_string();
+        assert!(err.contains("oxccl-proxy: no loom test ran"), "{err}");
+        assert!(!err.contains("oxccl-device"), "{err}");
+        let r = [("oxccl-device", ran(0, 2, 0))];
+        assert!(check_loom_ran(&r, &[]).is_err());
+        let r = [("oxccl-device", ran(0, 0, 0))];
+        assert!(check_loom_ran(&r, &args(&["--nocapture"])).is_err());
+    }
+
+    /// Guards against a binary that reported nothing (a changed harness, `--list`) read as
+    /// a pass.
+    #[test]
+    fn loom_fails_without_a_test_result_line() {
+        let r = [("oxccl-device", Vec::new()), ("oxccl-proxy", ran(3, 0, 0))];
+        let err = check_loom_ran(&r, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("oxccl-device: its loom binary printed no"),
+            "{err}"
+        );
+    }
+
+    /// Guards against `cargo xtask loom -- name` passing when `name` matches no test.
+    #[test]
+    fn loom_fails_when_a_filter_matches_nothing() {
+        let r = [
+            ("oxccl-device", ran(0, 0, 4)),
+            ("oxccl-proxy", ran(0, 0, 4)),
+        ];
+        let err = check_loom_ran(&r, &args(&["no_such_model"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no loom test matched `no_such_model`"),
+            "{err}"
+        );
+    }
+
+    /// Guards against a filter for one crate's model failing the step for the other crate,
+    /// whose tests it rightly left out.
+    #[test]
+    fn loom_filter_may_select_one_crate() {
+        let r = [
+            ("oxccl-device", ran(0, 0, 4)),
+            ("oxccl-proxy", ran(1, 0, 3)),
+        ];
+        assert_eq!(check_loom_ran(&r, &args(&["fifo_wrap"])).unwrap(), 1);
+    }
 }

@@ -11,6 +11,7 @@ mod build_ptx;
 mod ci;
 mod interrupt;
 mod kernels;
+mod libtest;
 mod ptx;
 mod ptx_rules;
 mod ptxas;
@@ -59,6 +60,8 @@ enum Task {
     },
     /// Run the loom models (tests/loom.rs of oxccl-device and oxccl-proxy) with
     /// --cfg oxccl_loom; LOOM_MAX_PREEMPTIONS defaults to 3.
+    ///
+    /// Fails if a crate's models ran no test, or if a filter matched none.
     Loom {
         /// Arguments for the test binaries, after `--` (e.g. a test name filter).
         #[arg(last = true)]
