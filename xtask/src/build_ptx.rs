@@ -4,7 +4,8 @@
 //! For each architecture and kernel crate (see [`crate::workspace`] for which crates):
 //!
 //! ```text
-//! RUSTC_BOOTSTRAP=1 RUSTFLAGS="-C target-cpu=<arch>" cargo rustc -p <crate> --release \
+//! RUSTC_BOOTSTRAP=1 RUSTFLAGS="-C target-cpu=<arch> -Zmir-enable-passes=-JumpThreading" \
+//!     cargo rustc -p <crate> --release \
 //!     --target nvptx64-nvidia-cuda -Zbuild-std=core --crate-type cdylib \
 //!     --target-dir <target>/nvptx/<arch>
 //! ```
@@ -12,7 +13,8 @@
 //! then copies llvm-bitcode-linker's `<crate>.ptx` to `<target>/ptx/<arch>/<crate>.ptx`, where
 //! `oxccl::ptx::locate` finds it. Each architecture has its own target directory, so
 //! building one does not invalidate another. `RUSTC_BOOTSTRAP` is needed because the nvptx
-//! `rust-std` is not distributed: `core` is built from `rust-src` (`-Zbuild-std`).
+//! `rust-std` is not distributed: `core` is built from `rust-src` (`-Zbuild-std`); MIR jump
+//! threading is off because it can break block barriers (see `rustflags`).
 //!
 //! Every `#[kernel]` in the crate's sources must appear as a `.entry` in its PTX, and every
 //! `.entry` must come from a `#[kernel]`.
@@ -199,12 +201,18 @@ fn arch_number(arch: &str) -> Option<u32> {
 
 /// Code generation flags for `arch`.
 ///
+/// MIR jump threading is off: it may duplicate a block that ends in a barrier into the
+/// arms of a branch, so threads of one block reach different `bar.sync` instructions, which
+/// the aligned barrier forbids (a hang or worse; rust-lang/rust#137086). rustc lacks a
+/// `convergent` notion in MIR to stop it, and turns the pass off for GPU targets only from
+/// rust-lang/rust#149637 on. `-Z` needs `RUSTC_BOOTSTRAP`, which [`build_one`] sets.
+///
 /// LLVM emits PTX ISA 6.0 for sm_70 and 6.1 for sm_72, but `nanosleep` (in every bounded
 /// wait) needs 6.3, so ptxas rejects those modules; sm_75 and later default to 6.3 or newer.
 /// The ISA is raised only where needed: asking for less than an architecture's minimum is an
 /// LLVM error. rustc calls `ptx63` an unstable target feature and says so in one warning.
 fn rustflags(arch: &str) -> String {
-    let mut flags = format!("-C target-cpu={arch}");
+    let mut flags = format!("-C target-cpu={arch} -Zmir-enable-passes=-JumpThreading");
     if arch_number(arch).is_some_and(|n| n < 75) {
         flags.push_str(" -C target-feature=+ptx63");
     }
@@ -443,18 +451,41 @@ mod tests {
         assert!(validate_arch("").is_err());
     }
 
+    /// Guards against a block barrier split across call sites: MIR jump threading can copy
+    /// a `bar.sync` into both arms of a branch (rust-lang/rust#137086), so each
+    /// architecture's build must turn the pass off, and `-Z` flags need `RUSTC_BOOTSTRAP`,
+    /// which every build sets.
+    #[test]
+    fn mir_jump_threading_is_off_for_every_arch() {
+        for arch in ["sm_70", "sm_75", "sm_80", "sm_90", "sm_90a", "sm_120"] {
+            let flags = rustflags(arch);
+            let words: Vec<&str> = flags.split_whitespace().collect();
+            assert!(
+                words.contains(&"-Zmir-enable-passes=-JumpThreading"),
+                "{arch}: {flags}"
+            );
+            assert!(
+                words.contains(&format!("target-cpu={arch}").as_str()),
+                "{arch}: {flags}"
+            );
+        }
+    }
+
+    /// Guards against sm_70/sm_72 modules that ptxas rejects (`nanosleep` needs PTX ISA
+    /// 6.3), and against asking newer architectures for less than their minimum ISA.
     #[test]
     fn ptx_isa_is_raised_only_below_sm_75() {
+        const NO_JT: &str = "-Zmir-enable-passes=-JumpThreading";
         assert_eq!(
             rustflags("sm_70"),
-            "-C target-cpu=sm_70 -C target-feature=+ptx63"
+            format!("-C target-cpu=sm_70 {NO_JT} -C target-feature=+ptx63")
         );
         assert_eq!(
             rustflags("sm_72"),
-            "-C target-cpu=sm_72 -C target-feature=+ptx63"
+            format!("-C target-cpu=sm_72 {NO_JT} -C target-feature=+ptx63")
         );
-        assert_eq!(rustflags("sm_75"), "-C target-cpu=sm_75");
-        assert_eq!(rustflags("sm_90a"), "-C target-cpu=sm_90a");
+        assert_eq!(rustflags("sm_75"), format!("-C target-cpu=sm_75 {NO_JT}"));
+        assert_eq!(rustflags("sm_90a"), format!("-C target-cpu=sm_90a {NO_JT}"));
     }
 
     #[test]
