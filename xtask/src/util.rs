@@ -154,11 +154,13 @@ fn is_target_triple(s: &str) -> bool {
 
 /// A duration as `1m23.4s` or `4.2s`.
 pub fn fmt_duration(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s >= 60.0 {
-        format!("{}m{:04.1}s", (s / 60.0).floor() as u64, s % 60.0)
+    // Rounded to tenths before splitting, so that 59.96 s reads `1m00.0s`, not `60.0s`.
+    let tenths = (d.as_secs_f64() * 10.0).round() as u64;
+    let (minutes, secs) = (tenths / 600, (tenths % 600) as f64 / 10.0);
+    if minutes > 0 {
+        format!("{minutes}m{secs:04.1}s")
     } else {
-        format!("{s:.1}s")
+        format!("{secs:.1}s")
     }
 }
 
@@ -181,10 +183,15 @@ mod tests {
         assert!(!is_installed(list, "llvm"));
     }
 
+    /// Guards against durations shown with 60 seconds in a minute's place (`19m60.0s`) when
+    /// the tenths round up.
     #[test]
     fn durations() {
         assert_eq!(fmt_duration(Duration::from_millis(4200)), "4.2s");
         assert_eq!(fmt_duration(Duration::from_millis(83_400)), "1m23.4s");
+        assert_eq!(fmt_duration(Duration::from_millis(1_199_960)), "20m00.0s");
+        assert_eq!(fmt_duration(Duration::from_millis(59_960)), "1m00.0s");
+        assert_eq!(fmt_duration(Duration::from_millis(59_940)), "59.9s");
     }
 
     #[test]
