@@ -127,8 +127,8 @@ fn supervise(cmd: &mut Command, limit: Duration, mode: Mode) -> Result<Output> {
             group.stop(sig);
             let _ = collect(stdout, stderr);
             bail!(
-                "`{shown}` stopped: xtask received {} (passed on to the command, then \
-                 SIGKILL to what was left of it after {})",
+                "`{shown}` stopped: xtask received {} and passed it on to the command's \
+                 process group (what still ran {} later was killed)",
                 interrupt::name(sig),
                 fmt_duration(INTERRUPT_GRACE)
             );
