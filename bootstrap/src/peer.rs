@@ -23,27 +23,20 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
-use rustix::net::{RecvFlags, SendFlags};
+use rustix::net::SendFlags;
 
 use crate::error::{Error, Peer};
 use crate::frame::{self, Body, FrameError, Message, RejectReason, Tag};
+use crate::net::{DeadlineReader, remaining};
 
 /// Locks `m`, ignoring poisoning: the state under these locks stays consistent across a
 /// panic in another thread (every update is a single assignment or push), and the
 /// bootstrap must not turn one thread's panic into panics everywhere.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The smallest positive timeout until `deadline`, or `None` if it has passed. The OS takes
-/// a zero socket timeout as "block forever", so zero is never returned.
-pub(crate) fn remaining(deadline: Instant) -> Option<Duration> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    (!left.is_zero()).then(|| left.max(Duration::from_millis(1)))
 }
 
 /// One authenticated connection to a peer.
@@ -476,10 +469,7 @@ enum Read {
 
 /// Reads one data frame from `conn`, waiting until `deadline`.
 fn read_one(conn: &Conn, deadline: Instant, limits: &Limits) -> Read {
-    let mut r = DeadlineReader {
-        stream: conn.stream(),
-        deadline,
-    };
+    let mut r = DeadlineReader::new(conn.stream(), deadline);
     match frame::read_frame(&mut r, limits.max_frame_bytes, limits.version) {
         Ok((Message::Data { tag, body }, bytes)) => Read::Frame(tag, body, bytes),
         Ok((other, _)) => Read::Failed(Failure::Malformed(format!(
@@ -489,42 +479,5 @@ fn read_one(conn: &Conn, deadline: Instant, limits: &Limits) -> Read {
         // Nothing of a frame arrived before the deadline.
         Err(FrameError::TimedOut { partial: false }) => Read::Nothing,
         Err(e) => Read::Failed(Failure::from_frame(e)),
-    }
-}
-
-fn timespec(d: Duration) -> Timespec {
-    Timespec::try_from(d).unwrap_or(Timespec {
-        tv_sec: i64::from(i32::MAX),
-        tv_nsec: 0,
-    })
-}
-
-/// Reads a blocking socket without blocking past `deadline`: each read is non-blocking,
-/// and an empty socket is polled for the time left. (Socket timeouts would cost a
-/// `setsockopt` per frame and could not express a deadline shared by several reads.)
-struct DeadlineReader<'a> {
-    stream: &'a TcpStream,
-    deadline: Instant,
-}
-
-impl std::io::Read for DeadlineReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            match rustix::net::recv(self.stream, &mut *buf, RecvFlags::DONTWAIT) {
-                Ok((n, _)) => return Ok(n),
-                Err(Errno::AGAIN) => {
-                    let Some(left) = remaining(self.deadline) else {
-                        return Err(io::ErrorKind::TimedOut.into());
-                    };
-                    let mut fds = [PollFd::new(self.stream, PollFlags::IN)];
-                    match rustix::event::poll(&mut fds, Some(&timespec(left))) {
-                        Ok(_) | Err(Errno::INTR) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                Err(Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
     }
 }
