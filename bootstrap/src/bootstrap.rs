@@ -21,10 +21,11 @@
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -35,7 +36,7 @@ use crate::error::{Error, Peer, Result};
 use crate::frame::{self, Body, FrameError, MAX_HOSTNAME_BYTES, Message, RankInfo, Tag};
 use crate::handshake::{self, Dialed, Local};
 use crate::net::{self, RootListener};
-use crate::peer::{Conn, Limits, PeerSlot, Recv, Sender, WriteError, lock};
+use crate::peer::{Conn, Limits, PeerSlot, Recv, Sender, WriteError};
 use crate::unique_id::{Secret, UniqueId};
 
 // Ranks share a `Bootstrap` across threads (see the type's docs).
@@ -281,18 +282,20 @@ impl Bootstrap {
 
     /// How many incoming connections this rank refused (failed handshakes, duplicates).
     pub fn rejected_connections(&self) -> u64 {
-        lock(&self.inner.rejections).count()
+        self.inner.rejections.lock().count()
     }
 
     /// Why the last few refused connections were refused, oldest first.
     pub fn recent_rejections(&self) -> Vec<String> {
-        lock(&self.inner.rejections).recent()
+        self.inner.rejections.lock().recent()
     }
 
     /// Number of peers this rank has a connection with now (connections are opened
     /// lazily, one per pair, and kept).
     pub fn connections(&self) -> usize {
-        lock(&self.inner.peers)
+        self.inner
+            .peers
+            .lock()
             .values()
             .filter(|s| s.is_connected())
             .count()
@@ -852,7 +855,7 @@ impl Drop for Bootstrap {
         if let Some(acceptor) = self.acceptor.take() {
             acceptor.stop(&self.inner);
         }
-        for slot in lock(&self.inner.peers).values() {
+        for slot in self.inner.peers.lock().values() {
             slot.close();
         }
     }
@@ -860,7 +863,7 @@ impl Drop for Bootstrap {
 
 impl Inner {
     pub(crate) fn slot(&self, peer: usize) -> Arc<PeerSlot> {
-        lock(&self.peers).entry(peer).or_default().clone()
+        self.peers.lock().entry(peer).or_default().clone()
     }
 
     fn limits(&self) -> Limits {
