@@ -45,8 +45,12 @@
 //! | `env.rs` | launcher detection: [`LaunchEnv`], [`Launcher`] |
 //! | `frame.rs` | the wire format |
 //! | `handshake.rs` | mutual authentication of a connection |
+//! | `net.rs` | sockets: listeners, connects and reads bounded by a deadline |
 //! | `peer.rs` | one peer's connections and unclaimed messages |
-//! | `bootstrap.rs` | [`Bootstrap`]: init, connections, send/recv |
+//! | `bootstrap.rs` | [`Bootstrap`]: the type, its shared state, accessors |
+//! | `init.rs` | joining: the constructors, rank 0's listener, the rank table |
+//! | `connect.rs` | which rank dials which, dialling and authenticating |
+//! | `messaging.rs` | tagged send/recv and the framing the collectives use |
 //! | `acceptor.rs` | accepting and authenticating incoming connections |
 //! | `collective.rs` | all-gather, ring all-gather, barrier, broadcast |
 //! | `config.rs` | [`Config`] |
@@ -59,11 +63,14 @@ mod acceptor;
 mod bootstrap;
 mod collective;
 mod config;
+mod connect;
 mod env;
 mod error;
 mod frame;
 mod handshake;
+mod init;
 mod limits;
+mod messaging;
 mod net;
 mod peer;
 mod unique_id;
