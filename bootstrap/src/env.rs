@@ -13,14 +13,16 @@
 //! set. Missing local values are computed from host names at init.
 //!
 //! The root address comes from `OXCCL_UNIQUE_ID` if set, else `MASTER_ADDR`/`MASTER_PORT`
-//! (port default 29500), else, under Slurm, the first host of the step's node list.
+//! (port default 29500), else, under Slurm, the first host of the step's node list. Rank 0
+//! listens on exactly that address (resolved), unless `OXCCL_BOOTSTRAP_BIND` names another
+//! IP (`0.0.0.0` for every interface).
 //! The secret comes from `OXCCL_UNIQUE_ID`, else `OXCCL_SECRET` (32 hex digits), else it is
 //! derived from the job's identity. A derived secret only keeps other jobs' stray
 //! connections out; anyone who can read the job's environment can compute it, so a
 //! warning is logged. Set `OXCCL_UNIQUE_ID` or `OXCCL_SECRET` to authenticate for real.
 
 use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
 use sha2::{Digest, Sha256};
 
@@ -31,6 +33,9 @@ use crate::unique_id::{SECRET_BYTES, Secret, UniqueId};
 pub const ENV_UNIQUE_ID: &str = "OXCCL_UNIQUE_ID";
 /// Variable holding the secret alone, as 32 hex digits.
 pub const ENV_SECRET: &str = "OXCCL_SECRET";
+/// Variable holding the IP rank 0 listens on instead of the root address's own (e.g.
+/// `0.0.0.0` for every interface); see [`Config::with_root_bind_ip`](crate::Config::with_root_bind_ip).
+pub const ENV_BOOTSTRAP_BIND: &str = "OXCCL_BOOTSTRAP_BIND";
 /// Port used when `MASTER_PORT` is not set (torchrun's default).
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
@@ -87,9 +92,12 @@ pub struct LaunchEnv {
     pub root: String,
     /// Where the secret came from.
     pub secret_source: SecretSource,
-    /// Whether the root address came from `OXCCL_UNIQUE_ID` (rank 0 then binds exactly that
-    /// address; otherwise it listens on every interface at the root port, like torchrun).
+    /// Whether the root address came from `OXCCL_UNIQUE_ID` (rather than `MASTER_ADDR` /
+    /// `MASTER_PORT` or the Slurm node list).
     pub root_from_unique_id: bool,
+    /// The IP rank 0 listens on instead of the root address's own, from
+    /// `OXCCL_BOOTSTRAP_BIND`; `None` listens on exactly the root address.
+    pub root_bind: Option<IpAddr>,
     secret: Secret,
 }
 
@@ -216,6 +224,15 @@ impl LaunchEnv {
             Some(id) => (id.root().to_string(), true),
             None => (root_from_vars(&get, vars.launcher)?, false),
         };
+        let root_bind = get(ENV_BOOTSTRAP_BIND)
+            .map(|v| {
+                v.parse::<IpAddr>().map_err(|_| {
+                    Error::InvalidUsage(format!(
+                        "{ENV_BOOTSTRAP_BIND}={v:?} is not an IP address (e.g. 0.0.0.0 or ::)"
+                    ))
+                })
+            })
+            .transpose()?;
         let (secret, secret_source) = match (&uid, get(ENV_SECRET)) {
             (Some(id), _) => (id.secret().clone(), SecretSource::UniqueId),
             (None, Some(hex)) => (
@@ -237,6 +254,7 @@ impl LaunchEnv {
             root,
             secret_source,
             root_from_unique_id,
+            root_bind,
             secret,
         })
     }

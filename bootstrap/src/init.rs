@@ -7,7 +7,7 @@
 //! the table's host names.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -17,7 +17,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::acceptor::{Acceptor, Rejections};
 use crate::bootstrap::{Bootstrap, Inner, MAX_RANKS};
 use crate::config::Config;
-use crate::env::{LaunchEnv, Launcher, SecretSource};
+use crate::env::{ENV_BOOTSTRAP_BIND, LaunchEnv, Launcher, SecretSource};
 use crate::error::{Error, Peer, Result};
 use crate::frame::{Body, MAX_HOSTNAME_BYTES, Message, RankInfo, Tag};
 use crate::net::{self, RootListener};
@@ -146,17 +146,16 @@ impl Bootstrap {
             config.local_rank = env.local_rank;
             config.local_size = env.local_size;
         }
+        if config.root_bind_ip.is_none() {
+            config.root_bind_ip = env.root_bind;
+        }
         let root = env.root_addr()?;
-        // Like torchrun's store, rank 0 listens on every interface at MASTER_PORT: the name
-        // in MASTER_ADDR may resolve differently on the root itself.
-        let bind = if env.root_from_unique_id {
-            root
-        } else {
-            SocketAddr::new(net::unspecified_like(&root), root.port())
-        };
+        if env.rank == 0 {
+            warn_if_name_is_loopback(env, root, &config);
+        }
         Self::start(
             root,
-            RootBind::Bind(bind),
+            RootBind::Bind(root),
             env.secret().clone(),
             env.rank,
             env.size,
@@ -183,12 +182,19 @@ impl Bootstrap {
         let deadline = Instant::now() + config.timeout;
         let listener = match (rank, root_bind) {
             (0, RootBind::Bound(l)) => l,
-            (0, RootBind::Bind(addr)) => net::bind_listener(addr).map_err(|e| {
-                Error::system(
-                    format!("rank 0: binding the bootstrap root listener on {addr}"),
-                    e,
-                )
-            })?,
+            (0, RootBind::Bind(root)) => {
+                let addr = SocketAddr::new(config.root_bind_ip.unwrap_or(root.ip()), root.port());
+                net::bind_listener(addr).map_err(|e| {
+                    Error::system(
+                        format!(
+                            "rank 0: binding the bootstrap root listener on {addr} (to listen \
+                             on another address, set {ENV_BOOTSTRAP_BIND} or \
+                             Config::with_root_bind_ip)"
+                        ),
+                        e,
+                    )
+                })?
+            }
             (_, _) => {
                 let ip = config
                     .listen_ip
@@ -364,6 +370,30 @@ impl Bootstrap {
             });
         }
         Ok(table)
+    }
+}
+
+/// Warns when a host name (not an IP, not `localhost`) resolves to a loopback address on
+/// rank 0 of a job of several ranks: Debian-style `/etc/hosts` maps a host's own name to
+/// `127.0.1.1`, where ranks on other hosts cannot reach the root.
+fn warn_if_name_is_loopback(env: &LaunchEnv, root: SocketAddr, config: &Config) {
+    let host = env
+        .root
+        .rsplit_once(':')
+        .map_or(env.root.as_str(), |(h, _)| h);
+    let is_name = host.trim_matches(['[', ']']).parse::<IpAddr>().is_err();
+    if env.size > 1
+        && config.root_bind_ip.is_none()
+        && root.ip().is_loopback()
+        && is_name
+        && !host.eq_ignore_ascii_case("localhost")
+    {
+        tracing::warn!(
+            "oxccl bootstrap: the root name {host:?} resolves to {} on rank 0, so the root \
+             listens there and only ranks on this host can reach it; if ranks run on other \
+             hosts, set MASTER_ADDR to an address they can reach, or {ENV_BOOTSTRAP_BIND}=0.0.0.0",
+            root.ip()
+        );
     }
 }
 

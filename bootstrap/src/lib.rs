@@ -81,7 +81,10 @@ pub use config::{
     Config, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_PENDING_BYTES,
     DEFAULT_MAX_PENDING_MESSAGES, DEFAULT_TIMEOUT, MIN_MAX_FRAME_BYTES,
 };
-pub use env::{DEFAULT_MASTER_PORT, ENV_SECRET, ENV_UNIQUE_ID, LaunchEnv, Launcher, SecretSource};
+pub use env::{
+    DEFAULT_MASTER_PORT, ENV_BOOTSTRAP_BIND, ENV_SECRET, ENV_UNIQUE_ID, LaunchEnv, Launcher,
+    SecretSource,
+};
 pub use error::{Error, ErrorKind, Peer, RankList, Result};
 pub use frame::PROTOCOL_VERSION;
 pub use limits::{open_files_for_ranks_in_process, raise_open_file_limit};

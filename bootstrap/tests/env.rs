@@ -6,7 +6,8 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::TcpListener;
+use std::io::ErrorKind;
+use std::net::{IpAddr, TcpListener, TcpStream};
 
 use oxccl_bootstrap::{Bootstrap, Error, LaunchEnv, Launcher, SecretSource, UniqueId};
 
@@ -230,4 +231,100 @@ fn bootstrap_from_torchrun_env_in_threads() {
         assert_eq!((local_rank, local_size), (n - 1 - r, 3));
         assert_eq!(all, vec![vec![0], vec![1], vec![2]]);
     }
+}
+
+fn free_port() -> String {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string()
+}
+
+/// Whether something listens on `ip:port`.
+fn listening(ip: &str, port: &str) -> bool {
+    match TcpStream::connect(format!("{ip}:{port}")) {
+        Ok(_) => true,
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => false,
+        Err(e) => panic!("connecting to {ip}:{port}: {e}"),
+    }
+}
+
+/// Guards against rank 0 of a launcher's job listening on every interface (`0.0.0.0`)
+/// instead of the address the launcher names in `MASTER_ADDR` (resolved), which opened
+/// the bootstrap port on networks the job never uses.
+#[test]
+fn root_binds_the_launcher_address() {
+    // 127.0.0.2 is another address of this host: a listener on every interface answers
+    // there, one on 127.0.0.1 does not.
+    for master in ["127.0.0.1", "localhost"] {
+        let port = free_port();
+        let e = env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", master),
+            ("MASTER_PORT", &port),
+            ("OXCCL_SECRET", "0123456789abcdef0123456789abcdef"),
+        ])
+        .unwrap();
+        let _bs = Bootstrap::from_launch_env(&e, &common::config()).unwrap();
+        assert!(listening("127.0.0.1", &port), "MASTER_ADDR={master}");
+        assert!(!listening("127.0.0.2", &port), "MASTER_ADDR={master}");
+    }
+}
+
+/// Guards against the bind address being impossible to override where the launcher's
+/// address is not one the root can listen on (NAT, a host name resolving to loopback), and
+/// against a garbage override being ignored instead of named.
+#[test]
+fn root_bind_is_configurable() {
+    let job = |port: &str, bind: Option<&str>| {
+        let mut vars = vec![
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", port),
+            ("OXCCL_SECRET", "0123456789abcdef0123456789abcdef"),
+        ];
+        vars.extend(bind.map(|b| ("OXCCL_BOOTSTRAP_BIND", b)));
+        env(&vars)
+    };
+
+    // The variable: every interface.
+    let port = free_port();
+    let e = job(&port, Some(" 0.0.0.0\n")).unwrap();
+    assert_eq!(e.root_bind, Some(IpAddr::from([0, 0, 0, 0])));
+    let _bs = Bootstrap::from_launch_env(&e, &common::config()).unwrap();
+    assert!(listening("127.0.0.2", &port));
+
+    // The config wins over the variable.
+    let port = free_port();
+    let e = job(&port, Some("0.0.0.0")).unwrap();
+    let cfg = common::config().with_root_bind_ip(IpAddr::from([127, 0, 0, 1]));
+    let _bs = Bootstrap::from_launch_env(&e, &cfg).unwrap();
+    assert!(listening("127.0.0.1", &port));
+    assert!(!listening("127.0.0.2", &port));
+
+    // The config alone, on the unique-id path.
+    let port = free_port();
+    let id: UniqueId = format!("oxccl1:0123456789abcdef0123456789abcdef@127.0.0.1:{port}")
+        .parse()
+        .unwrap();
+    let cfg = common::config().with_root_bind_ip(IpAddr::from([0, 0, 0, 0]));
+    let _bs = Bootstrap::init_with_config(&id, 0, 1, &cfg).unwrap();
+    assert!(listening("127.0.0.2", &port));
+
+    let e = job(&free_port(), Some("every-interface")).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("OXCCL_BOOTSTRAP_BIND=\"every-interface\" is not an IP address"),
+        "{e}"
+    );
+    // A bind the host cannot do names the address and the way out.
+    let e = job(&free_port(), Some("192.0.2.1"))
+        .and_then(|e| Bootstrap::from_launch_env(&e, &common::config()))
+        .unwrap_err();
+    assert!(e.to_string().contains("192.0.2.1"), "{e}");
+    assert!(e.to_string().contains("OXCCL_BOOTSTRAP_BIND"), "{e}");
 }
