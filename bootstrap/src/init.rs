@@ -377,17 +377,10 @@ impl Bootstrap {
 /// rank 0 of a job of several ranks: Debian-style `/etc/hosts` maps a host's own name to
 /// `127.0.1.1`, where ranks on other hosts cannot reach the root.
 fn warn_if_name_is_loopback(env: &LaunchEnv, root: SocketAddr, config: &Config) {
-    let host = env
-        .root
-        .rsplit_once(':')
-        .map_or(env.root.as_str(), |(h, _)| h);
-    let is_name = host.trim_matches(['[', ']']).parse::<IpAddr>().is_err();
-    if env.size > 1
-        && config.root_bind_ip.is_none()
-        && root.ip().is_loopback()
-        && is_name
-        && !host.eq_ignore_ascii_case("localhost")
-    {
+    if env.size == 1 || config.root_bind_ip.is_some() {
+        return;
+    }
+    if let Some(host) = loopback_name(&env.root, root) {
         tracing::warn!(
             "oxccl bootstrap: the root name {host:?} resolves to {} on rank 0, so the root \
              listens there and only ranks on this host can reach it; if ranks run on other \
@@ -395,6 +388,15 @@ fn warn_if_name_is_loopback(env: &LaunchEnv, root: SocketAddr, config: &Config) 
             root.ip()
         );
     }
+}
+
+/// The host part of `host_port` if it is a name other than `localhost` and `resolved` is
+/// a loopback address.
+fn loopback_name(host_port: &str, resolved: SocketAddr) -> Option<&str> {
+    let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
+    let is_ip = host.trim_matches(['[', ']']).parse::<IpAddr>().is_ok();
+    (resolved.ip().is_loopback() && !is_ip && !host.eq_ignore_ascii_case("localhost"))
+        .then_some(host)
 }
 
 /// Position of `rank` among the ranks with its host name, and how many there are.
@@ -423,6 +425,22 @@ mod tests {
             listen: "127.0.0.1:1".parse().unwrap(),
             hostname: host.into(),
         }
+    }
+
+    /// Guards against the loopback warning missing a host name that resolved to loopback
+    /// (`/etc/hosts` mapping the host's name to 127.0.1.1), or firing for addresses and
+    /// `localhost`, which name loopback on purpose.
+    #[test]
+    fn loopback_names_are_told_apart() {
+        let lo: SocketAddr = "127.0.1.1:29500".parse().unwrap();
+        let lo6: SocketAddr = "[::1]:29500".parse().unwrap();
+        let real: SocketAddr = "10.0.0.7:29500".parse().unwrap();
+        assert_eq!(loopback_name("node7:29500", lo), Some("node7"));
+        assert_eq!(loopback_name("node7:29500", lo6), Some("node7"));
+        assert_eq!(loopback_name("node7:29500", real), None);
+        assert_eq!(loopback_name("127.0.1.1:29500", lo), None);
+        assert_eq!(loopback_name("[::1]:29500", lo6), None);
+        assert_eq!(loopback_name("LocalHost:29500", lo), None);
     }
 
     // Guards against local rank being the global rank, or counting other hosts' ranks.
