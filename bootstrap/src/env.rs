@@ -16,23 +16,33 @@
 //! (port default 29500), else, under Slurm, the first host of the step's node list. Rank 0
 //! listens on exactly that address (resolved), unless `OXCCL_BOOTSTRAP_BIND` names another
 //! IP (`0.0.0.0` for every interface).
-//! The secret comes from `OXCCL_UNIQUE_ID`, else `OXCCL_SECRET` (32 hex digits), else it is
-//! derived from the job's identity. A derived secret only keeps other jobs' stray
-//! connections out; anyone who can read the job's environment can compute it, so a
-//! warning is logged. Set `OXCCL_UNIQUE_ID` or `OXCCL_SECRET` to authenticate for real.
+//!
+//! The secret comes from the first of these that is set:
+//! 1. `OXCCL_UNIQUE_ID` (root address and secret);
+//! 2. `OXCCL_SECRET` (32 hex digits);
+//! 3. `OXCCL_SECRET_FILE`, the path of a file holding the 32 hex digits (`secret_file.rs`);
+//! 4. else it is derived from the launcher's variables (root address, size, job id).
+//!
+//! A derived secret only keeps other jobs' stray connections out: anyone who can reach
+//! the root port and guess or read those variables can compute it, so a warning is logged
+//! (once per process). Set one of the first three to authenticate for real.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::unique_id::{SECRET_BYTES, Secret, UniqueId};
+use crate::unique_id::{ParseUniqueIdError, SECRET_BYTES, Secret, UniqueId};
 
 /// Variable holding a full [`UniqueId`] (root address and secret).
 pub const ENV_UNIQUE_ID: &str = "OXCCL_UNIQUE_ID";
 /// Variable holding the secret alone, as 32 hex digits.
 pub const ENV_SECRET: &str = "OXCCL_SECRET";
+/// Variable holding the path of a file that holds the secret as 32 hex digits (whitespace
+/// around them ignored); used when neither `OXCCL_UNIQUE_ID` nor `OXCCL_SECRET` is set.
+pub const ENV_SECRET_FILE: &str = "OXCCL_SECRET_FILE";
 /// Variable holding the IP rank 0 listens on instead of the root address's own (e.g.
 /// `0.0.0.0` for every interface); see [`Config::with_root_bind_ip`](crate::Config::with_root_bind_ip).
 pub const ENV_BOOTSTRAP_BIND: &str = "OXCCL_BOOTSTRAP_BIND";
@@ -70,8 +80,11 @@ pub enum SecretSource {
     UniqueId,
     /// From `OXCCL_SECRET`.
     Explicit,
+    /// From the file `OXCCL_SECRET_FILE` names.
+    File,
     /// Derived from the job's identity (launcher variables and root address): keeps other
-    /// jobs out, but is not a secret from anyone who can read this job's environment.
+    /// jobs out, but is not a secret from anyone who can reach the root port and guess or
+    /// read this job's environment.
     Derived,
 }
 
@@ -166,8 +179,10 @@ impl LaunchEnv {
     ///
     /// # Errors
     /// [`Error::InvalidUsage`] naming the variable if no launcher is found, a value is not
-    /// a number, the rank is not below the size, or no root address is given;
-    /// [`Error::ParseUniqueId`] if `OXCCL_UNIQUE_ID` is garbage.
+    /// a number, the rank is not below the size, no root address is given, or the secret
+    /// (`OXCCL_SECRET`, or the file `OXCCL_SECRET_FILE` names) is not 32 hex digits;
+    /// [`Error::ParseUniqueId`] if `OXCCL_UNIQUE_ID` is garbage; [`Error::System`] if the
+    /// secret file cannot be opened or read.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let get = |name: &str| {
             get(name)
@@ -233,17 +248,19 @@ impl LaunchEnv {
                 })
             })
             .transpose()?;
-        let (secret, secret_source) = match (&uid, get(ENV_SECRET)) {
-            (Some(id), _) => (id.secret().clone(), SecretSource::UniqueId),
-            (None, Some(hex)) => (
-                Secret::from_hex(&hex)
-                    .map_err(|e| Error::InvalidUsage(format!("{ENV_SECRET}: {e}")))?,
-                SecretSource::Explicit,
-            ),
-            (None, None) => (
+        let (secret, secret_source) = if let Some(id) = &uid {
+            (id.secret().clone(), SecretSource::UniqueId)
+        } else if let Some(hex) = get(ENV_SECRET) {
+            let secret = Secret::from_hex(&hex)
+                .map_err(|e| Error::InvalidUsage(format!("{ENV_SECRET}: {}", secret_problem(e))))?;
+            (secret, SecretSource::Explicit)
+        } else if let Some(path) = get(ENV_SECRET_FILE) {
+            (crate::secret_file::read(&path)?, SecretSource::File)
+        } else {
+            (
                 derive_secret(&get, vars.launcher, &root, size),
                 SecretSource::Derived,
-            ),
+            )
         };
         Ok(LaunchEnv {
             launcher: vars.launcher,
@@ -296,6 +313,33 @@ impl fmt::Display for LaunchEnv {
         }
         Ok(())
     }
+}
+
+/// What is wrong with a secret's hex digits, without the unique-id framing of
+/// [`ParseUniqueIdError`]'s own message. Never repeats the digits.
+pub(crate) fn secret_problem(e: ParseUniqueIdError) -> String {
+    match e {
+        ParseUniqueIdError::BadSecret(why) => format!("not a secret of 32 hex digits: {why}"),
+        e => e.to_string(),
+    }
+}
+
+/// Logs, once per process, that the secret was derived from `launcher`'s variables and
+/// how to give a real one.
+pub(crate) fn warn_derived_secret_once(launcher: Launcher) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    // Relaxed: the flag only deduplicates a log line; it publishes nothing.
+    if WARNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    tracing::warn!(
+        "oxccl bootstrap: the job's secret is derived from {launcher}'s variables (root \
+         address, world size, job id): it keeps other jobs' stray connections out, but anyone \
+         who can reach the root port and guess or read them can compute it and join. For a \
+         real secret give every rank the same 32 random hex digits (`openssl rand -hex 16`) \
+         in {ENV_SECRET}, or in a file only the job's user can read, named by \
+         {ENV_SECRET_FILE}; or hand out an {ENV_UNIQUE_ID}"
+    );
 }
 
 /// Resolves `host:port` (or `[v6]:port`), preferring IPv4 so every rank picks the same

@@ -133,13 +133,7 @@ impl Bootstrap {
     pub fn from_launch_env(env: &LaunchEnv, config: &Config) -> Result<Self> {
         tracing::info!("oxccl bootstrap: found {env}");
         if env.secret_source == SecretSource::Derived {
-            tracing::warn!(
-                "oxccl bootstrap: neither {} nor {} is set; using a secret derived from the job's \
-                 environment, which keeps other jobs out but does not authenticate against \
-                 anyone who can read this job's environment",
-                crate::env::ENV_UNIQUE_ID,
-                crate::env::ENV_SECRET
-            );
+            crate::env::warn_derived_secret_once(env.launcher);
         }
         let mut config = config.clone();
         if config.local_rank.is_none() && config.local_size.is_none() {

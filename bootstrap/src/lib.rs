@@ -43,6 +43,7 @@
 //! |---|---|
 //! | `unique_id.rs` | [`UniqueId`], [`Secret`] and their string form |
 //! | `env.rs` | launcher detection: [`LaunchEnv`], [`Launcher`] |
+//! | `secret_file.rs` | reading the secret from `OXCCL_SECRET_FILE` |
 //! | `frame.rs` | the wire format |
 //! | `handshake.rs` | mutual authentication of a connection |
 //! | `net.rs` | sockets: listeners, connects and reads bounded by a deadline |
@@ -73,6 +74,7 @@ mod limits;
 mod messaging;
 mod net;
 mod peer;
+mod secret_file;
 mod unique_id;
 
 pub use acceptor::MAX_CONCURRENT_HANDSHAKES;
@@ -82,8 +84,8 @@ pub use config::{
     DEFAULT_MAX_PENDING_MESSAGES, DEFAULT_TIMEOUT, MIN_MAX_FRAME_BYTES,
 };
 pub use env::{
-    DEFAULT_MASTER_PORT, ENV_BOOTSTRAP_BIND, ENV_SECRET, ENV_UNIQUE_ID, LaunchEnv, Launcher,
-    SecretSource,
+    DEFAULT_MASTER_PORT, ENV_BOOTSTRAP_BIND, ENV_SECRET, ENV_SECRET_FILE, ENV_UNIQUE_ID, LaunchEnv,
+    Launcher, SecretSource,
 };
 pub use error::{Error, ErrorKind, Peer, RankList, Result};
 pub use frame::PROTOCOL_VERSION;
