@@ -46,6 +46,49 @@ pub const ENV_SECRET_FILE: &str = "OXCCL_SECRET_FILE";
 /// Variable holding the IP rank 0 listens on instead of the root address's own (e.g.
 /// `0.0.0.0` for every interface); see [`Config::with_root_bind_ip`](crate::Config::with_root_bind_ip).
 pub const ENV_BOOTSTRAP_BIND: &str = "OXCCL_BOOTSTRAP_BIND";
+/// Every environment variable [`LaunchEnv::detect`] reads, and the only ones: detection
+/// sees the environment through this list. Whoever starts ranks as child processes (a
+/// test harness, a benchmark) removes these from a child's environment, so only the ones
+/// it sets count.
+pub const LAUNCHER_VARS: &[&str] = &[
+    // torchrun
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    // Open MPI
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "OMPI_MCA_ess_base_jobid",
+    "OMPI_MCA_orte_ess_jobid",
+    // Slurm
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_STEP_NODELIST",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    // PMI (MPICH's Hydra, Intel MPI)
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "PMI_JOBID",
+    "PMIX_NAMESPACE",
+    // oxccl's own
+    ENV_UNIQUE_ID,
+    ENV_SECRET,
+    ENV_SECRET_FILE,
+    ENV_BOOTSTRAP_BIND,
+];
+
 /// Port used when `MASTER_PORT` is not set (torchrun's default).
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
@@ -166,12 +209,21 @@ const JOB_ID_VARS: [&str; 7] = [
 ];
 
 impl LaunchEnv {
-    /// Reads this process's environment.
+    /// Reads this process's environment: the variables of [`LAUNCHER_VARS`], and no
+    /// others.
     ///
     /// # Errors
     /// As [`LaunchEnv::from_lookup`].
     pub fn detect() -> Result<Self> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        let vars: Vec<(&str, String)> = LAUNCHER_VARS
+            .iter()
+            .filter_map(|&name| std::env::var(name).ok().map(|v| (name, v)))
+            .collect();
+        Self::from_lookup(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        })
     }
 
     /// Reads the variables through `get` (a map in tests, the process environment in
@@ -468,6 +520,50 @@ fn derive_secret(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards against `LAUNCHER_VARS` drifting from what detection reads: a variable read
+    /// but not listed is invisible to `detect` and left in test children's environments; a
+    /// listed one no longer read is noise.
+    #[test]
+    fn launcher_vars_are_exactly_the_variables_read() {
+        use std::cell::RefCell;
+        use std::collections::BTreeSet;
+
+        let read = RefCell::new(BTreeSet::new());
+        let lookup = |vars: &[(&str, &str)]| {
+            let _ = LaunchEnv::from_lookup(|name| {
+                read.borrow_mut().insert(name.to_owned());
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            });
+        };
+        lookup(&[]);
+        for l in &LAUNCHERS {
+            let launcher = [(l.rank, "0"), (l.size, "2")];
+            // No root address: the fallbacks are read.
+            lookup(&launcher);
+            // A root, no secret: every secret source, then the derivation's job ids.
+            lookup(&[launcher[0], launcher[1], ("MASTER_ADDR", "127.0.0.1")]);
+        }
+        let read = read.into_inner();
+        let listed: BTreeSet<String> = LAUNCHER_VARS.iter().map(|v| (*v).to_owned()).collect();
+        assert_eq!(
+            listed.len(),
+            LAUNCHER_VARS.len(),
+            "duplicates in LAUNCHER_VARS"
+        );
+        assert_eq!(
+            read.difference(&listed).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "read but not in LAUNCHER_VARS"
+        );
+        assert_eq!(
+            listed.difference(&read).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "in LAUNCHER_VARS but never read"
+        );
+    }
 
     // Guards against misreading Slurm's compressed host lists (the root would be a host
     // that does not exist).

@@ -84,8 +84,8 @@ pub use config::{
     DEFAULT_MAX_PENDING_MESSAGES, DEFAULT_TIMEOUT, MIN_MAX_FRAME_BYTES,
 };
 pub use env::{
-    DEFAULT_MASTER_PORT, ENV_BOOTSTRAP_BIND, ENV_SECRET, ENV_SECRET_FILE, ENV_UNIQUE_ID, LaunchEnv,
-    Launcher, SecretSource,
+    DEFAULT_MASTER_PORT, ENV_BOOTSTRAP_BIND, ENV_SECRET, ENV_SECRET_FILE, ENV_UNIQUE_ID,
+    LAUNCHER_VARS, LaunchEnv, Launcher, SecretSource,
 };
 pub use error::{Error, ErrorKind, Peer, RankList, Result};
 pub use frame::PROTOCOL_VERSION;

@@ -8,39 +8,10 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oxccl_bootstrap::{Bootstrap, Config, UniqueId};
+use oxccl_bootstrap::{Bootstrap, Config, LAUNCHER_VARS, UniqueId};
 
 const CHILD_ENV: &str = "OXCCL_TEST_CHILD";
 const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Launcher variables the parent's own environment might carry; children must see only
-/// the ones each test sets.
-const LAUNCHER_VARS: &[&str] = &[
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-    "SLURM_STEP_NODELIST",
-    "SLURM_JOB_NODELIST",
-    "SLURM_NODELIST",
-    "SLURM_JOB_ID",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "MPI_LOCALRANKID",
-    "MPI_LOCALNRANKS",
-    "OXCCL_UNIQUE_ID",
-    "OXCCL_SECRET",
-    "TORCHELASTIC_RUN_ID",
-];
 
 /// The child role: join from the environment, run every operation, report one line.
 /// Ignored in normal runs; the job tests run it by name with `--ignored`.
