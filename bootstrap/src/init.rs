@@ -126,7 +126,10 @@ impl Bootstrap {
     }
 
     /// Joins the bootstrap `env` describes. The launcher's local rank and size win over
-    /// the ones computed from host names, unless `config` sets them.
+    /// the ones computed from host names, unless `config` sets them. Rank 0 listens on
+    /// the root address `env` names, or on the IP of [`Config::with_root_bind_ip`], else
+    /// of `OXCCL_BOOTSTRAP_BIND` ([`LaunchEnv::root_bind`]). A secret derived from the
+    /// launcher's variables is warned about, once per process.
     ///
     /// # Errors
     /// As [`Bootstrap::init_with_config`].
