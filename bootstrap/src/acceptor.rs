@@ -14,16 +14,18 @@
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::sync::{Arc, mpsc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::bootstrap::Inner;
 use crate::error::{Error, Result};
 use crate::frame::RejectReason;
 use crate::handshake;
 use crate::net;
-use crate::peer::{Conn, Refused, lock};
+use crate::peer::{Conn, Refused};
 
 /// Most handshakes the acceptor of one rank runs at once.
 pub const MAX_CONCURRENT_HANDSHAKES: usize = 64;
@@ -65,10 +67,7 @@ impl Acceptor {
     /// Wakes the thread out of `accept` and waits (bounded) for it to end. The caller has
     /// set `inner.shutdown`.
     pub(crate) fn stop(self, inner: &Inner) {
-        let exited_rx = self
-            .exited
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner);
+        let exited_rx = self.exited.into_inner();
         // shutdown(2) on a listening socket wakes a blocked accept() on Linux; a connection
         // to ourselves wakes it elsewhere.
         let _ = rustix::net::shutdown(&inner.listener, rustix::net::Shutdown::Both);
@@ -110,7 +109,7 @@ impl Rejections {
 
 fn record_rejection(inner: &Inner, why: String) {
     tracing::warn!("rank {}: refused a bootstrap connection: {why}", inner.rank);
-    let mut r = lock(&inner.rejections);
+    let mut r = inner.rejections.lock();
     r.count += 1;
     if r.recent.len() == REJECTIONS_KEPT {
         r.recent.pop_front();
@@ -145,14 +144,12 @@ fn accept_loop(inner: &Arc<Inner>) {
 /// [`MAX_CONCURRENT_HANDSHAKES`] at a time.
 fn spawn_handshake(inner: &Arc<Inner>, stream: TcpStream, addr: SocketAddr) {
     {
-        let mut n = lock(&inner.handshakes);
+        let mut n = inner.handshakes.lock();
         while *n >= MAX_CONCURRENT_HANDSHAKES {
             // Each handshake ends by its own deadline, so this wait is bounded too.
-            n = inner
+            inner
                 .handshakes_cv
-                .wait_timeout(n, Duration::from_millis(100))
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+                .wait_for(&mut n, Duration::from_millis(100));
             // Pairs with the Release store in `Bootstrap::drop`.
             if inner.shutdown.load(Ordering::Acquire) {
                 return;
@@ -166,12 +163,12 @@ fn spawn_handshake(inner: &Arc<Inner>, stream: TcpStream, addr: SocketAddr) {
         .stack_size(HANDSHAKE_STACK_BYTES)
         .spawn(move || {
             handshake_one(&worker, stream, addr);
-            *lock(&worker.handshakes) -= 1;
+            *worker.handshakes.lock() -= 1;
             worker.handshakes_cv.notify_one();
         });
     if let Err(e) = spawned {
         // The connection went down with the closure; the peer sees it close and retries.
-        *lock(&inner.handshakes) -= 1;
+        *inner.handshakes.lock() -= 1;
         record_rejection(
             inner,
             format!("{addr}: cannot spawn a handshake thread: {e}"),

@@ -33,6 +33,7 @@ pub struct Config {
     pub(crate) local_rank: Option<usize>,
     pub(crate) local_size: Option<usize>,
     pub(crate) listen_ip: Option<IpAddr>,
+    pub(crate) root_bind_ip: Option<IpAddr>,
     pub(crate) protocol_version: u32,
 }
 
@@ -48,6 +49,7 @@ impl Default for Config {
             local_rank: None,
             local_size: None,
             listen_ip: None,
+            root_bind_ip: None,
             protocol_version: PROTOCOL_VERSION,
         }
     }
@@ -114,6 +116,22 @@ impl Config {
     #[must_use]
     pub fn with_listen_ip(mut self, ip: IpAddr) -> Self {
         self.listen_ip = Some(ip);
+        self
+    }
+
+    /// The IP rank 0 listens on, instead of the root address's own; the port stays the
+    /// root's. `0.0.0.0` or `::` listen on every interface (as torchrun's store does), for a
+    /// root whose name resolves on the root itself to an address the peers cannot reach
+    /// (a `127.0.1.1` line in `/etc/hosts`, NAT).
+    ///
+    /// Default: rank 0 listens on exactly the root address (`MASTER_ADDR` resolved, or the
+    /// `UniqueId`'s), so the bootstrap port is not open on other networks.
+    /// [`Bootstrap::from_env`](crate::Bootstrap::from_env) takes it from
+    /// `OXCCL_BOOTSTRAP_BIND` when it is not set here. Not used by
+    /// [`Bootstrap::init_root`](crate::Bootstrap::init_root), whose listener is bound already.
+    #[must_use]
+    pub fn with_root_bind_ip(mut self, ip: IpAddr) -> Self {
+        self.root_bind_ip = Some(ip);
         self
     }
 

@@ -13,24 +13,82 @@
 //! set. Missing local values are computed from host names at init.
 //!
 //! The root address comes from `OXCCL_UNIQUE_ID` if set, else `MASTER_ADDR`/`MASTER_PORT`
-//! (port default 29500), else, under Slurm, the first host of the step's node list.
-//! The secret comes from `OXCCL_UNIQUE_ID`, else `OXCCL_SECRET` (32 hex digits), else it is
-//! derived from the job's identity. A derived secret only keeps other jobs' stray
-//! connections out; anyone who can read the job's environment can compute it, so a
-//! warning is logged. Set `OXCCL_UNIQUE_ID` or `OXCCL_SECRET` to authenticate for real.
+//! (port default 29500), else, under Slurm, the first host of the step's node list. Rank 0
+//! listens on exactly that address (resolved), unless `OXCCL_BOOTSTRAP_BIND` names another
+//! IP (`0.0.0.0` for every interface).
+//!
+//! The secret comes from the first of these that is set:
+//! 1. `OXCCL_UNIQUE_ID` (root address and secret);
+//! 2. `OXCCL_SECRET` (32 hex digits);
+//! 3. `OXCCL_SECRET_FILE`, the path of a file holding the 32 hex digits (`secret_file.rs`);
+//! 4. else it is derived from the launcher's variables (root address, size, job id).
+//!
+//! A derived secret only keeps other jobs' stray connections out: anyone who can reach
+//! the root port and guess or read those variables can compute it, so a warning is logged
+//! (once per process). Set one of the first three to authenticate for real.
 
 use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::unique_id::{SECRET_BYTES, Secret, UniqueId};
+use crate::unique_id::{ParseUniqueIdError, SECRET_BYTES, Secret, UniqueId};
 
 /// Variable holding a full [`UniqueId`] (root address and secret).
 pub const ENV_UNIQUE_ID: &str = "OXCCL_UNIQUE_ID";
 /// Variable holding the secret alone, as 32 hex digits.
 pub const ENV_SECRET: &str = "OXCCL_SECRET";
+/// Variable holding the path of a file that holds the secret as 32 hex digits (whitespace
+/// around them ignored); used when neither `OXCCL_UNIQUE_ID` nor `OXCCL_SECRET` is set.
+pub const ENV_SECRET_FILE: &str = "OXCCL_SECRET_FILE";
+/// Variable holding the IP rank 0 listens on instead of the root address's own (e.g.
+/// `0.0.0.0` for every interface); see [`Config::with_root_bind_ip`](crate::Config::with_root_bind_ip).
+pub const ENV_BOOTSTRAP_BIND: &str = "OXCCL_BOOTSTRAP_BIND";
+/// Every environment variable [`LaunchEnv::detect`] reads, and the only ones: detection
+/// sees the environment through this list. Whoever starts ranks as child processes (a
+/// test harness, a benchmark) removes these from a child's environment, so only the ones
+/// it sets count.
+pub const LAUNCHER_VARS: &[&str] = &[
+    // torchrun
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    // Open MPI
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "OMPI_MCA_ess_base_jobid",
+    "OMPI_MCA_orte_ess_jobid",
+    // Slurm
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_STEP_NODELIST",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    // PMI (MPICH's Hydra, Intel MPI)
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "PMI_JOBID",
+    "PMIX_NAMESPACE",
+    // oxccl's own
+    ENV_UNIQUE_ID,
+    ENV_SECRET,
+    ENV_SECRET_FILE,
+    ENV_BOOTSTRAP_BIND,
+];
+
 /// Port used when `MASTER_PORT` is not set (torchrun's default).
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
@@ -65,8 +123,11 @@ pub enum SecretSource {
     UniqueId,
     /// From `OXCCL_SECRET`.
     Explicit,
+    /// From the file `OXCCL_SECRET_FILE` names.
+    File,
     /// Derived from the job's identity (launcher variables and root address): keeps other
-    /// jobs out, but is not a secret from anyone who can read this job's environment.
+    /// jobs out, but is not a secret from anyone who can reach the root port and guess or
+    /// read this job's environment.
     Derived,
 }
 
@@ -87,9 +148,12 @@ pub struct LaunchEnv {
     pub root: String,
     /// Where the secret came from.
     pub secret_source: SecretSource,
-    /// Whether the root address came from `OXCCL_UNIQUE_ID` (rank 0 then binds exactly that
-    /// address; otherwise it listens on every interface at the root port, like torchrun).
+    /// Whether the root address came from `OXCCL_UNIQUE_ID` (rather than `MASTER_ADDR` /
+    /// `MASTER_PORT` or the Slurm node list).
     pub root_from_unique_id: bool,
+    /// The IP rank 0 listens on instead of the root address's own, from
+    /// `OXCCL_BOOTSTRAP_BIND`; `None` listens on exactly the root address.
+    pub root_bind: Option<IpAddr>,
     secret: Secret,
 }
 
@@ -145,12 +209,21 @@ const JOB_ID_VARS: [&str; 7] = [
 ];
 
 impl LaunchEnv {
-    /// Reads this process's environment.
+    /// Reads this process's environment: the variables of [`LAUNCHER_VARS`], and no
+    /// others.
     ///
     /// # Errors
     /// As [`LaunchEnv::from_lookup`].
     pub fn detect() -> Result<Self> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        let vars: Vec<(&str, String)> = LAUNCHER_VARS
+            .iter()
+            .filter_map(|&name| std::env::var(name).ok().map(|v| (name, v)))
+            .collect();
+        Self::from_lookup(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        })
     }
 
     /// Reads the variables through `get` (a map in tests, the process environment in
@@ -158,8 +231,10 @@ impl LaunchEnv {
     ///
     /// # Errors
     /// [`Error::InvalidUsage`] naming the variable if no launcher is found, a value is not
-    /// a number, the rank is not below the size, or no root address is given;
-    /// [`Error::ParseUniqueId`] if `OXCCL_UNIQUE_ID` is garbage.
+    /// a number, the rank is not below the size, no root address is given, or the secret
+    /// (`OXCCL_SECRET`, or the file `OXCCL_SECRET_FILE` names) is not 32 hex digits;
+    /// [`Error::ParseUniqueId`] if `OXCCL_UNIQUE_ID` is garbage; [`Error::System`] if the
+    /// secret file cannot be opened or read.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let get = |name: &str| {
             get(name)
@@ -216,17 +291,28 @@ impl LaunchEnv {
             Some(id) => (id.root().to_string(), true),
             None => (root_from_vars(&get, vars.launcher)?, false),
         };
-        let (secret, secret_source) = match (&uid, get(ENV_SECRET)) {
-            (Some(id), _) => (id.secret().clone(), SecretSource::UniqueId),
-            (None, Some(hex)) => (
-                Secret::from_hex(&hex)
-                    .map_err(|e| Error::InvalidUsage(format!("{ENV_SECRET}: {e}")))?,
-                SecretSource::Explicit,
-            ),
-            (None, None) => (
+        let root_bind = get(ENV_BOOTSTRAP_BIND)
+            .map(|v| {
+                v.parse::<IpAddr>().map_err(|_| {
+                    Error::InvalidUsage(format!(
+                        "{ENV_BOOTSTRAP_BIND}={v:?} is not an IP address (e.g. 0.0.0.0 or ::)"
+                    ))
+                })
+            })
+            .transpose()?;
+        let (secret, secret_source) = if let Some(id) = &uid {
+            (id.secret().clone(), SecretSource::UniqueId)
+        } else if let Some(hex) = get(ENV_SECRET) {
+            let secret = Secret::from_hex(&hex)
+                .map_err(|e| Error::InvalidUsage(format!("{ENV_SECRET}: {}", secret_problem(e))))?;
+            (secret, SecretSource::Explicit)
+        } else if let Some(path) = get(ENV_SECRET_FILE) {
+            (crate::secret_file::read(&path)?, SecretSource::File)
+        } else {
+            (
                 derive_secret(&get, vars.launcher, &root, size),
                 SecretSource::Derived,
-            ),
+            )
         };
         Ok(LaunchEnv {
             launcher: vars.launcher,
@@ -237,6 +323,7 @@ impl LaunchEnv {
             root,
             secret_source,
             root_from_unique_id,
+            root_bind,
             secret,
         })
     }
@@ -278,6 +365,33 @@ impl fmt::Display for LaunchEnv {
         }
         Ok(())
     }
+}
+
+/// What is wrong with a secret's hex digits, without the unique-id framing of
+/// [`ParseUniqueIdError`]'s own message. Never repeats the digits.
+pub(crate) fn secret_problem(e: ParseUniqueIdError) -> String {
+    match e {
+        ParseUniqueIdError::BadSecret(why) => format!("not a secret of 32 hex digits: {why}"),
+        e => e.to_string(),
+    }
+}
+
+/// Logs, once per process, that the secret was derived from `launcher`'s variables and
+/// how to give a real one.
+pub(crate) fn warn_derived_secret_once(launcher: Launcher) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    // Relaxed: the flag only deduplicates a log line; it publishes nothing.
+    if WARNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    tracing::warn!(
+        "oxccl bootstrap: the job's secret is derived from {launcher}'s variables (root \
+         address, world size, job id): it keeps other jobs' stray connections out, but anyone \
+         who can reach the root port and guess or read them can compute it and join. For a \
+         real secret give every rank the same 32 random hex digits (`openssl rand -hex 16`) \
+         in {ENV_SECRET}, or in a file only the job's user can read, named by \
+         {ENV_SECRET_FILE}; or hand out an {ENV_UNIQUE_ID}"
+    );
 }
 
 /// Resolves `host:port` (or `[v6]:port`), preferring IPv4 so every rank picks the same
@@ -406,6 +520,50 @@ fn derive_secret(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards against `LAUNCHER_VARS` drifting from what detection reads: a variable read
+    /// but not listed is invisible to `detect` and left in test children's environments; a
+    /// listed one no longer read is noise.
+    #[test]
+    fn launcher_vars_are_exactly_the_variables_read() {
+        use std::cell::RefCell;
+        use std::collections::BTreeSet;
+
+        let read = RefCell::new(BTreeSet::new());
+        let lookup = |vars: &[(&str, &str)]| {
+            let _ = LaunchEnv::from_lookup(|name| {
+                read.borrow_mut().insert(name.to_owned());
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            });
+        };
+        lookup(&[]);
+        for l in &LAUNCHERS {
+            let launcher = [(l.rank, "0"), (l.size, "2")];
+            // No root address: the fallbacks are read.
+            lookup(&launcher);
+            // A root, no secret: every secret source, then the derivation's job ids.
+            lookup(&[launcher[0], launcher[1], ("MASTER_ADDR", "127.0.0.1")]);
+        }
+        let read = read.into_inner();
+        let listed: BTreeSet<String> = LAUNCHER_VARS.iter().map(|v| (*v).to_owned()).collect();
+        assert_eq!(
+            listed.len(),
+            LAUNCHER_VARS.len(),
+            "duplicates in LAUNCHER_VARS"
+        );
+        assert_eq!(
+            read.difference(&listed).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "read but not in LAUNCHER_VARS"
+        );
+        assert_eq!(
+            listed.difference(&read).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "in LAUNCHER_VARS but never read"
+        );
+    }
 
     // Guards against misreading Slurm's compressed host lists (the root would be a host
     // that does not exist).

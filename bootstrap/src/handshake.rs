@@ -14,7 +14,8 @@
 //!   recorded proof nor a proof reflected from the other direction (different label) can be
 //!   replayed. The secret itself never goes on the wire.
 //! - Handshake frames are read with a 512-byte limit; a connection that has not proved the
-//!   secret cannot make this rank allocate more, and is dropped at its deadline.
+//!   secret cannot make this rank allocate more, and is dropped at its deadline: every read
+//!   of the handshake shares that one deadline, however the peer spaces its bytes.
 //! - Every frame carries the protocol version; a peer of another version is refused with a
 //!   `VersionMismatch` naming both versions, on both sides.
 //! - MACs are compared in constant time (`Mac::verify_slice`).
@@ -30,6 +31,7 @@ use crate::frame::{
     self, Challenge, FrameError, HANDSHAKE_MAX_FRAME_BYTES, Hello, MAC_BYTES, Message, NONCE_BYTES,
     Proof, RejectReason,
 };
+use crate::net::{DeadlineReader, remaining};
 use crate::unique_id::Secret;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -275,12 +277,6 @@ fn nonce() -> Result<[u8; NONCE_BYTES]> {
     Ok(n)
 }
 
-fn remaining(deadline: Instant) -> Option<Duration> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    // A zero timeout means "block forever" to the OS; never pass one.
-    (!left.is_zero()).then(|| left.max(Duration::from_millis(1)))
-}
-
 fn send(
     stream: &TcpStream,
     me: &Local<'_>,
@@ -316,13 +312,9 @@ fn recv(
     deadline: Instant,
     op: &'static str,
 ) -> Result<Message> {
-    let Some(left) = remaining(deadline) else {
-        return Err(timeout(me, peer));
-    };
-    stream
-        .set_read_timeout(Some(left))
-        .map_err(|e| Error::system(format!("rank {}: setting a read timeout", me.rank), e))?;
-    let mut r = stream;
+    // One deadline for every read of the frame: with a timeout per read, a peer sending a
+    // byte at a time would hold this handshake (and its acceptor slot) indefinitely.
+    let mut r = DeadlineReader::new(stream, deadline);
     match frame::read_frame(&mut r, HANDSHAKE_MAX_FRAME_BYTES, me.version) {
         Ok((msg, _)) => Ok(msg),
         Err(FrameError::TimedOut { .. }) => {

@@ -43,10 +43,15 @@
 //! |---|---|
 //! | `unique_id.rs` | [`UniqueId`], [`Secret`] and their string form |
 //! | `env.rs` | launcher detection: [`LaunchEnv`], [`Launcher`] |
+//! | `secret_file.rs` | reading the secret from `OXCCL_SECRET_FILE` |
 //! | `frame.rs` | the wire format |
 //! | `handshake.rs` | mutual authentication of a connection |
+//! | `net.rs` | sockets: listeners, connects and reads bounded by a deadline |
 //! | `peer.rs` | one peer's connections and unclaimed messages |
-//! | `bootstrap.rs` | [`Bootstrap`]: init, connections, send/recv |
+//! | `bootstrap.rs` | [`Bootstrap`]: the type, its shared state, accessors |
+//! | `init.rs` | joining: the constructors, rank 0's listener, the rank table |
+//! | `connect.rs` | which rank dials which, dialling and authenticating |
+//! | `messaging.rs` | tagged send/recv and the framing the collectives use |
 //! | `acceptor.rs` | accepting and authenticating incoming connections |
 //! | `collective.rs` | all-gather, ring all-gather, barrier, broadcast |
 //! | `config.rs` | [`Config`] |
@@ -59,13 +64,17 @@ mod acceptor;
 mod bootstrap;
 mod collective;
 mod config;
+mod connect;
 mod env;
 mod error;
 mod frame;
 mod handshake;
+mod init;
 mod limits;
+mod messaging;
 mod net;
 mod peer;
+mod secret_file;
 mod unique_id;
 
 pub use acceptor::MAX_CONCURRENT_HANDSHAKES;
@@ -74,7 +83,10 @@ pub use config::{
     Config, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_PENDING_BYTES,
     DEFAULT_MAX_PENDING_MESSAGES, DEFAULT_TIMEOUT, MIN_MAX_FRAME_BYTES,
 };
-pub use env::{DEFAULT_MASTER_PORT, ENV_SECRET, ENV_UNIQUE_ID, LaunchEnv, Launcher, SecretSource};
+pub use env::{
+    DEFAULT_MASTER_PORT, ENV_BOOTSTRAP_BIND, ENV_SECRET, ENV_SECRET_FILE, ENV_UNIQUE_ID,
+    LAUNCHER_VARS, LaunchEnv, Launcher, SecretSource,
+};
 pub use error::{Error, ErrorKind, Peer, RankList, Result};
 pub use frame::PROTOCOL_VERSION;
 pub use limits::{open_files_for_ranks_in_process, raise_open_file_limit};

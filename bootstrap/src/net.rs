@@ -1,11 +1,13 @@
 //! Sockets: listeners with a backlog sized for a thousand ranks, connects that retry until
-//! a deadline, and the host name ranks are grouped by.
+//! a deadline, reads that stop at a deadline, and the host name ranks are grouped by.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::net::{AddressFamily, RecvFlags, SocketFlags, SocketType};
 
 use crate::error::{Error, Result};
 
@@ -119,6 +121,58 @@ pub(crate) fn connect(addr: SocketAddr, deadline: Instant) -> io::Result<Option<
             Err(e) => return Err(e),
         }
     }
+}
+
+/// The smallest positive timeout until `deadline`, or `None` if it has passed. The OS takes
+/// a zero socket timeout as "block forever", so zero is never returned.
+pub(crate) fn remaining(deadline: Instant) -> Option<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    (!left.is_zero()).then(|| left.max(Duration::from_millis(1)))
+}
+
+/// Reads a blocking socket without blocking past `deadline`: each read is non-blocking,
+/// and an empty socket is polled for the time left. The deadline is shared by every read,
+/// so a peer sending one byte at a time cannot stretch a frame past it. (Socket timeouts
+/// would cost a `setsockopt` per frame and bound each read, not the frame.)
+pub(crate) struct DeadlineReader<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl<'a> DeadlineReader<'a> {
+    /// Reads `stream` until `deadline`; a read past it fails with `TimedOut`.
+    pub(crate) fn new(stream: &'a TcpStream, deadline: Instant) -> Self {
+        DeadlineReader { stream, deadline }
+    }
+}
+
+impl io::Read for DeadlineReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match rustix::net::recv(self.stream, &mut *buf, RecvFlags::DONTWAIT) {
+                Ok((n, _)) => return Ok(n),
+                Err(Errno::AGAIN) => {
+                    let Some(left) = remaining(self.deadline) else {
+                        return Err(io::ErrorKind::TimedOut.into());
+                    };
+                    let mut fds = [PollFd::new(self.stream, PollFlags::IN)];
+                    match rustix::event::poll(&mut fds, Some(&timespec(left))) {
+                        Ok(_) | Err(Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+fn timespec(d: Duration) -> Timespec {
+    Timespec::try_from(d).unwrap_or(Timespec {
+        tv_sec: i64::from(i32::MAX),
+        tv_nsec: 0,
+    })
 }
 
 /// The OS host name, used to group ranks into nodes.

@@ -18,33 +18,23 @@
 //! - A failure (bad frame, overflow, closed connection) is sticky: messages already pending
 //!   can still be received, anything else gets the failure.
 //! - Every wait takes a deadline.
+//! - The locks are `parking_lot`'s, which do not poison: every update under them is a
+//!   single assignment or push, so the state stays consistent across a panic in another
+//!   thread, and one thread's panic must not become a panic in every other.
 
 use std::collections::VecDeque;
 use std::io;
 use std::net::{Shutdown, TcpStream};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
-use rustix::event::{PollFd, PollFlags, Timespec};
+use parking_lot::{Condvar, Mutex};
 use rustix::io::Errno;
-use rustix::net::{RecvFlags, SendFlags};
+use rustix::net::SendFlags;
 
 use crate::error::{Error, Peer};
 use crate::frame::{self, Body, FrameError, Message, RejectReason, Tag};
-
-/// Locks `m`, ignoring poisoning: the state under these locks stays consistent across a
-/// panic in another thread (every update is a single assignment or push), and the
-/// bootstrap must not turn one thread's panic into panics everywhere.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The smallest positive timeout until `deadline`, or `None` if it has passed. The OS takes
-/// a zero socket timeout as "block forever", so zero is never returned.
-pub(crate) fn remaining(deadline: Instant) -> Option<Duration> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    (!left.is_zero()).then(|| left.max(Duration::from_millis(1)))
-}
+use crate::net::{DeadlineReader, remaining};
 
 /// One authenticated connection to a peer.
 #[derive(Debug)]
@@ -83,16 +73,12 @@ impl Conn {
     /// Takes the right to write, so frames of two threads never interleave; waits for the
     /// current writer until `deadline`.
     pub(crate) fn writer(&self, deadline: Instant) -> Result<WriteTicket<'_>, WriteError> {
-        let mut busy = lock(&self.writing);
+        let mut busy = self.writing.lock();
         while *busy {
-            let Some(left) = remaining(deadline) else {
+            if remaining(deadline).is_none() {
                 return Err(WriteError::TimedOut);
-            };
-            busy = self
-                .writer_done
-                .wait_timeout(busy, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            }
+            self.writer_done.wait_until(&mut busy, deadline);
         }
         *busy = true;
         Ok(WriteTicket { conn: self })
@@ -158,7 +144,7 @@ impl WriteTicket<'_> {
 
 impl Drop for WriteTicket<'_> {
     fn drop(&mut self) {
-        *lock(&self.conn.writing) = false;
+        *self.conn.writing.lock() = false;
         self.conn.writer_done.notify_one();
     }
 }
@@ -309,7 +295,7 @@ pub(crate) struct PeerSlot {
 impl PeerSlot {
     /// Waits for the message tagged `tag`, reading the peer's connection as needed.
     pub(crate) fn recv(&self, tag: Tag, deadline: Instant, limits: &Limits) -> Recv {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         loop {
             if let Some(body) = st.take(tag) {
                 return Recv::Got(body);
@@ -317,14 +303,14 @@ impl PeerSlot {
             if let Some(f) = &st.failed {
                 return Recv::Failed(f.clone());
             }
-            let Some(left) = remaining(deadline) else {
+            if remaining(deadline).is_none() {
                 return Recv::TimedOut;
-            };
+            }
             if let (false, Some(conn)) = (st.reading, st.conn.clone()) {
                 st.reading = true;
                 drop(st);
                 let got = read_one(&conn, deadline, limits);
-                st = lock(&self.state);
+                st = self.state.lock();
                 st.reading = false;
                 match got {
                     Read::Frame(t, body, bytes) => {
@@ -339,11 +325,7 @@ impl PeerSlot {
                 self.cv.notify_all();
                 continue;
             }
-            st = self
-                .cv
-                .wait_timeout(st, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            self.cv.wait_until(&mut st, deadline);
         }
     }
 
@@ -355,7 +337,7 @@ impl PeerSlot {
         bytes: usize,
         limits: &Limits,
     ) -> Result<(), Failure> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.push(tag, body, bytes, limits)?;
         self.cv.notify_all();
         Ok(())
@@ -364,7 +346,7 @@ impl PeerSlot {
     /// The connection to send on; if there is none, either tells this thread to dial
     /// (`initiate`, and nobody else is dialling) or waits for one to appear.
     pub(crate) fn sender(&self, initiate: bool, deadline: Instant) -> Sender {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         loop {
             if let Some(f) = &st.failed {
                 return Sender::Failed(f.clone());
@@ -376,21 +358,17 @@ impl PeerSlot {
                 st.connecting = true;
                 return Sender::MustConnect;
             }
-            let Some(left) = remaining(deadline) else {
+            if remaining(deadline).is_none() {
                 return Sender::TimedOut;
-            };
-            st = self
-                .cv
-                .wait_timeout(st, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            }
+            self.cv.wait_until(&mut st, deadline);
         }
     }
 
     /// Ends a dial that [`PeerSlot::sender`] asked for, registering its connection if it
     /// produced one. Returns the connection to send on, if there is one now.
     pub(crate) fn finish_connect(&self, conn: Option<Arc<Conn>>) -> Option<Arc<Conn>> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.connecting = false;
         if let Some(conn) = conn {
             if st.conn.is_none() && st.failed.is_none() {
@@ -419,7 +397,7 @@ impl PeerSlot {
         peer_is_higher: bool,
         welcome: impl FnOnce() -> Result<(), Error>,
     ) -> Result<(), Refused> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         if st.failed.is_some() {
             return Err(Refused::Reject(RejectReason::ShuttingDown));
         }
@@ -438,31 +416,27 @@ impl PeerSlot {
 
     /// Waits until the peer has a connection; `false` if `deadline` passes first.
     pub(crate) fn wait_connected(&self, deadline: Instant) -> bool {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         loop {
             if st.conn.is_some() {
                 return true;
             }
-            let Some(left) = remaining(deadline) else {
+            if remaining(deadline).is_none() {
                 return false;
-            };
-            st = self
-                .cv
-                .wait_timeout(st, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            }
+            self.cv.wait_until(&mut st, deadline);
         }
     }
 
     /// Whether the peer has a working connection now.
     pub(crate) fn is_connected(&self) -> bool {
-        let st = lock(&self.state);
+        let st = self.state.lock();
         st.conn.is_some() && st.failed.is_none()
     }
 
     /// Closes the connection and fails the slot, waking its waiters.
     pub(crate) fn close(&self) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.fail(Failure::Closed);
         self.cv.notify_all();
     }
@@ -476,10 +450,7 @@ enum Read {
 
 /// Reads one data frame from `conn`, waiting until `deadline`.
 fn read_one(conn: &Conn, deadline: Instant, limits: &Limits) -> Read {
-    let mut r = DeadlineReader {
-        stream: conn.stream(),
-        deadline,
-    };
+    let mut r = DeadlineReader::new(conn.stream(), deadline);
     match frame::read_frame(&mut r, limits.max_frame_bytes, limits.version) {
         Ok((Message::Data { tag, body }, bytes)) => Read::Frame(tag, body, bytes),
         Ok((other, _)) => Read::Failed(Failure::Malformed(format!(
@@ -489,42 +460,5 @@ fn read_one(conn: &Conn, deadline: Instant, limits: &Limits) -> Read {
         // Nothing of a frame arrived before the deadline.
         Err(FrameError::TimedOut { partial: false }) => Read::Nothing,
         Err(e) => Read::Failed(Failure::from_frame(e)),
-    }
-}
-
-fn timespec(d: Duration) -> Timespec {
-    Timespec::try_from(d).unwrap_or(Timespec {
-        tv_sec: i64::from(i32::MAX),
-        tv_nsec: 0,
-    })
-}
-
-/// Reads a blocking socket without blocking past `deadline`: each read is non-blocking,
-/// and an empty socket is polled for the time left. (Socket timeouts would cost a
-/// `setsockopt` per frame and could not express a deadline shared by several reads.)
-struct DeadlineReader<'a> {
-    stream: &'a TcpStream,
-    deadline: Instant,
-}
-
-impl std::io::Read for DeadlineReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            match rustix::net::recv(self.stream, &mut *buf, RecvFlags::DONTWAIT) {
-                Ok((n, _)) => return Ok(n),
-                Err(Errno::AGAIN) => {
-                    let Some(left) = remaining(self.deadline) else {
-                        return Err(io::ErrorKind::TimedOut.into());
-                    };
-                    let mut fds = [PollFd::new(self.stream, PollFlags::IN)];
-                    match rustix::event::poll(&mut fds, Some(&timespec(left))) {
-                        Ok(_) | Err(Errno::INTR) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                Err(Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
     }
 }

@@ -64,28 +64,21 @@ impl Secret {
             )));
         }
         let mut bytes = [0u8; SECRET_BYTES];
-        for (i, pair) in s.as_bytes().chunks_exact(2).enumerate() {
-            let hi = hex_val(pair[0]);
-            let lo = hex_val(pair[1]);
-            match (hi, lo) {
-                (Some(hi), Some(lo)) => bytes[i] = (hi << 4) | lo,
-                // Do not echo the characters: they are (part of) a secret.
-                _ => {
-                    return Err(ParseUniqueIdError::BadSecret(format!(
-                        "non-hex character at position {}",
-                        2 * i + usize::from(hi.is_some())
-                    )));
+        hex::decode_to_slice(s, &mut bytes).map_err(|e| {
+            ParseUniqueIdError::BadSecret(match e {
+                // Do not echo the character: it is (part of) a secret.
+                hex::FromHexError::InvalidHexCharacter { index, .. } => {
+                    format!("non-hex character at position {index}")
                 }
-            }
-        }
+                e => e.to_string(),
+            })
+        })?;
         Ok(Secret(bytes))
     }
 
-    fn write_hex(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+    /// The 32 lowercase hex digits [`Secret::from_hex`] parses (the form of `OXCCL_SECRET`).
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
     }
 }
 
@@ -153,9 +146,12 @@ impl UniqueId {
 
 impl fmt::Display for UniqueId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(UNIQUE_ID_PREFIX)?;
-        self.secret.write_hex(f)?;
-        write!(f, "@{}", self.root)
+        write!(
+            f,
+            "{UNIQUE_ID_PREFIX}{}@{}",
+            self.secret.to_hex(),
+            self.root
+        )
     }
 }
 
@@ -205,15 +201,6 @@ pub enum ParseUniqueIdError {
     BadAddress(String),
 }
 
-fn hex_val(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
-}
-
 fn truncate(s: &str, max_chars: usize) -> String {
     let mut out: String = s.chars().take(max_chars).collect();
     if s.chars().count() > max_chars {
@@ -238,6 +225,27 @@ mod tests {
             // Environment variables often end with a newline.
             assert_eq!(format!("  {s}\n").parse::<UniqueId>().unwrap(), id);
         }
+    }
+
+    /// Guards against the hex form of a secret not parsing back to the same bytes, against
+    /// upper-case digits (as some tools print them) being refused, and against a bad
+    /// character's position being misreported or the character itself echoed.
+    #[test]
+    fn secret_hex_round_trips() {
+        let s = Secret::from_bytes([
+            0x00, 0x1f, 0xa0, 0xff, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+        ]);
+        assert_eq!(s.to_hex(), "001fa0ff0102030405060708090a0b0c");
+        assert_eq!(Secret::from_hex(&s.to_hex()).unwrap(), s);
+        assert_eq!(
+            Secret::from_hex("001FA0FF0102030405060708090A0B0C").unwrap(),
+            s
+        );
+        let e = Secret::from_hex("001fa0ff010203040506070809q a0b0").unwrap_err();
+        assert_eq!(
+            e,
+            ParseUniqueIdError::BadSecret("non-hex character at position 26".into())
+        );
     }
 
     // Guards against two ids sharing a secret (the RNG not being used).

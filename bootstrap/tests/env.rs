@@ -6,9 +6,11 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::TcpListener;
+use std::io::{ErrorKind, Write};
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
 
-use oxccl_bootstrap::{Bootstrap, Error, LaunchEnv, Launcher, SecretSource, UniqueId};
+use oxccl_bootstrap::{Bootstrap, Error, LaunchEnv, Launcher, Secret, SecretSource, UniqueId};
 
 fn env(vars: &[(&str, &str)]) -> oxccl_bootstrap::Result<LaunchEnv> {
     let map: HashMap<String, String> = vars
@@ -229,5 +231,236 @@ fn bootstrap_from_torchrun_env_in_threads() {
         assert_eq!(launcher, Some(Launcher::Torchrun));
         assert_eq!((local_rank, local_size), (n - 1 - r, 3));
         assert_eq!(all, vec![vec![0], vec![1], vec![2]]);
+    }
+}
+
+fn free_port() -> String {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string()
+}
+
+/// Whether something listens on `ip:port`.
+fn listening(ip: &str, port: &str) -> bool {
+    match TcpStream::connect(format!("{ip}:{port}")) {
+        Ok(_) => true,
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => false,
+        Err(e) => panic!("connecting to {ip}:{port}: {e}"),
+    }
+}
+
+/// Guards against rank 0 of a launcher's job listening on every interface (`0.0.0.0`)
+/// instead of the address the launcher names in `MASTER_ADDR` (resolved), which opened
+/// the bootstrap port on networks the job never uses.
+#[test]
+fn root_binds_the_launcher_address() {
+    // 127.0.0.2 is another address of this host: a listener on every interface answers
+    // there, one on 127.0.0.1 does not.
+    for master in ["127.0.0.1", "localhost"] {
+        let port = free_port();
+        let e = env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", master),
+            ("MASTER_PORT", &port),
+            ("OXCCL_SECRET", "0123456789abcdef0123456789abcdef"),
+        ])
+        .unwrap();
+        let _bs = Bootstrap::from_launch_env(&e, &common::config()).unwrap();
+        assert!(listening("127.0.0.1", &port), "MASTER_ADDR={master}");
+        assert!(!listening("127.0.0.2", &port), "MASTER_ADDR={master}");
+    }
+}
+
+/// Guards against the bind address being impossible to override where the launcher's
+/// address is not one the root can listen on (NAT, a host name resolving to loopback), and
+/// against a garbage override being ignored instead of named.
+#[test]
+fn root_bind_is_configurable() {
+    let job = |port: &str, bind: Option<&str>| {
+        let mut vars = vec![
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", port),
+            ("OXCCL_SECRET", "0123456789abcdef0123456789abcdef"),
+        ];
+        vars.extend(bind.map(|b| ("OXCCL_BOOTSTRAP_BIND", b)));
+        env(&vars)
+    };
+
+    // The variable: every interface.
+    let port = free_port();
+    let e = job(&port, Some(" 0.0.0.0\n")).unwrap();
+    assert_eq!(e.root_bind, Some(IpAddr::from([0, 0, 0, 0])));
+    let _bs = Bootstrap::from_launch_env(&e, &common::config()).unwrap();
+    assert!(listening("127.0.0.2", &port));
+
+    // The config wins over the variable.
+    let port = free_port();
+    let e = job(&port, Some("0.0.0.0")).unwrap();
+    let cfg = common::config().with_root_bind_ip(IpAddr::from([127, 0, 0, 1]));
+    let _bs = Bootstrap::from_launch_env(&e, &cfg).unwrap();
+    assert!(listening("127.0.0.1", &port));
+    assert!(!listening("127.0.0.2", &port));
+
+    // The config alone, on the unique-id path.
+    let port = free_port();
+    let id: UniqueId = format!("oxccl1:0123456789abcdef0123456789abcdef@127.0.0.1:{port}")
+        .parse()
+        .unwrap();
+    let cfg = common::config().with_root_bind_ip(IpAddr::from([0, 0, 0, 0]));
+    let _bs = Bootstrap::init_with_config(&id, 0, 1, &cfg).unwrap();
+    assert!(listening("127.0.0.2", &port));
+
+    let e = job(&free_port(), Some("every-interface")).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("OXCCL_BOOTSTRAP_BIND=\"every-interface\" is not an IP address"),
+        "{e}"
+    );
+    // A bind the host cannot do names the address and the way out.
+    let e = job(&free_port(), Some("192.0.2.1"))
+        .and_then(|e| Bootstrap::from_launch_env(&e, &common::config()))
+        .unwrap_err();
+    assert!(e.to_string().contains("192.0.2.1"), "{e}");
+    assert!(e.to_string().contains("OXCCL_BOOTSTRAP_BIND"), "{e}");
+}
+
+const HEX: &str = "00112233445566778899aabbccddeeff";
+
+/// A torchrun job of rank 0 of 2 with `vars` added.
+fn torchrun_with(vars: &[(&str, &str)]) -> oxccl_bootstrap::Result<LaunchEnv> {
+    let mut all = vec![
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+    ];
+    all.extend_from_slice(vars);
+    env(&all)
+}
+
+/// A file holding `content`, with permission bits `mode`.
+fn secret_file(content: &[u8], mode: u32) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(content).unwrap();
+    std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+    f
+}
+
+/// Guards against `OXCCL_SECRET_FILE` being ignored (a job given a real secret in a file
+/// silently ran on a derived one), against whitespace around the digits being refused,
+/// and against the precedence `OXCCL_UNIQUE_ID` > `OXCCL_SECRET` > `OXCCL_SECRET_FILE` >
+/// derived being broken.
+#[test]
+fn secret_file_is_read() {
+    let f = secret_file(b"  00112233445566778899AABBCCDDEEFF \n", 0o600);
+    let path = f.path().to_str().unwrap();
+    let (e, log) = common::capture_logs(|| torchrun_with(&[("OXCCL_SECRET_FILE", path)]));
+    let e = e.unwrap();
+    assert_eq!(e.secret_source, SecretSource::File);
+    assert_eq!(e.secret().to_hex(), HEX);
+    assert!(!log.contains("WARN"), "{log}");
+
+    let other = "ffeeddccbbaa99887766554433221100";
+    let e = torchrun_with(&[("OXCCL_SECRET", other), ("OXCCL_SECRET_FILE", path)]).unwrap();
+    assert_eq!(e.secret_source, SecretSource::Explicit);
+    assert_eq!(e.secret().to_hex(), other);
+    // A lower source is not even read: a broken file does not matter then.
+    let e = torchrun_with(&[
+        ("OXCCL_SECRET", other),
+        ("OXCCL_SECRET_FILE", "/nonexistent"),
+    ]);
+    assert_eq!(e.unwrap().secret_source, SecretSource::Explicit);
+    let id = UniqueId::new("127.0.0.1:4242".parse().unwrap()).unwrap();
+    let e = torchrun_with(&[
+        ("OXCCL_UNIQUE_ID", &id.to_string()),
+        ("OXCCL_SECRET", other),
+        ("OXCCL_SECRET_FILE", path),
+    ])
+    .unwrap();
+    assert_eq!(e.secret_source, SecretSource::UniqueId);
+    assert_eq!(e.secret(), id.secret());
+    assert_eq!(
+        torchrun_with(&[]).unwrap().secret_source,
+        SecretSource::Derived
+    );
+}
+
+/// Guards against a secret file that cannot be used panicking, blocking (a FIFO), being
+/// read without bound, or being reported with its content (which is a secret) instead of
+/// its path and what is wrong.
+#[test]
+fn bad_secret_files_are_clear_errors() {
+    let err = |path: &str| torchrun_with(&[("OXCCL_SECRET_FILE", path)]).unwrap_err();
+
+    let e = err("/nonexistent/oxccl-secret");
+    assert!(matches!(e, Error::System { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("OXCCL_SECRET_FILE=\"/nonexistent/oxccl-secret\""),
+        "{msg}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let e = err(dir.path().to_str().unwrap());
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+
+    // A FIFO nobody writes: opening it must not wait for a writer.
+    let fifo = dir.path().join("fifo");
+    let status = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let e = err(fifo.to_str().unwrap());
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+
+    let secretish = "zz112233445566778899aabbccddeeff";
+    for (content, want) in [
+        (
+            secretish.as_bytes().to_vec(),
+            "non-hex character at position 0",
+        ),
+        (b"0011".to_vec(), "expected 32 hex digits"),
+        (b"".to_vec(), "expected 32 hex digits"),
+        (
+            format!("{HEX}\n{HEX}\n").into_bytes(),
+            "expected 32 hex digits",
+        ),
+        (vec![0xff; 32], "not text"),
+        (vec![b'0'; 1 << 20], "more than 4096 bytes"),
+    ] {
+        let f = secret_file(&content, 0o600);
+        let e = err(f.path().to_str().unwrap());
+        let msg = e.to_string();
+        assert!(matches!(e, Error::InvalidUsage(_)), "{e:?}");
+        assert!(msg.contains(want), "{msg}");
+        assert!(msg.contains("OXCCL_SECRET_FILE="), "{msg}");
+        assert!(!msg.contains("zz11"), "content echoed: {msg}");
+    }
+}
+
+/// Guards against a secret file that group or others may read (so other users of the
+/// machine can join the job) being used without a word, and against the warning printing
+/// the secret.
+#[test]
+fn secret_file_readable_by_others_is_warned_about() {
+    for mode in [0o640, 0o604, 0o644] {
+        let f = secret_file(HEX.as_bytes(), mode);
+        let path = f.path().to_str().unwrap();
+        let (e, log) = common::capture_logs(|| torchrun_with(&[("OXCCL_SECRET_FILE", path)]));
+        assert_eq!(e.unwrap().secret(), &Secret::from_hex(HEX).unwrap());
+        let warning = log
+            .lines()
+            .find(|l| l.contains("WARN"))
+            .unwrap_or_else(|| panic!("mode {mode:o}: no warning in {log:?}"));
+        assert!(warning.contains(path), "{warning}");
+        assert!(warning.contains(&format!("{mode:03o}")), "{warning}");
+        assert!(warning.contains("chmod 600"), "{warning}");
+        assert!(!log.contains(HEX), "the secret is in the log: {log}");
     }
 }

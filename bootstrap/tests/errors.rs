@@ -7,12 +7,17 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{config, loopback};
 use hmac::{Hmac, KeyInit, Mac};
-use oxccl_bootstrap::{Bootstrap, Config, Error, Peer, Secret, UniqueId};
+use oxccl_bootstrap::{
+    Bootstrap, Config, Error, MAX_CONCURRENT_HANDSHAKES, Peer, Secret, UniqueId,
+};
 use sha2::Sha256;
 
 /// Starts rank 0 of a 2-rank bootstrap on a thread; returns its id and the join handle.
@@ -305,6 +310,64 @@ fn silent_stray_connection_does_not_stall_join() {
     let _one = Bootstrap::init_with_config(&id, 1, 2, &config()).unwrap();
     let _zero = root.join().unwrap().unwrap();
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+/// Guards against a client that sends its handshake one byte at a time holding an acceptor
+/// slot past the handshake deadline (each read was allowed the whole time left, so a byte
+/// per read kept the handshake alive): `MAX_CONCURRENT_HANDSHAKES` such clients stalled
+/// every join.
+#[test]
+fn slow_handshake_clients_do_not_stall_join() {
+    let handshake_timeout = Duration::from_millis(300);
+    // Below the handshake timeout, so no single read of the old code ever timed out.
+    let pause = Duration::from_millis(100);
+    // A join waits for at most a few handshake deadlines; a trickling client left alone
+    // holds its slot for 504 pauses (about 50 s).
+    let join_bound = Duration::from_secs(5);
+    let test_deadline = Duration::from_secs(20);
+
+    let (id, root) = root_of_two(config().with_handshake_timeout(handshake_timeout));
+    let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
+    let clients: Vec<TcpStream> = (0..MAX_CONCURRENT_HANDSHAKES + 8)
+        .map(|_| TcpStream::connect(id.root()).unwrap())
+        .collect();
+    for mut c in clients {
+        let stop = stop.0.clone();
+        thread::spawn(move || {
+            // A frame header claiming 500 bytes (under the handshake limit), then the bytes.
+            let mut bytes = 500u32.to_le_bytes().to_vec();
+            bytes.resize(4 + 500, 0);
+            for b in bytes {
+                if stop.load(Ordering::Relaxed) || c.write_all(&[b]).is_err() {
+                    return;
+                }
+                thread::sleep(pause);
+            }
+        });
+    }
+
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let t = Instant::now();
+        let one = Bootstrap::init_with_config(&id, 1, 2, &config());
+        let zero = root.join().unwrap();
+        let _ = tx.send((t.elapsed(), one.map(drop), zero.map(drop)));
+    });
+    let (elapsed, one, zero) = rx
+        .recv_timeout(test_deadline)
+        .unwrap_or_else(|_| panic!("ranks 0 and 1 did not join within {test_deadline:?}"));
+    one.unwrap();
+    zero.unwrap();
+    assert!(elapsed < join_bound, "join took {elapsed:?}");
+}
+
+/// Sets the flag when dropped, so the client threads stop even when the test panics.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 // Guards against two processes started with the same rank both being admitted, and

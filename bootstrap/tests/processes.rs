@@ -1,46 +1,16 @@
 //! Ranks as separate processes, started the way launchers start them: this test binary
-//! re-runs itself with launcher variables set and `OXCCL_TEST_CHILD` selecting the child
-//! role (`child_process_entry`).
+//! re-runs itself once per rank (`oxccl_testing::Job`) with launcher variables set, each
+//! child running the ignored test `child_process_entry`.
 
 #![allow(missing_docs)]
 
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use oxccl_bootstrap::{Bootstrap, Config, UniqueId};
+use oxccl_testing::Job;
 
-const CHILD_ENV: &str = "OXCCL_TEST_CHILD";
 const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Launcher variables the parent's own environment might carry; children must see only
-/// the ones each test sets.
-const LAUNCHER_VARS: &[&str] = &[
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-    "SLURM_STEP_NODELIST",
-    "SLURM_JOB_NODELIST",
-    "SLURM_NODELIST",
-    "SLURM_JOB_ID",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "MPI_LOCALRANKID",
-    "MPI_LOCALNRANKS",
-    "OXCCL_UNIQUE_ID",
-    "OXCCL_SECRET",
-    "TORCHELASTIC_RUN_ID",
-];
 
 /// The child role: join from the environment, run every operation, report one line.
 /// Ignored in normal runs; the job tests run it by name with `--ignored`.
@@ -48,7 +18,7 @@ const LAUNCHER_VARS: &[&str] = &[
 #[ignore = "the child role of the process tests, started by them"]
 fn child_process_entry() {
     assert!(
-        std::env::var_os(CHILD_ENV).is_some(),
+        oxccl_testing::child_rank().is_some(),
         "run by the process tests only"
     );
     let bs =
@@ -89,62 +59,21 @@ fn free_port() -> u16 {
 /// Starts `n` children, rank `r` with `vars(r)`, waits for all (killing them at the
 /// deadline), and returns each one's `CHILD-OK` line.
 fn run_job(n: usize, vars: impl Fn(usize) -> Vec<(String, String)>) -> Vec<String> {
-    let exe = std::env::current_exe().unwrap();
-    let mut children: Vec<Child> = (0..n)
-        .map(|r| {
-            let mut cmd = Command::new(&exe);
-            cmd.args([
-                "child_process_entry",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-            for v in LAUNCHER_VARS {
-                cmd.env_remove(v);
-            }
-            cmd.envs(vars(r));
-            cmd.spawn().unwrap()
-        })
-        .collect();
-    let deadline = Instant::now() + CHILD_TIMEOUT;
-    // Wait for all; at the deadline kill every child, so a hang fails the test instead of
-    // leaving processes behind.
-    loop {
-        let done = children
-            .iter_mut()
-            .all(|c| matches!(c.try_wait(), Ok(Some(_))));
-        if done {
-            break;
+    let mut job = Job::new(n);
+    job.child_test("child_process_entry")
+        .deadline(CHILD_TIMEOUT);
+    for r in 0..n {
+        for (k, v) in vars(r) {
+            job.env(r, k, v);
         }
-        if Instant::now() > deadline {
-            for c in &mut children {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            panic!("the ranks did not finish within {CHILD_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
-    children
-        .into_iter()
-        .enumerate()
-        .map(|(r, child)| {
-            let out = child.wait_with_output().unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                out.status.success(),
-                "rank {r} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-                out.status
-            );
-            stdout
-                .lines()
-                .find_map(|l| l.find("CHILD-OK").map(|i| &l[i..]))
-                .unwrap_or_else(|| panic!("rank {r} printed no result:\n{stdout}\n{stderr}"))
+    job.run()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            assert!(o.success(), "{o}");
+            o.find_line("CHILD-OK")
+                .unwrap_or_else(|| panic!("no result line: {o}"))
                 .to_owned()
         })
         .collect()

@@ -2,7 +2,9 @@
 
 #![allow(dead_code)]
 
+use std::io;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oxccl_bootstrap::{Bootstrap, Config, Result, UniqueId};
@@ -66,4 +68,30 @@ pub fn contribution(r: usize) -> Vec<u8> {
         return Vec::new();
     }
     format!("rank-{r};").repeat(r % 5 + 1).into_bytes()
+}
+
+/// Runs `f` with this thread's log events written, without colours, to a string; returns
+/// what `f` returned and the log.
+pub fn capture_logs<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
+        .with_writer(move || writer.clone())
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let log = String::from_utf8_lossy(&sink.0.lock().unwrap()).into_owned();
+    (out, log)
 }
