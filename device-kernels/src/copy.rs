@@ -2,7 +2,9 @@
 //!
 //! Contract: every thread of `coop` calls [`copy`] with the same arguments; when all have
 //! returned, `bytes` bytes at `src` are at `dst`. Nothing is ordered for other observers:
-//! publish the result with a release (a semaphore signal). The two ranges must not overlap.
+//! publish the result with a release (a semaphore signal). Overlapping ranges are allowed
+//! and stay in bounds, but what lands where they overlap is unspecified (threads copy their
+//! shares in no particular order).
 
 use crate::arch;
 use crate::coop::{Coop, Split, contiguous_chunk};
@@ -19,7 +21,8 @@ const CPU_CHUNK_ALIGN: u64 = 64;
 ///
 /// # Safety
 /// `src..src+bytes` must be readable and `dst..dst+bytes` writable for the duration of the
-/// copy, the two must not overlap, and no other thread may write either range meanwhile.
+/// copy. They may overlap (see the module docs). Other agents writing the same bytes
+/// meanwhile make the copied values unspecified, as on a GPU.
 #[inline(always)]
 pub unsafe fn copy(coop: impl Coop, dst: u64, src: u64, bytes: u64) {
     if arch::PREFERS_CONTIGUOUS_SPLIT {
@@ -28,10 +31,10 @@ pub unsafe fn copy(coop: impl Coop, dst: u64, src: u64, bytes: u64) {
         let start = r.start * CPU_CHUNK_ALIGN;
         let end = (r.end * CPU_CHUNK_ALIGN).min(bytes);
         if start < end {
-            // SAFETY: within the ranges the caller vouched for; chunks of distinct threads
-            // are disjoint.
+            // SAFETY: within the ranges the caller vouched for; `ptr::copy` is correct for
+            // overlapping ranges too (a channel whose buffers alias one another).
             unsafe {
-                core::ptr::copy_nonoverlapping(
+                core::ptr::copy(
                     (src + start) as usize as *const u8,
                     (dst + start) as usize as *mut u8,
                     (end - start) as usize,

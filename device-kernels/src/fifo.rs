@@ -28,7 +28,7 @@
 //!   connection was flushed), which is what [`FifoDeviceHandle::sync`] waits for.
 
 use crate::arch::{self, Scope, atomic, atomic::AtomicU64, atomic::Ordering};
-use crate::error::DeviceError;
+use crate::error::{DeviceError, DeviceOp};
 use crate::wait::WaitPolicy;
 
 /// What a trigger asks the proxy to do; the bits combine.
@@ -218,10 +218,11 @@ impl Default for TriggerSlot {
     }
 }
 
-/// The kernel-side view of a FIFO: addresses of the cells in the table above.
+/// Where a FIFO's cells are and how many slots it has: the layout inside
+/// [`FifoDeviceHandle`], without the promise that the addresses are live.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct FifoDeviceHandle {
+pub struct FifoRawParts {
     /// Address of `size` [`TriggerSlot`]s.
     pub triggers: u64,
     /// Address of the head counter.
@@ -236,30 +237,79 @@ pub struct FifoDeviceHandle {
     pub size: u32,
     /// Reserved, zero.
     pub reserved: u32,
-    /// Limit and abort flag of waits for room and for flushes.
-    pub wait: WaitPolicy,
 }
 
-const _: () = assert!(core::mem::size_of::<FifoDeviceHandle>() == 72);
-const _: () = assert!(core::mem::offset_of!(FifoDeviceHandle, size) == 40);
-const _: () = assert!(core::mem::offset_of!(FifoDeviceHandle, wait) == 48);
+const _: () = assert!(core::mem::size_of::<FifoRawParts>() == 48);
+const _: () = assert!(core::mem::offset_of!(FifoRawParts, size) == 40);
 
-impl FifoDeviceHandle {
+/// The kernel-side view of a FIFO: the cells of the table above, and the limit and abort
+/// record of its waits. Valid for `'a`, the life of the host object that made it.
+///
+/// Built by the host (`unsafe` [`Self::from_raw_parts`]); a zeroed handle (`Default`) is
+/// safe to use and refuses every push with [`DeviceError::NullHandle`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Zeroable)]
+pub struct FifoDeviceHandle<'a> {
+    raw: FifoRawParts,
+    wait: WaitPolicy<'a>,
+}
+
+const _: () = assert!(core::mem::size_of::<FifoDeviceHandle<'static>>() == 80);
+const _: () = assert!(core::mem::offset_of!(FifoDeviceHandle<'static>, wait) == 48);
+
+// SAFETY: every value safe code can hold is either built by `from_raw_parts`, whose contract
+// keeps its cells live for 'a, or zeroed, which `push` and `sync` refuse before touching
+// memory; the type has no drop glue.
+unsafe impl crate::launch::KernelArg for FifoDeviceHandle<'_> {}
+
+impl<'a> FifoDeviceHandle<'a> {
+    /// A handle over the cells `raw` names, whose waits and failures go to `wait`.
+    ///
+    /// # Safety
+    /// For `'a`: `raw.triggers` points to `raw.size` [`TriggerSlot`]s (16-byte aligned),
+    /// `raw.size` is a power of two, `head`, `tail` and `tail_cache` point to `AtomicU64`s,
+    /// all in memory every thread that uses the handle can reach and only accessed
+    /// atomically; `raw.doorbell` is 0 or (CPU emulator only) points to a live
+    /// `arch::host::Doorbell`.
+    pub unsafe fn from_raw_parts(raw: FifoRawParts, wait: WaitPolicy<'a>) -> Self {
+        FifoDeviceHandle { raw, wait }
+    }
+
+    /// The cells' addresses and the ring's size.
+    pub const fn raw_parts(&self) -> FifoRawParts {
+        self.raw
+    }
+
+    /// The policy of the handle's waits.
+    pub const fn wait_policy(&self) -> WaitPolicy<'a> {
+        self.wait
+    }
+
+    /// The same FIFO, with waits and failures under `wait` (e.g. one channel's record).
+    pub fn with_wait<'b>(self, wait: WaitPolicy<'b>) -> FifoDeviceHandle<'b>
+    where
+        'a: 'b,
+    {
+        FifoDeviceHandle {
+            raw: self.raw,
+            wait,
+        }
+    }
+
     #[inline(always)]
     fn cell(&self, addr: u64) -> &AtomicU64 {
-        // SAFETY: the host builds a FIFO handle from a live FIFO whose counters outlive every
-        // kernel using the handle (the proxy service keeps them until it is dropped, after
-        // streams are synchronized).
+        // SAFETY: `from_raw_parts`'s contract: the counters are live for 'a; a zeroed handle
+        // never gets here (`push` and `sync` check `size` first).
         unsafe { atomic::cell(addr) }
     }
 
     #[inline(always)]
     fn slot(&self, position: u64) -> &[AtomicU64; 2] {
-        let index = (position & (self.size as u64 - 1)) as usize;
-        // SAFETY: `triggers` points to `size` slots, `size` a non-zero power of two (host
-        // invariant, as in `cell`; `push` refuses a handle that breaks it), so the mask keeps
-        // the index below `size`.
-        unsafe { &(*(self.triggers as usize as *const TriggerSlot).add(index)).words }
+        let index = (position & (self.raw.size as u64 - 1)) as usize;
+        // SAFETY: `triggers` points to `size` slots, `size` a non-zero power of two (the
+        // constructor's contract; `push` refuses a zeroed handle before calling this), so
+        // the mask keeps the index below `size`.
+        unsafe { &(*(self.raw.triggers as usize as *const TriggerSlot).add(index)).words }
     }
 
     /// Pushes `trigger` and returns its position. Any kernel thread may call it concurrently
@@ -267,47 +317,59 @@ impl FifoDeviceHandle {
     ///
     /// # Errors
     /// [`DeviceError::Timeout`] / [`DeviceError::Aborted`] if the ring stays full past the
-    /// wait limit. The position is then lost and the channel unusable, as the host is told.
-    /// [`DeviceError::InvalidArgument`] for a handle whose size is not a power of two (a
-    /// zeroed handle, say): nothing is written.
+    /// wait limit. The position is then lost: the proxy stops at it, and reports it to the
+    /// host, naming the position. [`DeviceError::NullHandle`] for a zeroed handle: nothing
+    /// is written.
     #[inline(always)]
     pub fn push(&self, trigger: ProxyTrigger) -> Result<u64, DeviceError> {
-        if !self.size.is_power_of_two() {
-            return Err(self.wait.raise(DeviceError::InvalidArgument));
+        if !self.raw.size.is_power_of_two() {
+            return Err(self
+                .wait
+                .raise(DeviceError::NullHandle, DeviceOp::FifoPush, [0; 3]));
         }
         // Relaxed, device scope: the head only hands out positions (and, through its
         // modification order, the proxy's sleep bit); the slot's publish carries the ordering.
-        let claimed = atomic::fetch_add(self.cell(self.head), 1, Ordering::Relaxed, Scope::Gpu);
+        let claimed = atomic::fetch_add(self.cell(self.raw.head), 1, Ordering::Relaxed, Scope::Gpu);
         let position = claimed & !PROXY_ASLEEP;
-        let size = self.size as u64;
+        let size = self.raw.size as u64;
         // Acquire: pairs with the Release store of the cache below, which another pusher did
         // after acquiring `tail`, so our slot write is ordered after the proxy's read of it.
-        let cached = atomic::load(self.cell(self.tail_cache), Ordering::Acquire, Scope::Gpu);
+        let cached = atomic::load(
+            self.cell(self.raw.tail_cache),
+            Ordering::Acquire,
+            Scope::Gpu,
+        );
         if position >= cached + size {
-            self.wait.wait_until(|| {
-                // Acquire: pairs with the proxy's Release store of `tail` after it read
-                // (and executed) the slot's previous trigger.
-                let tail = atomic::load(self.cell(self.tail), Ordering::Acquire, Scope::System);
-                if position < tail + size {
-                    // Release: pairs with the Acquire load of the cache above in other pushers.
-                    // A plain store: a racing pusher may put back an older tail, which only
-                    // makes later pushes look again; every cached value was a real tail.
-                    atomic::store(
-                        self.cell(self.tail_cache),
-                        tail,
-                        Ordering::Release,
-                        Scope::Gpu,
-                    );
-                    true
-                } else {
-                    false
-                }
-            })?;
+            self.wait.wait_until(
+                DeviceOp::FifoPush,
+                || {
+                    // Acquire: pairs with the proxy's Release store of `tail` after it read
+                    // (and executed) the slot's previous trigger.
+                    let tail =
+                        atomic::load(self.cell(self.raw.tail), Ordering::Acquire, Scope::System);
+                    if position < tail + size {
+                        // Release: pairs with the Acquire load of the cache above in other
+                        // pushers. A plain store: a racing pusher may put back an older tail,
+                        // which only makes later pushes look again; every cached value was a
+                        // real tail.
+                        atomic::store(
+                            self.cell(self.raw.tail_cache),
+                            tail,
+                            Ordering::Release,
+                            Scope::Gpu,
+                        );
+                        true
+                    } else {
+                        false
+                    }
+                },
+                || [position, self.tail_now(), size],
+            )?;
         }
-        let t = trigger.with_commit_bit(commit_bit_for(position, self.size));
+        let t = trigger.with_commit_bit(commit_bit_for(position, self.raw.size));
         atomic::publish_pair(self.slot(position), t.fst, t.snd, Scope::System);
         arch::prefetch_for_write(self.slot(position + PREFETCH_AHEAD).as_ptr().cast());
-        arch::ring_doorbell(self.doorbell, claimed & PROXY_ASLEEP != 0);
+        arch::ring_doorbell(self.raw.doorbell, claimed & PROXY_ASLEEP != 0);
         Ok(position)
     }
 
@@ -315,14 +377,36 @@ impl FifoDeviceHandle {
     /// one: the proxy executes in order).
     ///
     /// # Errors
-    /// [`DeviceError::Timeout`] / [`DeviceError::Aborted`] past the wait limit.
+    /// [`DeviceError::Timeout`] / [`DeviceError::Aborted`] past the wait limit;
+    /// [`DeviceError::Aborted`] also when the proxy got there but the handle's channel has
+    /// failed (a refused trigger stops the channel: its later triggers are skipped, not
+    /// executed, so a flush must not report success); [`DeviceError::NullHandle`] for a
+    /// zeroed handle.
     #[inline(always)]
     pub fn sync(&self, position: u64) -> Result<(), DeviceError> {
+        if !self.raw.size.is_power_of_two() {
+            return Err(self
+                .wait
+                .raise(DeviceError::NullHandle, DeviceOp::FifoSync, [0; 3]));
+        }
         // Acquire: pairs with the proxy's Release store of `tail`, so effects of the
         // executed triggers (e.g. a flushed write) are ordered before what follows.
-        self.wait.wait_until(|| {
-            atomic::load(self.cell(self.tail), Ordering::Acquire, Scope::System) > position
-        })
+        self.wait.wait_until(
+            DeviceOp::FifoSync,
+            || atomic::load(self.cell(self.raw.tail), Ordering::Acquire, Scope::System) > position,
+            || [position, self.tail_now(), 0],
+        )?;
+        if self.wait.channel_failed() {
+            return Err(DeviceError::Aborted);
+        }
+        Ok(())
+    }
+
+    /// The tail as it is now, for failure details.
+    #[cold]
+    fn tail_now(&self) -> u64 {
+        // Relaxed: only reported.
+        atomic::load(self.cell(self.raw.tail), Ordering::Relaxed, Scope::System)
     }
 }
 
@@ -487,20 +571,16 @@ mod tests {
         assert_eq!(commit_bit_for(4, 4), 0);
     }
 
-    /// Guards against a zeroed (or otherwise broken) handle dividing by zero or indexing
-    /// outside the ring: it must refuse the push.
+    /// Guards against a zeroed handle (one the host never set up) dividing by zero or
+    /// dereferencing null addresses: push and sync refuse it, naming it as such.
     #[test]
-    fn broken_handle_refuses_push() {
-        for size in [0, 3, 6] {
-            let handle = FifoDeviceHandle {
-                size,
-                ..Default::default()
-            };
-            assert_eq!(
-                handle.push(ProxyTrigger::default()),
-                Err(DeviceError::InvalidArgument)
-            );
-        }
+    fn zeroed_handle_refuses_push_and_sync() {
+        let handle = FifoDeviceHandle::default();
+        assert_eq!(
+            handle.push(ProxyTrigger::default()),
+            Err(DeviceError::NullHandle)
+        );
+        assert_eq!(handle.sync(0), Err(DeviceError::NullHandle));
     }
 
     /// Guards against a field too wide for its bits being accepted.

@@ -14,12 +14,42 @@
 //! Layers, from the bottom:
 //! - [`arch`]: thread indices, barriers, fences, clocks and the one atomic shim
 //!   ([`arch::atomic`]). All `unsafe` that touches hardware lives here.
-//! - Shared layouts, each `#[repr(C)]` + [`bytemuck::Pod`] with size asserts, each in the file
-//!   of its concept: [`fifo::ProxyTrigger`], [`fifo::FifoDeviceHandle`], the semaphore handles
-//!   in [`semaphore`], [`port_channel::PortChannelDeviceHandle`],
-//!   [`memory_channel::MemoryChannelDeviceHandle`] and the LL packets in [`packet`].
-//! - Safe device APIs on those handles, and [`coop`] to split work among cooperating threads.
+//! - Shared layouts, each `#[repr(C)]` with size and offset asserts, each in the file of its
+//!   concept: the plain-data parts ([`fifo::ProxyTrigger`], [`fifo::FifoRawParts`],
+//!   [`semaphore::SemaphoreRawParts`], [`memory_channel::MemoryChannelBuffers`],
+//!   [`port_channel::PortChannelIds`], the LL packets in [`packet`]) are
+//!   [`bytemuck::Pod`]; the device handles built from them are not (see below).
+//! - Failure reporting: [`wait`] (every wait bounded), [`abort`] (what the host reads).
+//! - Safe device APIs on the handles, and [`coop`] to split work among cooperating threads.
 //! - [`kernels`]: kernels shipped with oxccl, written with [`kernel`].
+//!
+//! # Soundness: handles cannot be forged
+//!
+//! A device handle's safe methods dereference the addresses it carries, so safe code must
+//! not be able to choose them. The fields are private, only `unsafe` constructors take raw
+//! addresses (the host's, which keeps the memory alive for the handle's lifetime `'a`), a
+//! handle is not `Pod` (no cast from bytes), and a zeroed handle (`Default`) refuses every
+//! call. Kernels that dereference raw addresses they are given are `unsafe fn`, and so is
+//! their `launch` (see [`kernel`]). Each of these is a compile error in safe code:
+//!
+//! ```compile_fail,E0451
+//! // The fields are private.
+//! let forged = oxccl_device::memory_channel::MemoryChannelDeviceHandle {
+//!     semaphore: Default::default(),
+//!     buffers: Default::default(),
+//! };
+//! ```
+//! ```compile_fail,E0277
+//! // Not `Pod`: bytes cannot be cast into a handle.
+//! let forged: oxccl_device::port_channel::PortChannelDeviceHandle<'static> =
+//!     bytemuck::cast([0u8; 152]);
+//! ```
+//! ```compile_fail,E0133
+//! use oxccl_device::memory_channel::{MemoryChannelBuffers, MemoryChannelDeviceHandle};
+//! // Raw addresses go in through an `unsafe` constructor only.
+//! let buffers = MemoryChannelBuffers { remote: 0xdead_beef, remote_size: 1 << 20, ..Default::default() };
+//! let forged = MemoryChannelDeviceHandle::from_raw_parts(Default::default(), buffers);
+//! ```
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
@@ -32,14 +62,15 @@ extern crate std;
 // Lets `#[kernel]` expansions name `::oxccl_device` from inside this crate too.
 extern crate self as oxccl_device;
 
+pub mod abort;
 pub mod arch;
 pub mod coop;
 pub mod copy;
 pub mod device_slice;
 pub mod error;
 pub mod fifo;
+pub mod kernel_return;
 pub mod kernels;
-#[cfg(not(target_arch = "nvptx64"))]
 pub mod launch;
 pub mod memory_channel;
 pub mod packet;
@@ -49,7 +80,7 @@ pub mod wait;
 
 pub use device_slice::{DevicePtr, DeviceSlice};
 pub use error::DeviceError;
-pub use oxccl_device_macros::kernel;
+pub use oxccl_device_macros::{KernelArg, kernel};
 
 /// Version of every layout shared between host and device; sent in handshakes so that
 /// ranks built from different layouts refuse each other instead of misreading handles.

@@ -10,22 +10,26 @@
 //! | `packets` | ours | the peer (`put_packets` into its `remote`) | this kernel (`unpack_packets`) |
 //!
 //! Every call checks its offsets against the sizes in the handle: an out-of-bounds call
-//! writes nothing, raises the abort flag with [`DeviceError::OutOfBounds`] and returns it.
-//! Data calls carry no ordering; publish them with [`MemoryChannelDeviceHandle::signal`],
-//! receive them with [`MemoryChannelDeviceHandle::wait`]. LL packets need neither.
+//! writes nothing, records [`DeviceError::OutOfBounds`] with the offset, size and registered
+//! size in the channel's abort record, and returns it. Data calls carry no ordering: publish
+//! them with [`MemoryChannelDeviceHandle::signal`], receive them with
+//! [`MemoryChannelDeviceHandle::wait`]. LL packets need neither.
+//!
+//! Device memory is shared with other agents (the peer's kernels, the host): if a buggy
+//! kernel lets two agents write the same bytes at once, the bytes read back are unspecified,
+//! as on a GPU, but no access ever leaves the checked ranges.
 
 use crate::coop::Coop;
 use crate::copy;
-use crate::error::DeviceError;
+use crate::error::{DeviceError, DeviceOp};
 use crate::packet::Packet;
 use crate::semaphore::Device2DeviceSemaphoreDeviceHandle;
 
-/// Kernel-side handle of a memory channel.
+/// Where a memory channel's buffers are and how large: the layout inside
+/// [`MemoryChannelDeviceHandle`], without the promise that the addresses are live.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct MemoryChannelDeviceHandle {
-    /// The semaphore pair with the peer.
-    pub semaphore: Device2DeviceSemaphoreDeviceHandle,
+pub struct MemoryChannelBuffers {
     /// Address of the peer's buffer, mapped here.
     pub remote: u64,
     /// Bytes of `remote`.
@@ -40,9 +44,24 @@ pub struct MemoryChannelDeviceHandle {
     pub packets_size: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<MemoryChannelDeviceHandle>() == 104);
-const _: () = assert!(core::mem::offset_of!(MemoryChannelDeviceHandle, remote) == 56);
-const _: () = assert!(core::mem::offset_of!(MemoryChannelDeviceHandle, packets_size) == 96);
+const _: () = assert!(core::mem::size_of::<MemoryChannelBuffers>() == 48);
+
+/// Kernel-side handle of a memory channel. Valid for `'a`, the life of the host channel
+/// that made it; a zeroed one (`Default`) refuses every call that would touch memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Zeroable)]
+pub struct MemoryChannelDeviceHandle<'a> {
+    semaphore: Device2DeviceSemaphoreDeviceHandle<'a>,
+    buffers: MemoryChannelBuffers,
+}
+
+const _: () = assert!(core::mem::size_of::<MemoryChannelDeviceHandle<'static>>() == 104);
+const _: () = assert!(core::mem::offset_of!(MemoryChannelDeviceHandle<'static>, buffers) == 56);
+
+// SAFETY: values safe code can hold are built by `from_raw_parts` (buffers live for 'a) or
+// zeroed, whose sizes of 0 make every bounds check fail before memory is touched; no drop
+// glue.
+unsafe impl crate::launch::KernelArg for MemoryChannelDeviceHandle<'_> {}
 
 /// Whether `off..off+bytes` lies inside a buffer of `size` bytes (no overflow).
 #[inline(always)]
@@ -50,60 +69,140 @@ const fn in_bounds(off: u64, bytes: u64, size: u64) -> bool {
     off <= size && bytes <= size - off
 }
 
-impl MemoryChannelDeviceHandle {
-    #[inline(always)]
-    fn refuse(&self, error: DeviceError) -> DeviceError {
-        self.semaphore.wait.raise(error)
+/// One side of a copy: a buffer's address and size, and the offset into it.
+#[derive(Clone, Copy)]
+struct Side {
+    base: u64,
+    size: u64,
+    off: u64,
+}
+
+impl<'a> MemoryChannelDeviceHandle<'a> {
+    /// A handle over `buffers`, synchronizing through `semaphore`.
+    ///
+    /// # Safety
+    /// For `'a`, each buffer of `buffers` with a non-zero address is live device memory of
+    /// at least its size that every thread using the handle can read and write, 16-byte
+    /// aligned (page-aligned registered memory is); a buffer with address 0 has size 0.
+    pub unsafe fn from_raw_parts(
+        semaphore: Device2DeviceSemaphoreDeviceHandle<'a>,
+        buffers: MemoryChannelBuffers,
+    ) -> Self {
+        MemoryChannelDeviceHandle { semaphore, buffers }
     }
 
-    /// Copies `bytes` between two of the channel's buffers, each given as (address, size,
-    /// offset), after checking both ranges; split among `coop`.
+    /// The buffers' addresses and sizes.
+    pub const fn buffers(&self) -> MemoryChannelBuffers {
+        self.buffers
+    }
+
+    /// The channel's semaphore.
+    pub const fn semaphore(&self) -> Device2DeviceSemaphoreDeviceHandle<'a> {
+        self.semaphore
+    }
+
+    /// Records `error` in `op` (as [`DeviceError::NullHandle`] for a zeroed handle).
+    #[cold]
+    fn refuse(&self, error: DeviceError, op: DeviceOp, detail: [u64; 3]) -> DeviceError {
+        let b = &self.buffers;
+        let error = if b.remote == 0 && b.local == 0 && b.packets == 0 {
+            DeviceError::NullHandle
+        } else {
+            error
+        };
+        self.semaphore.wait_policy().raise(error, op, detail)
+    }
+
+    /// Copies `bytes` between two of the channel's buffers after checking both ranges;
+    /// split among `coop`.
     #[inline(always)]
     fn copy_checked(
         &self,
         coop: impl Coop,
-        dst: (u64, u64, u64),
-        src: (u64, u64, u64),
+        op: DeviceOp,
+        dst: Side,
+        src: Side,
         bytes: u64,
     ) -> Result<(), DeviceError> {
-        let ((dst_base, dst_size, dst_off), (src_base, src_size, src_off)) = (dst, src);
-        if !in_bounds(dst_off, bytes, dst_size) || !in_bounds(src_off, bytes, src_size) {
-            return Err(self.refuse(DeviceError::OutOfBounds));
+        for side in [dst, src] {
+            if !in_bounds(side.off, bytes, side.size) {
+                return Err(self.refuse(
+                    DeviceError::OutOfBounds,
+                    op,
+                    [side.off, bytes, side.size],
+                ));
+            }
         }
-        // SAFETY: both ranges are inside buffers the host registered for this channel and
-        // keeps alive (checked just above); the local and the remote buffer are distinct.
-        unsafe { copy::copy(coop, dst_base + dst_off, src_base + src_off, bytes) };
+        // SAFETY: both ranges are inside buffers the constructor's contract keeps live for
+        // 'a (checked just above); `copy` tolerates overlapping ranges.
+        unsafe { copy::copy(coop, dst.base + dst.off, src.base + src.off, bytes) };
         Ok(())
     }
 
     /// Checks a transfer of `bytes` of data as packets of type `P` with `flag`, between a
-    /// packet range at `packets.0` of a `packets.1`-byte buffer and a data range at `data.0`
-    /// of a `data.1`-byte buffer; returns the number of packets.
+    /// packet range at `packets.off` and a data range at `data.off`; returns the number of
+    /// packets.
     #[inline(always)]
     fn packet_count<P: Packet>(
         &self,
+        op: DeviceOp,
         flag: u32,
         bytes: u64,
-        packets: (u64, u64),
-        data: (u64, u64),
+        packets: Side,
+        data: Side,
     ) -> Result<u64, DeviceError> {
-        let ((packet_off, packet_size), (data_off, data_size)) = (packets, data);
         if flag == 0
             || !bytes.is_multiple_of(P::PAYLOAD_BYTES)
-            || !packet_off.is_multiple_of(P::PACKET_BYTES)
-            || !data_off.is_multiple_of(P::PAYLOAD_BYTES)
+            || !packets.off.is_multiple_of(P::PACKET_BYTES)
+            || !data.off.is_multiple_of(P::PAYLOAD_BYTES)
         {
-            return Err(self.refuse(DeviceError::InvalidArgument));
+            return Err(self.refuse(
+                DeviceError::InvalidArgument,
+                op,
+                [packets.off, bytes, flag as u64],
+            ));
         }
         let count = bytes / P::PAYLOAD_BYTES;
         // Checked: a wrapped packet size would pass the bounds check.
-        let fits = count
-            .checked_mul(P::PACKET_BYTES)
-            .is_some_and(|packet_bytes| in_bounds(packet_off, packet_bytes, packet_size));
-        if !fits || !in_bounds(data_off, bytes, data_size) {
-            return Err(self.refuse(DeviceError::OutOfBounds));
+        let packet_bytes = count.checked_mul(P::PACKET_BYTES);
+        match packet_bytes {
+            Some(pb) if in_bounds(packets.off, pb, packets.size) => {}
+            _ => {
+                return Err(self.refuse(
+                    DeviceError::OutOfBounds,
+                    op,
+                    [packets.off, packet_bytes.unwrap_or(u64::MAX), packets.size],
+                ));
+            }
+        }
+        if !in_bounds(data.off, bytes, data.size) {
+            return Err(self.refuse(DeviceError::OutOfBounds, op, [data.off, bytes, data.size]));
         }
         Ok(count)
+    }
+
+    fn remote(&self, off: u64) -> Side {
+        Side {
+            base: self.buffers.remote,
+            size: self.buffers.remote_size,
+            off,
+        }
+    }
+
+    fn local(&self, off: u64) -> Side {
+        Side {
+            base: self.buffers.local,
+            size: self.buffers.local_size,
+            off,
+        }
+    }
+
+    fn packet_side(&self, off: u64) -> Side {
+        Side {
+            base: self.buffers.packets,
+            size: self.buffers.packets_size,
+            off,
+        }
     }
 
     /// Copies `bytes` from our buffer at `src_off` to the peer's buffer at `dst_off`, split
@@ -121,8 +220,9 @@ impl MemoryChannelDeviceHandle {
     ) -> Result<(), DeviceError> {
         self.copy_checked(
             coop,
-            (self.remote, self.remote_size, dst_off),
-            (self.local, self.local_size, src_off),
+            DeviceOp::MemoryPut,
+            self.remote(dst_off),
+            self.local(src_off),
             bytes,
         )
     }
@@ -142,8 +242,9 @@ impl MemoryChannelDeviceHandle {
     ) -> Result<(), DeviceError> {
         self.copy_checked(
             coop,
-            (self.local, self.local_size, dst_off),
-            (self.remote, self.remote_size, src_off),
+            DeviceOp::MemoryGet,
+            self.local(dst_off),
+            self.remote(src_off),
             bytes,
         )
     }
@@ -151,36 +252,66 @@ impl MemoryChannelDeviceHandle {
     /// Writes `value` as element `index` (in units of `T`) of the peer's buffer.
     ///
     /// # Errors
-    /// [`DeviceError::OutOfBounds`] past the end of the peer's buffer.
+    /// [`DeviceError::OutOfBounds`] past the end of the peer's buffer;
+    /// [`DeviceError::InvalidArgument`] for a zero-sized `T`.
     #[inline(always)]
     pub fn write<T: bytemuck::Pod>(&self, index: u64, value: T) -> Result<(), DeviceError> {
-        let off = self.element_offset(index, core::mem::size_of::<T>() as u64, self.remote_size)?;
-        // SAFETY: in bounds of the registered peer buffer; unaligned-safe write.
-        unsafe { ((self.remote + off) as usize as *mut T).write_volatile(value) };
+        let addr = self.element_addr::<T>(DeviceOp::MemoryWrite, index)?;
+        // SAFETY: a whole `T` inside the registered peer buffer, aligned for `T` (both
+        // checked by `element_addr`); `T: Pod` has no invalid bit patterns.
+        unsafe { (addr as usize as *mut T).write_volatile(value) };
         Ok(())
     }
 
     /// Reads element `index` (in units of `T`) of the peer's buffer.
     ///
     /// # Errors
-    /// [`DeviceError::OutOfBounds`] past the end of the peer's buffer.
+    /// As [`Self::write`].
     #[inline(always)]
     pub fn read<T: bytemuck::Pod>(&self, index: u64) -> Result<T, DeviceError> {
-        let off = self.element_offset(index, core::mem::size_of::<T>() as u64, self.remote_size)?;
-        // SAFETY: in bounds of the registered peer buffer.
-        Ok(unsafe { ((self.remote + off) as usize as *const T).read_volatile() })
+        let addr = self.element_addr::<T>(DeviceOp::MemoryRead, index)?;
+        // SAFETY: as in `write`; any bits read are a valid `T: Pod`.
+        Ok(unsafe { (addr as usize as *const T).read_volatile() })
+    }
+
+    /// Address of element `index` of `T` in the peer's buffer, if the whole element fits
+    /// and is aligned for `T`.
+    #[inline(always)]
+    fn element_addr<T>(&self, op: DeviceOp, index: u64) -> Result<u64, DeviceError> {
+        let elem = core::mem::size_of::<T>() as u64;
+        if elem == 0 {
+            return Err(self.refuse(DeviceError::InvalidArgument, op, [index, 0, 0]));
+        }
+        let off = self.element_offset(op, index, elem, self.buffers.remote_size)?;
+        // The buffer is 16-byte aligned (constructor contract) and `off` a multiple of the
+        // element size, so only a `T` aligned beyond its size, or beyond 16, can fail this.
+        let addr = self.buffers.remote + off;
+        if !addr.is_multiple_of(core::mem::align_of::<T>() as u64) {
+            return Err(self.refuse(
+                DeviceError::InvalidArgument,
+                op,
+                [off, core::mem::align_of::<T>() as u64, 0],
+            ));
+        }
+        Ok(addr)
     }
 
     /// Raises the peer's semaphore; this thread's earlier writes (and those of threads that
     /// synchronized with it first) are visible to the peer after its matching `wait`.
+    ///
+    /// # Errors
+    /// [`DeviceError::NullHandle`] for a zeroed handle.
     #[inline(always)]
-    pub fn signal(&self) {
+    pub fn signal(&self) -> Result<(), DeviceError> {
         self.semaphore.signal()
     }
 
     /// Raises the peer's semaphore without ordering: delivers the count, not data.
+    ///
+    /// # Errors
+    /// [`DeviceError::NullHandle`] for a zeroed handle.
     #[inline(always)]
-    pub fn relaxed_signal(&self) {
+    pub fn relaxed_signal(&self) -> Result<(), DeviceError> {
         self.semaphore.relaxed_signal()
     }
 
@@ -194,8 +325,11 @@ impl MemoryChannelDeviceHandle {
     }
 
     /// Consumes the peer's next signal if it has arrived; never blocks.
+    ///
+    /// # Errors
+    /// [`DeviceError::NullHandle`] for a zeroed handle.
     #[inline(always)]
-    pub fn poll(&self) -> bool {
+    pub fn poll(&self) -> Result<bool, DeviceError> {
         self.semaphore.poll()
     }
 
@@ -212,10 +346,11 @@ impl MemoryChannelDeviceHandle {
         payload: P::Payload,
         flag: u32,
     ) -> Result<(), DeviceError> {
-        let off = self.packet_offset::<P>(index, flag, self.remote_size)?;
+        let off =
+            self.packet_offset::<P>(DeviceOp::WritePacket, index, flag, self.buffers.remote_size)?;
         // SAFETY: a whole packet inside the registered peer buffer (checked), aligned for
-        // `P` (registered buffers are page-aligned, `off` a multiple of the packet size).
-        unsafe { P::store(self.remote + off, payload, flag) };
+        // `P` (the buffer is 16-byte aligned, `off` a multiple of the packet size).
+        unsafe { P::store(self.buffers.remote + off, payload, flag) };
         Ok(())
     }
 
@@ -227,9 +362,18 @@ impl MemoryChannelDeviceHandle {
     /// [`DeviceError::Aborted`] if the packet does not arrive within the wait limit.
     #[inline(always)]
     pub fn read_packet<P: Packet>(&self, index: u64, flag: u32) -> Result<P::Payload, DeviceError> {
-        let off = self.packet_offset::<P>(index, flag, self.packets_size)?;
+        let off =
+            self.packet_offset::<P>(DeviceOp::ReadPacket, index, flag, self.buffers.packets_size)?;
         // SAFETY: as in `write_packet`, for our packet buffer.
-        unsafe { P::load(self.packets + off, flag, &self.semaphore.wait) }
+        unsafe {
+            P::load(
+                self.buffers.packets + off,
+                flag,
+                &self.semaphore.wait_policy(),
+                DeviceOp::ReadPacket,
+                off,
+            )
+        }
     }
 
     /// Byte offset of packet `index` of `P` in a buffer of `size` bytes, if the whole packet
@@ -237,24 +381,35 @@ impl MemoryChannelDeviceHandle {
     #[inline(always)]
     fn packet_offset<P: Packet>(
         &self,
+        op: DeviceOp,
         index: u64,
         flag: u32,
         size: u64,
     ) -> Result<u64, DeviceError> {
         if flag == 0 {
-            return Err(self.refuse(DeviceError::InvalidArgument));
+            return Err(self.refuse(DeviceError::InvalidArgument, op, [index, 0, 0]));
         }
-        self.element_offset(index, P::PACKET_BYTES, size)
+        self.element_offset(op, index, P::PACKET_BYTES, size)
     }
 
     /// Byte offset of element `index` of `elem` bytes in a buffer of `size` bytes, if the
     /// whole element fits (no overflow); else the call is refused as out of bounds.
     #[inline(always)]
-    fn element_offset(&self, index: u64, elem: u64, size: u64) -> Result<u64, DeviceError> {
-        index
-            .checked_mul(elem)
-            .filter(|&off| in_bounds(off, elem, size))
-            .ok_or_else(|| self.refuse(DeviceError::OutOfBounds))
+    fn element_offset(
+        &self,
+        op: DeviceOp,
+        index: u64,
+        elem: u64,
+        size: u64,
+    ) -> Result<u64, DeviceError> {
+        match index.checked_mul(elem) {
+            Some(off) if in_bounds(off, elem, size) => Ok(off),
+            off => Err(self.refuse(
+                DeviceError::OutOfBounds,
+                op,
+                [off.unwrap_or(u64::MAX), elem, size],
+            )),
+        }
     }
 
     /// Sends `bytes` of our buffer at `src_off` as packets of type `P` with `flag` into the
@@ -273,15 +428,16 @@ impl MemoryChannelDeviceHandle {
         flag: u32,
     ) -> Result<(), DeviceError> {
         let count = self.packet_count::<P>(
+            DeviceOp::PutPackets,
             flag,
             bytes,
-            (dst_off, self.remote_size),
-            (src_off, self.local_size),
+            self.remote(dst_off),
+            self.local(src_off),
         )?;
-        let (dst, src) = (self.remote + dst_off, self.local + src_off);
+        let (dst, src) = (self.buffers.remote + dst_off, self.buffers.local + src_off);
         for i in coop.split(count) {
             // SAFETY: `i < count`: inside both checked ranges; offsets aligned as checked
-            // (registered buffers are page-aligned).
+            // (the buffers are 16-byte aligned).
             unsafe {
                 let payload = ((src + i * P::PAYLOAD_BYTES) as usize as *const P::Payload).read();
                 P::store(dst + i * P::PACKET_BYTES, payload, flag);
@@ -306,16 +462,24 @@ impl MemoryChannelDeviceHandle {
         flag: u32,
     ) -> Result<(), DeviceError> {
         let count = self.packet_count::<P>(
+            DeviceOp::UnpackPackets,
             flag,
             bytes,
-            (src_off, self.packets_size),
-            (dst_off, self.local_size),
+            self.packet_side(src_off),
+            self.local(dst_off),
         )?;
-        let (dst, src) = (self.local + dst_off, self.packets + src_off);
+        let (dst, src) = (self.buffers.local + dst_off, self.buffers.packets + src_off);
+        let policy = self.semaphore.wait_policy();
         for i in coop.split(count) {
             // SAFETY: as in `put_packets`, for our packet and data buffers.
             unsafe {
-                let payload = P::load(src + i * P::PACKET_BYTES, flag, &self.semaphore.wait)?;
+                let payload = P::load(
+                    src + i * P::PACKET_BYTES,
+                    flag,
+                    &policy,
+                    DeviceOp::UnpackPackets,
+                    src_off + i * P::PACKET_BYTES,
+                )?;
                 ((dst + i * P::PAYLOAD_BYTES) as usize as *mut P::Payload).write(payload);
             }
         }

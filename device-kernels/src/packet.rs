@@ -15,7 +15,7 @@
 //! bytes it carries.
 
 use crate::arch::{Scope, atomic, atomic::AtomicU64};
-use crate::error::DeviceError;
+use crate::error::{DeviceError, DeviceOp};
 use crate::wait::WaitPolicy;
 
 /// An 8-byte packet: 4 bytes of data and a 4-byte flag, written with one 64-bit store.
@@ -71,7 +71,16 @@ pub trait Packet: Copy + bytemuck::Pod {
     /// As [`Self::store`].
     unsafe fn try_load(addr: u64, flag: u32) -> Option<Self::Payload>;
 
-    /// Waits (under `policy`) until the packet at `addr` carries `flag`, then returns its payload.
+    /// The flag of the packet at `addr` as it is now (of its first half, for a packet with
+    /// several): what a timed-out wait reports having seen.
+    ///
+    /// # Safety
+    /// As [`Self::store`].
+    unsafe fn seen_flag(addr: u64) -> u32;
+
+    /// Waits (under `policy`) until the packet at `addr` carries `flag`, then returns its
+    /// payload. `offset` (the packet's byte offset in its buffer) and `op` go into the abort
+    /// record if the wait times out, with the flag waited for and the flag seen.
     ///
     /// # Errors
     /// [`DeviceError::Timeout`] / [`DeviceError::Aborted`] past the wait limit.
@@ -82,14 +91,21 @@ pub trait Packet: Copy + bytemuck::Pod {
     unsafe fn load(
         addr: u64,
         flag: u32,
-        policy: &WaitPolicy,
+        policy: &WaitPolicy<'_>,
+        op: DeviceOp,
+        offset: u64,
     ) -> Result<Self::Payload, DeviceError> {
         let mut out = None;
-        policy.wait_until(|| {
+        policy.wait_until(
+            op,
+            || {
+                // SAFETY: forwarded contract.
+                out = unsafe { Self::try_load(addr, flag) };
+                out.is_some()
+            },
             // SAFETY: forwarded contract.
-            out = unsafe { Self::try_load(addr, flag) };
-            out.is_some()
-        })?;
+            || [offset, flag as u64, unsafe { Self::seen_flag(addr) } as u64],
+        )?;
         out.ok_or(DeviceError::Aborted)
     }
 }
@@ -122,6 +138,13 @@ impl Packet for Ll8Packet {
         let v = atomic::load(cell, atomic::Ordering::Relaxed, Scope::System);
         ((v >> 32) as u32 == flag).then_some(v as u32)
     }
+
+    #[inline(always)]
+    unsafe fn seen_flag(addr: u64) -> u32 {
+        // SAFETY: as in `store`.
+        let cell: &AtomicU64 = unsafe { atomic::cell(addr) };
+        (atomic::load(cell, atomic::Ordering::Relaxed, Scope::System) >> 32) as u32
+    }
 }
 
 impl Packet for Ll16Packet {
@@ -146,6 +169,13 @@ impl Packet for Ll16Packet {
         let [lo, hi] = atomic::load_pair_relaxed(pair, Scope::System);
         ((lo >> 32) as u32 == flag && (hi >> 32) as u32 == flag)
             .then_some((lo & 0xffff_ffff) | (hi << 32))
+    }
+
+    #[inline(always)]
+    unsafe fn seen_flag(addr: u64) -> u32 {
+        // SAFETY: as in `store`; the first half is one AtomicU64 cell.
+        let cell: &AtomicU64 = unsafe { atomic::cell(addr) };
+        (atomic::load(cell, atomic::Ordering::Relaxed, Scope::System) >> 32) as u32
     }
 }
 

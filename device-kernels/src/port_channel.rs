@@ -11,18 +11,16 @@
 //! arrives after the data. A `put` returns when the request is queued, not done: reuse the
 //! source only after `flush` (or after the peer's answer).
 
-use crate::error::DeviceError;
+use crate::error::{DeviceError, DeviceOp};
 use crate::fifo::{FifoDeviceHandle, MAX_TRIGGER_BYTES, ProxyTrigger, TriggerFields, trigger_type};
 use crate::semaphore::Host2DeviceSemaphoreDeviceHandle;
 
-/// Kernel-side handle of a port channel.
+/// The ids a port channel's triggers carry: the layout inside [`PortChannelDeviceHandle`].
+/// Ids are not addresses: the proxy checks every one against its tables, so any value is
+/// safe to send.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct PortChannelDeviceHandle {
-    /// The FIFO of the proxy serving this channel.
-    pub fifo: FifoDeviceHandle,
-    /// The semaphore the peer's proxy raises when the peer signals us.
-    pub semaphore: Host2DeviceSemaphoreDeviceHandle,
+pub struct PortChannelIds {
     /// The channel's id at the proxy (its semaphore id).
     pub semaphore_id: u32,
     /// Id of the destination memory (the peer's) at the proxy.
@@ -33,21 +31,63 @@ pub struct PortChannelDeviceHandle {
     pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<PortChannelDeviceHandle>() == 128);
-const _: () = assert!(core::mem::offset_of!(PortChannelDeviceHandle, semaphore) == 72);
-const _: () = assert!(core::mem::offset_of!(PortChannelDeviceHandle, semaphore_id) == 112);
+/// Kernel-side handle of a port channel. Valid for `'a`, the life of the host channel that
+/// made it; a zeroed one (`Default`) refuses every call with [`DeviceError::NullHandle`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Zeroable)]
+pub struct PortChannelDeviceHandle<'a> {
+    fifo: FifoDeviceHandle<'a>,
+    semaphore: Host2DeviceSemaphoreDeviceHandle<'a>,
+    ids: PortChannelIds,
+}
 
-impl PortChannelDeviceHandle {
+const _: () = assert!(core::mem::size_of::<PortChannelDeviceHandle<'static>>() == 152);
+const _: () = assert!(core::mem::offset_of!(PortChannelDeviceHandle<'static>, semaphore) == 80);
+const _: () = assert!(core::mem::offset_of!(PortChannelDeviceHandle<'static>, ids) == 136);
+
+// SAFETY: made of handles that are themselves `KernelArg` and of ids the proxy checks; no
+// drop glue.
+unsafe impl crate::launch::KernelArg for PortChannelDeviceHandle<'_> {}
+
+impl<'a> PortChannelDeviceHandle<'a> {
+    /// A port channel pushing to `fifo`, waiting on `semaphore`, naming `ids` in its triggers.
+    pub const fn new(
+        fifo: FifoDeviceHandle<'a>,
+        semaphore: Host2DeviceSemaphoreDeviceHandle<'a>,
+        ids: PortChannelIds,
+    ) -> Self {
+        PortChannelDeviceHandle {
+            fifo,
+            semaphore,
+            ids,
+        }
+    }
+
+    /// The FIFO the channel pushes to.
+    pub const fn fifo(&self) -> FifoDeviceHandle<'a> {
+        self.fifo
+    }
+
+    /// The semaphore the peer raises.
+    pub const fn semaphore(&self) -> Host2DeviceSemaphoreDeviceHandle<'a> {
+        self.semaphore
+    }
+
+    /// The ids its triggers carry.
+    pub const fn ids(&self) -> PortChannelIds {
+        self.ids
+    }
+
     #[inline(always)]
     fn trigger(&self, kind: u64, dst_off: u64, src_off: u64, bytes: u64) -> ProxyTrigger {
         ProxyTrigger::encode(&TriggerFields {
             kind,
-            dst_memory_id: self.dst_memory_id,
+            dst_memory_id: self.ids.dst_memory_id,
             dst_offset: dst_off,
-            src_memory_id: self.src_memory_id,
+            src_memory_id: self.ids.src_memory_id,
             src_offset: src_off,
             size: bytes,
-            semaphore_id: self.semaphore_id,
+            semaphore_id: self.ids.semaphore_id,
         })
     }
 
@@ -70,7 +110,13 @@ impl PortChannelDeviceHandle {
                 (Some(dst), Some(src)) if dst <= MAX_TRIGGER_BYTES && src <= MAX_TRIGGER_BYTES => {
                     (dst, src)
                 }
-                _ => return Err(self.fifo.wait.raise(DeviceError::OutOfBounds)),
+                _ => {
+                    return Err(self.fifo.wait_policy().raise(
+                        DeviceError::OutOfBounds,
+                        DeviceOp::PortPut,
+                        [dst_off, src_off, bytes],
+                    ));
+                }
             };
             let kind = trigger_type::DATA | if last { last_kind } else { 0 };
             let position = self.fifo.push(self.trigger(kind, dst, src, piece))?;
@@ -143,7 +189,8 @@ impl PortChannelDeviceHandle {
     /// flushed the connection.
     ///
     /// # Errors
-    /// FIFO wait errors.
+    /// FIFO wait errors; [`DeviceError::Aborted`] if the channel has failed (its triggers
+    /// are skipped, so nothing was flushed).
     #[inline(always)]
     pub fn flush(&self) -> Result<(), DeviceError> {
         let position = self.fifo.push(self.trigger(trigger_type::SYNC, 0, 0, 0))?;
@@ -160,8 +207,11 @@ impl PortChannelDeviceHandle {
     }
 
     /// Consumes the peer's next signal if it has arrived; never blocks.
+    ///
+    /// # Errors
+    /// [`DeviceError::NullHandle`] for a zeroed handle.
     #[inline(always)]
-    pub fn poll(&self) -> bool {
+    pub fn poll(&self) -> Result<bool, DeviceError> {
         self.semaphore.poll()
     }
 }

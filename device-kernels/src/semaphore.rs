@@ -2,130 +2,222 @@
 //!
 //! | cell | written by | read by | scope |
 //! |---|---|---|---|
-//! | `inbound` | the peer (its proxy for [`Host2DeviceSemaphoreDeviceHandle`], its kernel for [`Device2DeviceSemaphoreDeviceHandle`]) | this kernel, acquire | system |
+//! | `inbound` | the peer (its proxy for [`Host2DeviceSemaphoreDeviceHandle`], its kernels for [`Device2DeviceSemaphoreDeviceHandle`]) | this kernel, acquire | system |
 //! | `expected` | this kernel (the waiting thread) | this kernel | device |
-//! | `outbound` (device-to-device only) | this kernel (the signalling thread) | this kernel | device |
-//! | `remote_inbound` (device-to-device only) = the peer's `inbound` | this kernel, release store | the peer | system |
+//! | `remote_inbound` (device-to-device only) = the peer's `inbound` | this kernel: atomic add, release | the peer | system |
 //!
 //! Invariants: counters only grow. The `n`-th `wait` returns once `inbound >= n`, so
-//! signals are never lost and may run ahead of waits. One thread at a time waits on a given
-//! semaphore, and one thread at a time signals it (as in MSCCL++): counters in device memory
-//! persist across kernel launches, so a later kernel continues where an earlier one stopped.
+//! signals are never lost and may run ahead of waits. A signal is one atomic add on the
+//! peer's counter (fire-and-forget `red.release.sys.global.add.u64` on the GPU), so any
+//! number of threads and blocks may signal the same semaphore at once. One thread at a time
+//! waits on a given semaphore (as in MSCCL++). Counters in device memory persist across
+//! kernel launches, so a later kernel continues where an earlier one stopped.
 
 use crate::arch::{Scope, atomic, atomic::AtomicU64, atomic::Ordering};
-use crate::error::DeviceError;
+use crate::error::{DeviceError, DeviceOp};
 use crate::wait::WaitPolicy;
 
-/// Waiting side of a semaphore the peer's proxy raises (a port channel's semaphore).
+/// Where a semaphore's counters are: the layout inside the semaphore handles, without the
+/// promise that the addresses are live.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct Host2DeviceSemaphoreDeviceHandle {
-    /// Address of the inbound counter.
+pub struct SemaphoreRawParts {
+    /// Address of the inbound counter (raised by the peer).
     pub inbound: u64,
-    /// Address of the expected-inbound counter.
+    /// Address of the expected-inbound counter (this side's count of consumed signals).
     pub expected: u64,
-    /// Limit and abort flag of `wait`.
-    pub wait: WaitPolicy,
-}
-
-const _: () = assert!(core::mem::size_of::<Host2DeviceSemaphoreDeviceHandle>() == 40);
-
-/// A semaphore kernels raise directly in peer memory (a memory channel's semaphore).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct Device2DeviceSemaphoreDeviceHandle {
-    /// Address of the inbound counter (the peer writes it).
-    pub inbound: u64,
-    /// Address of the expected-inbound counter.
-    pub expected: u64,
-    /// Address of the peer's inbound counter, mapped here.
+    /// Address of the peer's inbound counter, mapped here (device-to-device only; else 0).
     pub remote_inbound: u64,
-    /// Address of the outbound counter (signals sent so far).
-    pub outbound: u64,
-    /// Limit and abort flag of `wait`.
-    pub wait: WaitPolicy,
 }
 
-const _: () = assert!(core::mem::size_of::<Device2DeviceSemaphoreDeviceHandle>() == 56);
-const _: () = assert!(core::mem::offset_of!(Device2DeviceSemaphoreDeviceHandle, wait) == 32);
+const _: () = assert!(core::mem::size_of::<SemaphoreRawParts>() == 24);
+
+/// Waiting side of a semaphore the peer's proxy raises (a port channel's semaphore). Valid
+/// for `'a`, the life of the host object that made it; a zeroed one (`Default`) refuses
+/// every call with [`DeviceError::NullHandle`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Zeroable)]
+pub struct Host2DeviceSemaphoreDeviceHandle<'a> {
+    raw: SemaphoreRawParts,
+    wait: WaitPolicy<'a>,
+}
+
+/// A semaphore kernels raise directly in peer memory (a memory channel's semaphore). Valid
+/// for `'a`; a zeroed one refuses every call with [`DeviceError::NullHandle`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Zeroable)]
+pub struct Device2DeviceSemaphoreDeviceHandle<'a> {
+    raw: SemaphoreRawParts,
+    wait: WaitPolicy<'a>,
+}
+
+const _: () = assert!(core::mem::size_of::<Host2DeviceSemaphoreDeviceHandle<'static>>() == 56);
+const _: () = assert!(core::mem::size_of::<Device2DeviceSemaphoreDeviceHandle<'static>>() == 56);
+const _: () =
+    assert!(core::mem::offset_of!(Device2DeviceSemaphoreDeviceHandle<'static>, wait) == 24);
+
+// SAFETY: values safe code can hold are built by `from_raw_parts` (counters live for 'a) or
+// zeroed, which every method refuses before touching memory; no drop glue.
+unsafe impl crate::launch::KernelArg for Host2DeviceSemaphoreDeviceHandle<'_> {}
+// SAFETY: as above.
+unsafe impl crate::launch::KernelArg for Device2DeviceSemaphoreDeviceHandle<'_> {}
 
 #[inline(always)]
 fn cell<'a>(addr: u64) -> &'a AtomicU64 {
-    // SAFETY: semaphore handles are built by the host from semaphores whose counters live in
-    // registered memory that outlives every kernel using the handle.
+    // SAFETY: the handles' constructor contract: non-zero counter addresses are live,
+    // aligned `AtomicU64`s for the handle's lifetime; callers check for zero first.
     unsafe { atomic::cell(addr) }
 }
 
 /// Shared by both handles: consume one inbound signal if present.
 #[inline(always)]
-fn poll_inbound(inbound: u64, expected: u64) -> bool {
+fn poll_inbound(raw: &SemaphoreRawParts, wait: &WaitPolicy<'_>) -> Result<bool, DeviceError> {
+    if raw.inbound == 0 || raw.expected == 0 {
+        return Err(wait.raise(DeviceError::NullHandle, DeviceOp::SemaphoreWait, [0; 3]));
+    }
     // Relaxed, device scope: only the waiting thread touches `expected`.
-    let next = atomic::load(cell(expected), Ordering::Relaxed, Scope::Gpu) + 1;
-    // Acquire: pairs with the peer's Release store (or the proxy's release write) of
+    let next = atomic::load(cell(raw.expected), Ordering::Relaxed, Scope::Gpu) + 1;
+    // Acquire: pairs with the peer's Release add (or the proxy's release write) of
     // `inbound`, so the data sent before the signal is visible.
-    if atomic::load(cell(inbound), Ordering::Acquire, Scope::System) >= next {
-        atomic::store(cell(expected), next, Ordering::Relaxed, Scope::Gpu);
-        true
+    if atomic::load(cell(raw.inbound), Ordering::Acquire, Scope::System) >= next {
+        atomic::store(cell(raw.expected), next, Ordering::Relaxed, Scope::Gpu);
+        Ok(true)
     } else {
-        false
+        Ok(false)
     }
 }
 
 /// Shared by both handles: wait for the next inbound signal.
 #[inline(always)]
-fn wait_inbound(inbound: u64, expected: u64, policy: &WaitPolicy) -> Result<(), DeviceError> {
+fn wait_inbound(raw: &SemaphoreRawParts, wait: &WaitPolicy<'_>) -> Result<(), DeviceError> {
+    if raw.inbound == 0 || raw.expected == 0 {
+        return Err(wait.raise(DeviceError::NullHandle, DeviceOp::SemaphoreWait, [0; 3]));
+    }
     // Relaxed, device scope: as in `poll_inbound`.
-    let next = atomic::fetch_add(cell(expected), 1, Ordering::Relaxed, Scope::Gpu) + 1;
-    // Acquire: as in `poll_inbound`.
-    policy.wait_until(|| atomic::load(cell(inbound), Ordering::Acquire, Scope::System) >= next)
+    let next = atomic::fetch_add(cell(raw.expected), 1, Ordering::Relaxed, Scope::Gpu) + 1;
+    let inbound = cell(raw.inbound);
+    wait.wait_until(
+        DeviceOp::SemaphoreWait,
+        // Acquire: as in `poll_inbound`.
+        || atomic::load(inbound, Ordering::Acquire, Scope::System) >= next,
+        || {
+            [
+                next,
+                atomic::load(inbound, Ordering::Relaxed, Scope::System),
+                0,
+            ]
+        },
+    )
 }
 
-impl Host2DeviceSemaphoreDeviceHandle {
+impl<'a> Host2DeviceSemaphoreDeviceHandle<'a> {
+    /// A handle over the counters `raw` names (its `remote_inbound` is not used).
+    ///
+    /// # Safety
+    /// `raw.inbound` and `raw.expected` point to live, 8-byte aligned `AtomicU64`s for `'a`,
+    /// reachable by every thread that uses the handle and only accessed atomically;
+    /// `raw.inbound` is raised only by the peer's proxy, `raw.expected` touched only by this
+    /// side's waiting thread.
+    pub unsafe fn from_raw_parts(raw: SemaphoreRawParts, wait: WaitPolicy<'a>) -> Self {
+        Host2DeviceSemaphoreDeviceHandle { raw, wait }
+    }
+
+    /// The counters' addresses.
+    pub const fn raw_parts(&self) -> SemaphoreRawParts {
+        self.raw
+    }
+
+    /// The policy of the handle's waits.
+    pub const fn wait_policy(&self) -> WaitPolicy<'a> {
+        self.wait
+    }
+
     /// Consumes the next signal if it has arrived; never blocks. Data written before that
-    /// signal is visible afterwards when this returns true.
+    /// signal is visible afterwards when this returns `Ok(true)`.
+    ///
+    /// # Errors
+    /// [`DeviceError::NullHandle`] for a zeroed handle.
     #[inline(always)]
-    pub fn poll(&self) -> bool {
-        poll_inbound(self.inbound, self.expected)
+    pub fn poll(&self) -> Result<bool, DeviceError> {
+        poll_inbound(&self.raw, &self.wait)
     }
 
     /// Waits for the next signal; data written before it is visible afterwards.
     ///
     /// # Errors
     /// [`DeviceError::Timeout`] / [`DeviceError::Aborted`] past the wait limit; the signal
-    /// still counts as expected, so the semaphore is out of step and the host is told.
+    /// still counts as expected, so the semaphore is out of step and the host is told (the
+    /// record says which signal was waited for and how many had arrived).
+    /// [`DeviceError::NullHandle`] for a zeroed handle.
     #[inline(always)]
     pub fn wait(&self) -> Result<(), DeviceError> {
-        wait_inbound(self.inbound, self.expected, &self.wait)
+        wait_inbound(&self.raw, &self.wait)
     }
 }
 
-impl Device2DeviceSemaphoreDeviceHandle {
+impl<'a> Device2DeviceSemaphoreDeviceHandle<'a> {
+    /// A handle over the counters `raw` names.
+    ///
+    /// # Safety
+    /// As [`Host2DeviceSemaphoreDeviceHandle::from_raw_parts`], and `raw.remote_inbound`
+    /// points to the peer's live, 8-byte aligned inbound counter, mapped here, for `'a`.
+    pub unsafe fn from_raw_parts(raw: SemaphoreRawParts, wait: WaitPolicy<'a>) -> Self {
+        Device2DeviceSemaphoreDeviceHandle { raw, wait }
+    }
+
+    /// The counters' addresses.
+    pub const fn raw_parts(&self) -> SemaphoreRawParts {
+        self.raw
+    }
+
+    /// The policy of the handle's waits.
+    pub const fn wait_policy(&self) -> WaitPolicy<'a> {
+        self.wait
+    }
+
     /// Raises the peer's semaphore by one; every write this thread made before is visible to
-    /// the peer once its matching `wait` returns (release, system scope).
+    /// the peer once its matching `wait` returns (release, system scope). Any number of
+    /// threads may signal at once: each signal is counted.
+    ///
+    /// # Errors
+    /// [`DeviceError::NullHandle`] for a zeroed handle.
     #[inline(always)]
-    pub fn signal(&self) {
+    pub fn signal(&self) -> Result<(), DeviceError> {
         self.signal_with(Ordering::Release)
     }
 
     /// Raises the peer's semaphore by one with no ordering: only the count is delivered.
     /// For pure synchronization points that carry no data of this thread.
+    ///
+    /// # Errors
+    /// [`DeviceError::NullHandle`] for a zeroed handle.
     #[inline(always)]
-    pub fn relaxed_signal(&self) {
+    pub fn relaxed_signal(&self) -> Result<(), DeviceError> {
         self.signal_with(Ordering::Relaxed)
     }
 
     #[inline(always)]
-    fn signal_with(&self, order: Ordering) {
-        // Relaxed, device scope: only the signalling thread touches `outbound`.
-        let value = atomic::fetch_add(cell(self.outbound), 1, Ordering::Relaxed, Scope::Gpu) + 1;
-        // Release (from `signal`): pairs with the peer's Acquire load of its inbound.
-        atomic::store(cell(self.remote_inbound), value, order, Scope::System);
+    fn signal_with(&self, order: Ordering) -> Result<(), DeviceError> {
+        if self.raw.remote_inbound == 0 {
+            return Err(self.wait.raise(
+                DeviceError::NullHandle,
+                DeviceOp::SemaphoreSignal,
+                [0; 3],
+            ));
+        }
+        // Release (from `signal`): pairs with the peer's Acquire load of its inbound. An add,
+        // not a store of a count kept here: concurrent signallers never move it backwards.
+        atomic::add(cell(self.raw.remote_inbound), 1, order, Scope::System);
+        Ok(())
     }
 
     /// Consumes the next signal if it has arrived; never blocks.
+    ///
+    /// # Errors
+    /// [`DeviceError::NullHandle`] for a zeroed handle.
     #[inline(always)]
-    pub fn poll(&self) -> bool {
-        poll_inbound(self.inbound, self.expected)
+    pub fn poll(&self) -> Result<bool, DeviceError> {
+        poll_inbound(&self.raw, &self.wait)
     }
 
     /// Waits for the next signal; the peer's writes before it are visible afterwards.
@@ -134,6 +226,6 @@ impl Device2DeviceSemaphoreDeviceHandle {
     /// As [`Host2DeviceSemaphoreDeviceHandle::wait`].
     #[inline(always)]
     pub fn wait(&self) -> Result<(), DeviceError> {
-        wait_inbound(self.inbound, self.expected, &self.wait)
+        wait_inbound(&self.raw, &self.wait)
     }
 }

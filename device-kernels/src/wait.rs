@@ -1,199 +1,260 @@
 //! Bounded waiting: every device wait runs under a [`WaitPolicy`].
 //!
 //! Contract: a wait returns `Ok` once its condition holds, or an error once the policy's time
-//! limit passes ([`DeviceError::Timeout`]) or someone raised the abort flag
-//! ([`DeviceError::Aborted`]). On timeout it raises the abort flag itself, so the other
-//! threads of the kernel stop too and the host can report which wait gave up.
+//! limit passes ([`DeviceError::Timeout`]) or the rank's stop word is raised
+//! ([`DeviceError::Aborted`]: another channel failed, or the host stopped the rank). On
+//! timeout it records the failure in its channel's abort record and raises the stop word
+//! (see [`crate::abort`]), so the rank's other waits stop too and the host can report which
+//! wait gave up, for what and after how long.
 //!
-//! The abort flag is one `u64` in memory the host can read, written with
-//! [`WaitPolicy::raise`]: `ABORT_RAISED | code << 32 | site`, where `site` is a number the
-//! host gave the handle (its channel id) so the host can name the channel that failed.
+//! The hot path of a wait is the condition alone; the clock and the stop word are read every
+//! [`CHECK_EVERY`] polls, out of line.
 
-use crate::arch::{self, Scope, atomic, atomic::Ordering};
-use crate::error::DeviceError;
+use crate::abort::{self, AbortRecord};
+use crate::arch::{self, Scope, atomic, atomic::AtomicU64, atomic::Ordering};
+use crate::error::{DeviceError, DeviceOp};
+use core::marker::PhantomData;
 
-/// Bit set in every raised abort value, so a raised flag is never zero.
-pub const ABORT_RAISED: u64 = 1 << 63;
-
-/// How often (in polls) a waiting thread looks at the clock and the abort flag: checking
+/// How often (in polls) a waiting thread looks at the clock and the stop word: checking
 /// every poll would cost a global-timer read per spin on the GPU.
 pub const CHECK_EVERY: u32 = 64;
 
-/// The limit and the abort flag a device handle's waits run under.
+/// The limit, the abort record and the stop word a device handle's waits and failures use.
+///
+/// Only the host builds one that names a record (`unsafe` [`Self::from_raw_parts`]); safe
+/// code can make a standalone limit ([`Self::with_timeout_ns`]) or a zeroed policy, whose
+/// waits fail with [`DeviceError::InvalidArgument`] (a zero limit is "no limit", which no
+/// wait may have).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct WaitPolicy {
-    /// Address of the abort flag (an `AtomicU64` the host can read), or 0 for none.
-    /// Written by any device thread (Relaxed RMW, system scope); read by device and host.
-    pub abort_flag: u64,
-    /// Longest a single wait may take, in nanoseconds; 0 means no limit.
-    pub timeout_ns: u64,
-    /// Number the host gave this handle, written into the abort flag on failure.
-    pub site: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, bytemuck::Zeroable)]
+pub struct WaitPolicy<'a> {
+    /// Address of the channel's [`AbortRecord`], or 0.
+    record: u64,
+    /// Address of the rank's stop word (an `AtomicU64`), or 0.
+    stop: u64,
+    /// Longest a single wait may take, in nanoseconds; never 0 in a policy the host built.
+    timeout_ns: u64,
+    /// Number the host gave this handle (its channel), recorded with failures.
+    site: u32,
+    reserved: u32,
+    _record: PhantomData<&'a AbortRecord>,
 }
 
-const _: () = assert!(core::mem::size_of::<WaitPolicy>() == 24);
-const _: () = assert!(core::mem::offset_of!(WaitPolicy, timeout_ns) == 8);
-const _: () = assert!(core::mem::offset_of!(WaitPolicy, site) == 16);
+const _: () = assert!(core::mem::size_of::<WaitPolicy<'static>>() == 32);
+const _: () = assert!(core::mem::offset_of!(WaitPolicy<'static>, timeout_ns) == 16);
+const _: () = assert!(core::mem::offset_of!(WaitPolicy<'static>, site) == 24);
 
-/// A decoded abort-flag value: what failed and where.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AbortReason {
-    /// The error that raised the flag; `None` if the code is unknown (raised by the host).
-    pub error: Option<DeviceError>,
-    /// The handle's site number (channel id).
-    pub site: u32,
-}
-
-impl AbortReason {
-    /// Decodes a flag value; `None` if the flag is not raised.
-    pub const fn decode(value: u64) -> Option<Self> {
-        if value & ABORT_RAISED == 0 {
-            return None;
-        }
-        Some(AbortReason {
-            error: DeviceError::from_code(((value >> 32) & 0x7fff_ffff) as u32),
-            site: value as u32,
-        })
-    }
-
-    /// The flag value for `error` at `site`.
-    pub const fn encode(error: DeviceError, site: u32) -> u64 {
-        ABORT_RAISED | (error.code() as u64) << 32 | site as u64
-    }
-}
-
-impl WaitPolicy {
-    /// No limit and no abort flag: waits until the condition holds.
-    pub const UNBOUNDED: WaitPolicy = WaitPolicy {
-        abort_flag: 0,
-        timeout_ns: 0,
-        site: 0,
-        reserved: 0,
-    };
-
-    /// At most `timeout_ns` nanoseconds per wait, and no abort flag.
-    pub const fn with_timeout_ns(timeout_ns: u64) -> WaitPolicy {
+impl WaitPolicy<'static> {
+    /// At most `timeout_ns` nanoseconds per wait, with no abort record and no stop word:
+    /// failures are returned, not recorded. A limit of 0 makes every wait that has to wait
+    /// fail with [`DeviceError::InvalidArgument`].
+    pub const fn with_timeout_ns(timeout_ns: u64) -> WaitPolicy<'static> {
         WaitPolicy {
-            abort_flag: 0,
+            record: 0,
+            stop: 0,
             timeout_ns,
             site: 0,
             reserved: 0,
+            _record: PhantomData,
+        }
+    }
+}
+
+impl<'a> WaitPolicy<'a> {
+    /// A policy whose failures go to `record` and `stop`, each of which may be null (none).
+    ///
+    /// # Safety
+    /// Each non-null pointer must point to a live, aligned [`AbortRecord`] / `AtomicU64` in
+    /// memory every device thread and the host can reach, only accessed atomically, for `'a`.
+    pub unsafe fn from_raw_parts(
+        record: *const AbortRecord,
+        stop: *const AtomicU64,
+        timeout_ns: u64,
+        site: u32,
+    ) -> WaitPolicy<'a> {
+        WaitPolicy {
+            record: record as usize as u64,
+            stop: stop as usize as u64,
+            timeout_ns,
+            site,
+            reserved: 0,
+            _record: PhantomData,
         }
     }
 
-    /// Whether the abort flag has been raised.
+    /// The time limit of one wait, in nanoseconds.
+    pub const fn timeout_ns(&self) -> u64 {
+        self.timeout_ns
+    }
+
+    /// The number the host gave this handle (its channel).
+    pub const fn site(&self) -> u32 {
+        self.site
+    }
+
+    /// Address of the abort record (0: none).
+    pub const fn record_addr(&self) -> u64 {
+        self.record
+    }
+
+    /// Address of the rank's stop word (0: none).
+    pub const fn stop_addr(&self) -> u64 {
+        self.stop
+    }
+
+    /// The same policy with another site number (the host's way to tag one channel's
+    /// handles that share a FIFO).
+    pub const fn with_site(self, site: u32) -> WaitPolicy<'a> {
+        WaitPolicy { site, ..self }
+    }
+
+    /// Whether the rank's stop word has been raised.
     #[inline(always)]
     pub fn aborted(&self) -> bool {
-        if self.abort_flag == 0 {
+        stopped(self.stop)
+    }
+
+    /// Whether this policy's own channel has recorded a failure.
+    #[inline(always)]
+    pub fn channel_failed(&self) -> bool {
+        if self.record == 0 {
             return false;
         }
-        // SAFETY: a non-zero abort address is set by the host to a live AtomicU64 that
-        // outlives every handle carrying it.
-        let flag = unsafe { atomic::cell(self.abort_flag) };
-        // Relaxed: the flag carries no data; observing it late only delays the stop.
-        atomic::load(flag, Ordering::Relaxed, Scope::System) != 0
+        // SAFETY: a non-zero record address is live for 'a (constructor contract).
+        let r = unsafe { &*(self.record as usize as *const AbortRecord) };
+        // Relaxed: the flag carries no data the caller reads.
+        atomic::load(&r.reason, Ordering::Relaxed, Scope::System) != 0
     }
 
-    /// Raises the abort flag with `error` (the first raise wins), then returns `error`.
+    /// Records `error` in `op` with `detail` (the first failure of the channel and of the
+    /// rank wins), then returns `error`.
     #[inline(always)]
-    pub fn raise(&self, error: DeviceError) -> DeviceError {
-        if self.abort_flag != 0 {
-            // SAFETY: as in `aborted`.
-            let flag = unsafe { atomic::cell(self.abort_flag) };
-            let value = AbortReason::encode(error, self.site);
-            // Relaxed: as in `aborted`. Only the first raise is kept (compare against zero
-            // with a max would keep the largest; a load-then-store keeps the first observed).
-            if atomic::load(flag, Ordering::Relaxed, Scope::System) == 0 {
-                atomic::store(flag, value, Ordering::Relaxed, Scope::System);
-            }
-        }
-        error
+    pub fn raise(&self, error: DeviceError, op: DeviceOp, detail: [u64; 3]) -> DeviceError {
+        abort::raise(
+            self.record,
+            self.stop,
+            self.site,
+            error,
+            op,
+            detail[0],
+            detail[1],
+            detail[2],
+        )
     }
 
-    /// Polls `ready` until it returns true, within the policy's limit.
+    /// Polls `ready` until it returns true, within the policy's limit. `detail` computes what
+    /// the abort record says if the wait times out (see [`DeviceOp`] for `op`'s words).
     ///
     /// # Errors
-    /// [`DeviceError::Timeout`] after `timeout_ns` (raising the abort flag), or
-    /// [`DeviceError::Aborted`] once the abort flag is seen raised.
+    /// [`DeviceError::Timeout`] after `timeout_ns` (recorded), [`DeviceError::Aborted`] once
+    /// the rank's stop word is seen raised, [`DeviceError::InvalidArgument`] for a zero limit.
     #[inline(always)]
-    pub fn wait_until(&self, mut ready: impl FnMut() -> bool) -> Result<(), DeviceError> {
-        if ready() {
-            return Ok(());
-        }
-        let mut started_ns = 0u64;
+    pub fn wait_until(
+        &self,
+        op: DeviceOp,
+        mut ready: impl FnMut() -> bool,
+        detail: impl FnOnce() -> [u64; 3],
+    ) -> Result<(), DeviceError> {
         let mut iteration = 0u32;
+        let mut started_ns = 0u64;
         loop {
-            arch::spin_pause(iteration);
-            iteration = iteration.wrapping_add(1);
             if ready() {
                 return Ok(());
             }
-            if iteration.is_multiple_of(CHECK_EVERY) {
-                if self.aborted() {
-                    return Err(DeviceError::Aborted);
-                }
-                if self.timeout_ns != 0 {
-                    let now = arch::clock_ns();
-                    if started_ns == 0 {
-                        started_ns = now.max(1);
-                    } else if now.saturating_sub(started_ns) > self.timeout_ns {
-                        return Err(self.raise(DeviceError::Timeout));
-                    }
+            if iteration % CHECK_EVERY == CHECK_EVERY - 1 {
+                match overdue(self.stop, self.timeout_ns, started_ns) {
+                    Ok(started) => started_ns = started,
+                    Err(DeviceError::Aborted) => return Err(DeviceError::Aborted),
+                    Err(e) => return Err(self.raise(e, op, detail())),
                 }
             }
+            arch::spin_pause(iteration);
+            iteration = iteration.wrapping_add(1);
         }
+    }
+}
+
+/// Whether the stop word at `stop` (0: none) is raised.
+#[inline(always)]
+fn stopped(stop: u64) -> bool {
+    if stop == 0 {
+        return false;
+    }
+    // SAFETY: a non-zero stop address is live for the policy's lifetime (constructor
+    // contract of `WaitPolicy::from_raw_parts`).
+    let s = unsafe { atomic::cell(stop) };
+    // Relaxed: the word carries no data; observing it late only delays the stop.
+    atomic::load(s, Ordering::Relaxed, Scope::System) != 0
+}
+
+/// The slow part of a wait, every [`CHECK_EVERY`] polls: the stop word and the clock. Returns
+/// the wait's start time (taken at the first call) or why the wait must end.
+#[cold]
+#[inline(never)]
+fn overdue(stop: u64, timeout_ns: u64, started_ns: u64) -> Result<u64, DeviceError> {
+    if stopped(stop) {
+        return Err(DeviceError::Aborted);
+    }
+    if timeout_ns == 0 {
+        return Err(DeviceError::InvalidArgument);
+    }
+    let now = arch::clock_ns().max(1);
+    if started_ns == 0 {
+        Ok(now)
+    } else if now.saturating_sub(started_ns) > timeout_ns {
+        Err(DeviceError::Timeout)
+    } else {
+        Ok(started_ns)
     }
 }
 
 #[cfg(all(test, not(oxccl_loom)))]
 mod tests {
     use super::*;
-    use core::sync::atomic::AtomicU64;
 
     /// Guards against a wait with a limit that hangs, or that times out without telling
-    /// the host which handle failed.
+    /// the host which handle failed and with what.
     #[test]
-    fn wait_times_out_and_raises_flag() {
-        let flag = AtomicU64::new(0);
-        let policy = WaitPolicy {
-            abort_flag: flag.as_ptr() as u64,
-            timeout_ns: 2_000_000,
-            site: 7,
-            reserved: 0,
-        };
-        assert_eq!(policy.wait_until(|| false), Err(DeviceError::Timeout));
-        let reason = AbortReason::decode(flag.load(Ordering::Relaxed)).unwrap();
+    fn wait_times_out_and_records_why() {
+        let record = AbortRecord::new();
+        let stop = AtomicU64::new(0);
+        // SAFETY: both live for the test, only accessed atomically.
+        let policy = unsafe { WaitPolicy::from_raw_parts(&record, &stop, 2_000_000, 7) };
+        assert_eq!(
+            policy.wait_until(DeviceOp::SemaphoreWait, || false, || [3, 2, 0]),
+            Err(DeviceError::Timeout)
+        );
+        let reason = record.read().unwrap();
         assert_eq!(reason.error, Some(DeviceError::Timeout));
-        assert_eq!(reason.site, 7);
-        // A second waiter stops on the raised flag instead of waiting out its own limit.
-        let second = WaitPolicy {
-            timeout_ns: 0,
-            ..policy
-        };
-        assert_eq!(second.wait_until(|| false), Err(DeviceError::Aborted));
+        assert_eq!((reason.site, reason.detail), (7, Some([3, 2, 0])));
+        // A second waiter of the rank stops on the raised stop word instead of waiting out
+        // its own limit, and records nothing.
+        let other = AbortRecord::new();
+        // SAFETY: as above.
+        let second = unsafe { WaitPolicy::from_raw_parts(&other, &stop, u64::MAX, 8) };
+        assert_eq!(
+            second.wait_until(DeviceOp::SemaphoreWait, || false, || [0; 3]),
+            Err(DeviceError::Aborted)
+        );
+        assert_eq!(other.read(), None);
     }
 
-    /// Guards against an abort code that does not survive the round trip through the flag.
+    /// Guards against a zero limit meaning "wait forever".
     #[test]
-    fn abort_reason_round_trips() {
-        for e in [
-            DeviceError::Timeout,
-            DeviceError::Aborted,
-            DeviceError::OutOfBounds,
-            DeviceError::InvalidArgument,
-        ] {
-            let v = AbortReason::encode(e, 0xfeed);
-            assert_eq!(
-                AbortReason::decode(v),
-                Some(AbortReason {
-                    error: Some(e),
-                    site: 0xfeed
-                })
-            );
-        }
-        assert_eq!(AbortReason::decode(0), None);
+    fn zero_limit_is_refused() {
+        let zero = WaitPolicy::with_timeout_ns(0);
+        assert_eq!(
+            zero.wait_until(DeviceOp::SemaphoreWait, || false, || [0; 3]),
+            Err(DeviceError::InvalidArgument)
+        );
+        // A condition that already holds needs no wait.
+        assert_eq!(
+            zero.wait_until(DeviceOp::SemaphoreWait, || true, || [0; 3]),
+            Ok(())
+        );
+        assert_eq!(
+            WaitPolicy::default().wait_until(DeviceOp::FifoSync, || false, || [0; 3]),
+            Err(DeviceError::InvalidArgument)
+        );
     }
 }

@@ -7,20 +7,19 @@ use loom::sync::atomic::AtomicU64;
 use loom::thread;
 use oxccl_device::arch::atomic::{Ordering, Scope};
 use oxccl_device::semaphore::{
-    Device2DeviceSemaphoreDeviceHandle, Host2DeviceSemaphoreDeviceHandle,
+    Device2DeviceSemaphoreDeviceHandle, Host2DeviceSemaphoreDeviceHandle, SemaphoreRawParts,
 };
 use oxccl_device::wait::WaitPolicy;
 
-/// One side's counters: inbound, expected, outbound.
-struct Cells([AtomicU64; 3]);
+/// A limit loom never reaches: its models have no clock to run out.
+const NO_CLOCK: WaitPolicy<'static> = WaitPolicy::with_timeout_ns(u64::MAX);
+
+/// One side's counters: inbound, expected.
+struct Cells([AtomicU64; 2]);
 
 impl Cells {
     fn new() -> Arc<Self> {
-        Arc::new(Cells([
-            AtomicU64::new(0),
-            AtomicU64::new(0),
-            AtomicU64::new(0),
-        ]))
+        Arc::new(Cells([AtomicU64::new(0), AtomicU64::new(0)]))
     }
     fn addr(&self, i: usize) -> u64 {
         &self.0[i] as *const AtomicU64 as u64
@@ -28,14 +27,18 @@ impl Cells {
 }
 
 /// The handle of side `me` whose signals go to `peer`.
-fn d2d(me: &Cells, peer: &Cells) -> Device2DeviceSemaphoreDeviceHandle {
-    Device2DeviceSemaphoreDeviceHandle {
+///
+/// # Safety
+/// Both sides' cells must outlive every use of the handle (the models keep them in `Arc`s
+/// held by every thread until it is done).
+unsafe fn d2d(me: &Cells, peer: &Cells) -> Device2DeviceSemaphoreDeviceHandle<'static> {
+    let raw = SemaphoreRawParts {
         inbound: me.addr(0),
         expected: me.addr(1),
         remote_inbound: peer.addr(0),
-        outbound: me.addr(2),
-        wait: WaitPolicy::UNBOUNDED,
-    }
+    };
+    // SAFETY: the caller keeps the cells alive.
+    unsafe { Device2DeviceSemaphoreDeviceHandle::from_raw_parts(raw, NO_CLOCK) }
 }
 
 /// Sends `rounds` payloads from A to B, each published by a signal (`relaxed` picks the
@@ -44,7 +47,8 @@ fn data_then_signal(relaxed: bool, rounds: u64) {
     loom::model(move || {
         let (a, b) = (Cells::new(), Cells::new());
         let data = Arc::new(AtomicU64::new(0));
-        let (ha, hb) = (d2d(&a, &b), d2d(&b, &a));
+        // SAFETY: the sender holds `a` and `b` until it is done; this thread holds them too.
+        let (ha, hb) = unsafe { (d2d(&a, &b), d2d(&b, &a)) };
         let sender = {
             let (a, b, data) = (a.clone(), b.clone(), data.clone());
             thread::spawn(move || {
@@ -53,9 +57,9 @@ fn data_then_signal(relaxed: bool, rounds: u64) {
                     // Relaxed: the signal below must publish it.
                     data.store(round, Ordering::Relaxed);
                     if relaxed {
-                        ha.relaxed_signal();
+                        ha.relaxed_signal().unwrap();
                     } else {
-                        ha.signal();
+                        ha.signal().unwrap();
                     }
                     if round < rounds {
                         ha.wait().unwrap();
@@ -71,7 +75,7 @@ fn data_then_signal(relaxed: bool, rounds: u64) {
                 "payload of round {round}"
             );
             if round < rounds {
-                hb.signal();
+                hb.signal().unwrap();
             }
         }
         sender.join().unwrap();
@@ -104,11 +108,13 @@ fn host_to_device_poll_and_wait() {
     loom::model(|| {
         let cells = Cells::new();
         let data = Arc::new(AtomicU64::new(0));
-        let h = Host2DeviceSemaphoreDeviceHandle {
+        let raw = SemaphoreRawParts {
             inbound: cells.addr(0),
             expected: cells.addr(1),
-            wait: WaitPolicy::UNBOUNDED,
+            remote_inbound: 0,
         };
+        // SAFETY: `cells` outlives the handle (held until the end of the model).
+        let h = unsafe { Host2DeviceSemaphoreDeviceHandle::from_raw_parts(raw, NO_CLOCK) };
         let proxy = {
             let (cells, data) = (cells.clone(), data.clone());
             thread::spawn(move || {
@@ -120,15 +126,46 @@ fn host_to_device_poll_and_wait() {
         };
         let mut got = 0;
         while got < 2 {
-            if h.poll() {
+            if h.poll().unwrap() {
                 got += 1;
                 assert_eq!(data.load(Ordering::Relaxed), 9);
             } else {
                 thread::yield_now();
             }
         }
-        assert!(!h.poll(), "a third signal was never sent");
+        assert!(!h.poll().unwrap(), "a third signal was never sent");
         proxy.join().unwrap();
-        let _ = h.wait; // bounded waits are exercised by the emulator tests
+    });
+}
+
+/// Guards against concurrent signallers losing a signal: two threads (two blocks, say)
+/// signal the same semaphore once each; the peer must count two. A signal that stored a
+/// count it kept itself could move the counter backwards.
+#[test]
+fn semaphore_two_signallers() {
+    loom::model(|| {
+        let (a, b) = (Cells::new(), Cells::new());
+        // SAFETY: every thread holds `a` and `b` until it is done.
+        let (ha, hb) = unsafe { (d2d(&a, &b), d2d(&b, &a)) };
+        let signallers: Vec<_> = (0..2)
+            .map(|_| {
+                let keep = (a.clone(), b.clone());
+                thread::spawn(move || {
+                    let _keep = keep;
+                    ha.signal().unwrap();
+                })
+            })
+            .collect();
+        for s in signallers {
+            s.join().unwrap();
+        }
+        assert_eq!(
+            oxccl_device::arch::atomic::load(&b.0[0], Ordering::Acquire, Scope::System),
+            2,
+            "a signal was lost"
+        );
+        hb.wait().unwrap();
+        hb.wait().unwrap();
+        drop((a, b));
     });
 }

@@ -1,36 +1,53 @@
 //! The communicator: one rank's view of a job. It owns the rank's device, its proxy service
-//! and the out-of-band exchange, registers memory, and builds channels to peers.
+//! and the out-of-band exchange, registers memory, builds channels to peers, and reports
+//! what failed in them.
 //!
 //! Channel construction is pairwise: when rank A builds a channel to B, B builds one to A
 //! (in the same order relative to their other channels to each other), and the two swap
 //! semaphore addresses through the exchange. Every failure names rank, peer and channel.
+//!
+//! Memory of another rank is always reached through a mapping of its shared object, made
+//! here after checking the handle (see [`crate::host_ipc`]) and kept as long as anything
+//! built on it: ranks that are threads of one process do it too, so a rank that frees its
+//! memory (it failed, it finished) never pulls it from under a peer.
 
 use crate::backend::Backend;
+use crate::channel_abort::ChannelAbort;
 use crate::device::Device;
 use crate::device_buffer::DeviceBuffer;
-use crate::error::{Error, Result};
+use crate::error::{ChannelError, ChannelFailure, ChannelKind, ChannelRef, Error, Result};
 use crate::host_ipc::HostIpcMapping;
 use crate::host_ipc_connection::HostIpcConnection;
 use crate::memory_channel::MemoryChannel;
 use crate::out_of_band::{BootstrapExchange, OutOfBand};
 use crate::port_channel::PortChannel;
 use crate::registered_memory::RegisteredMemory;
-use crate::semaphore::{Device2DeviceSemaphore, Host2DeviceSemaphore, SemaphoreCells};
+use crate::semaphore::SemaphoreCells;
 use crate::stream::Stream;
 use crate::transport::Transport;
 use oxccl_device::DeviceError;
-use oxccl_device::wait::WaitPolicy;
-use oxccl_proxy::{MemoryId, MemoryRegion, ProxyConfig, ProxyService};
+use oxccl_device::abort::{AbortReason, AbortRecord};
+use oxccl_device::error::DeviceOp;
+use oxccl_device::port_channel::PortChannelIds;
+use oxccl_proxy::{FIFO_SITE, MemoryId, MemoryRegion, ProxyConfig, ProxyService};
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Sites (abort-flag tags) of memory channels start here; port channels use their proxy id.
-pub const MEMORY_CHANNEL_SITE_BASE: u32 = 1 << 16;
+/// Sites (abort-record numbers) of memory channels start here; port channels use their
+/// proxy id.
+const MEMORY_CHANNEL_SITE_BASE: u32 = 1 << 16;
+
+/// The site the host raises the rank's stop word under ([`RankStopper::stop`]).
+pub const HOST_STOP_SITE: u32 = u32::MAX - 1;
 
 /// Tag space of pairwise setup messages: kind in the top byte, sequence below.
 const TAG_PORT_CHANNEL: u64 = 1 << 56;
 const TAG_MEMORY_CHANNEL: u64 = 2 << 56;
+const TAG_SETUP_DONE: u64 = 3 << 56;
 
 /// Settings of a communicator.
 #[derive(Clone, Debug)]
@@ -38,10 +55,12 @@ pub struct CommunicatorConfig {
     /// Slots of the proxy's trigger FIFO (a power of two).
     pub fifo_size: u32,
     /// Longest any single device wait may take before the kernel gives up and the host is
-    /// told which channel timed out.
+    /// told which channel timed out; also bounds the communicator's own teardown. Never zero.
     pub wait_timeout: Duration,
     /// Let pushing kernel threads execute proxy work when the proxy thread is not busy
-    /// (CPU emulator; see `oxccl_proxy::proxy_service`).
+    /// (CPU emulator; see `oxccl_proxy::proxy_service`). Faster on few cores, but a put then
+    /// completes before `put` returns, which hides a missing `flush`: tests of kernels
+    /// should also run with it off.
     pub proxy_assist: bool,
 }
 
@@ -55,10 +74,35 @@ impl Default for CommunicatorConfig {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-enum ChannelKind {
-    Port,
-    Memory,
+/// A channel's abort record, as the communicator finds it again by site.
+struct ChannelEntry {
+    channel: ChannelRef,
+    record: Arc<AbortRecord>,
+}
+
+/// Stops one rank's kernels from another thread: raises the rank's stop word, so every
+/// device wait of its channels ends at its next check with [`DeviceError::Aborted`], and
+/// [`Communicator::check`] reports `why`. For a job whose other rank failed.
+#[derive(Clone, Debug)]
+pub struct RankStopper {
+    stop: Arc<AtomicU64>,
+    why: Arc<Mutex<Option<String>>>,
+}
+
+impl RankStopper {
+    /// Stops the rank's kernels (unless a failure already did); `why` is what the rank's
+    /// next `check` reports.
+    pub fn stop(&self, why: String) {
+        let word = AbortReason::encode(DeviceError::Aborted, DeviceOp::Unknown, HOST_STOP_SITE);
+        // Relaxed: the word carries no data; kernels seeing it late only stop late.
+        if self
+            .stop
+            .compare_exchange(0, word, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            *self.why.lock() = Some(why);
+        }
+    }
 }
 
 /// One rank of a job.
@@ -71,10 +115,17 @@ pub struct Communicator {
     memory_ids: HashMap<(u32, u64, u64), MemoryId>,
     /// Setups done with each peer, so both sides pair their messages.
     setups: HashMap<u32, u64>,
-    /// Peer of each memory channel, by site - MEMORY_CHANNEL_SITE_BASE.
-    memory_channel_peers: Vec<u32>,
-    /// Memory of ranks in other processes of this node, mapped here, by (node, pid, inode).
-    mappings: HashMap<(String, u32, u64), HostIpcMapping>,
+    /// Every channel's abort record, by site.
+    channels: HashMap<u32, ChannelEntry>,
+    /// Channels built so far, by kind and peer (the next one's index).
+    channel_counts: HashMap<(ChannelKind, u32), u32>,
+    /// Memory channels built so far (the next one's site).
+    memory_channels: u32,
+    /// Memory of other ranks mapped here, by (node, pid, inode): shared with every region
+    /// built on it, so a mapping lives as long as its last user.
+    mappings: HashMap<(String, u32, u64), Arc<HostIpcMapping>>,
+    /// What the host said when it stopped the rank ([`RankStopper`]).
+    stop_why: Arc<Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -91,12 +142,20 @@ impl Communicator {
     /// A communicator for rank `oob.rank()` on `device`, its proxy started.
     ///
     /// # Errors
-    /// The proxy could not be created or started.
+    /// A zero `wait_timeout` ("no limit": every wait has one), or the proxy could not be
+    /// created or started.
     pub fn new(
         oob: Arc<dyn OutOfBand>,
         device: Device,
         config: CommunicatorConfig,
     ) -> Result<Self> {
+        if config.wait_timeout.is_zero() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: CommunicatorConfig::wait_timeout is zero, which would let device \
+                 waits wait forever; every wait needs a limit (the default is 30 s)",
+                oob.rank()
+            )));
+        }
         let mut proxy = ProxyService::new(ProxyConfig {
             rank: oob.rank(),
             fifo_size: config.fifo_size,
@@ -111,15 +170,18 @@ impl Communicator {
             config,
             memory_ids: HashMap::new(),
             setups: HashMap::new(),
-            memory_channel_peers: Vec::new(),
+            channels: HashMap::new(),
+            channel_counts: HashMap::new(),
+            memory_channels: 0,
             mappings: HashMap::new(),
+            stop_why: Arc::new(Mutex::new(None)),
         })
     }
 
     /// Joins the job the launcher started (torchrun, Open MPI, Slurm, PMI, or
-    /// `OXCCL_UNIQUE_ID`; see `oxccl_bootstrap::Bootstrap::from_env`) and creates this
-    /// rank's communicator on the device given by `OXCCL_BACKEND` (default: the CPU
-    /// emulator), numbered by the local rank.
+    /// `OXCCL_UNIQUE_ID` with `RANK`/`WORLD_SIZE`; see `oxccl_bootstrap::Bootstrap::from_env`)
+    /// and creates this rank's communicator on the device given by `OXCCL_BACKEND`
+    /// (default: the CPU emulator), numbered by the local rank.
     ///
     /// # Errors
     /// No launcher environment, the bootstrap failed, or the device or proxy could not be
@@ -145,6 +207,11 @@ impl Communicator {
         &self.device
     }
 
+    /// The settings.
+    pub fn config(&self) -> &CommunicatorConfig {
+        &self.config
+    }
+
     /// The out-of-band exchange.
     pub fn out_of_band(&self) -> &dyn OutOfBand {
         &*self.oob
@@ -155,7 +222,15 @@ impl Communicator {
         &self.proxy
     }
 
-    /// Zeroed device memory for `len` elements.
+    /// A handle that stops this rank's kernels from any thread (see [`RankStopper`]).
+    pub fn stopper(&self) -> RankStopper {
+        RankStopper {
+            stop: self.proxy.stop_word(),
+            why: self.stop_why.clone(),
+        }
+    }
+
+    /// Device memory for `len` elements, not initialized (see [`Device::alloc`]).
     ///
     /// # Errors
     /// The allocation failed.
@@ -163,27 +238,52 @@ impl Communicator {
         self.device.alloc(len)
     }
 
+    /// Zeroed device memory for `len` elements.
+    ///
+    /// # Errors
+    /// The allocation failed.
+    pub fn alloc_zeroed<T: bytemuck::Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        self.device.alloc_zeroed(len)
+    }
+
     /// Registers `buffer` so peers can reach it; hand the result to them (see
-    /// [`Self::all_gather_memory`]). The buffer must stay alive while channels use it.
+    /// [`Self::all_gather_memory`]). The registration, and every channel built from it,
+    /// keeps the buffer's memory allocated.
     pub fn register<T: bytemuck::Pod>(&self, buffer: &DeviceBuffer<T>) -> RegisteredMemory {
-        RegisteredMemory::new(
+        RegisteredMemory::new_local(
             self.rank(),
-            buffer.addr(),
+            buffer.memory().clone(),
+            0,
             buffer.size_bytes() as u64,
             vec![Transport::HostIpc],
-            buffer.ipc_handle().map(|h| (h, 0)),
         )
     }
 
-    /// Every rank's registered memory, indexed by rank (a collective call).
+    /// Every rank's registered memory, indexed by rank (a collective call). Our own entry is
+    /// `mine` itself (with its share of the memory). Keep `mine` (or the buffer) until the
+    /// channels built on it exist: a peer maps it while building them.
     ///
     /// # Errors
-    /// The exchange failed or a peer sent something that is not a registered memory.
+    /// The exchange failed, or a peer sent something that is not a valid registered memory
+    /// of its own rank.
     pub fn all_gather_memory(&self, mine: &RegisteredMemory) -> Result<Vec<RegisteredMemory>> {
-        self.oob
-            .all_gather(mine.to_bytes()?)?
-            .iter()
-            .map(|b| RegisteredMemory::from_bytes(b))
+        let all = self.oob.all_gather(mine.to_bytes()?)?;
+        all.iter()
+            .enumerate()
+            .map(|(rank, bytes)| {
+                if rank as u32 == self.rank() {
+                    return Ok(mine.clone());
+                }
+                let theirs = RegisteredMemory::from_bytes(bytes)?;
+                if theirs.rank() != rank as u32 {
+                    return Err(Error::InvalidUsage(format!(
+                        "rank {}: rank {rank} sent a registered memory of rank {}",
+                        self.rank(),
+                        theirs.rank()
+                    )));
+                }
+                Ok(theirs)
+            })
             .collect()
     }
 
@@ -207,6 +307,13 @@ impl Communicator {
                 "rank {}: {what} to peer {peer}, but there are {} ranks",
                 self.rank(),
                 self.size()
+            )));
+        }
+        if peer == self.rank() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: {what} to itself: a channel connects two ranks (its buffers would \
+                 alias each other)",
+                self.rank()
             )));
         }
         Ok(())
@@ -234,46 +341,68 @@ impl Communicator {
         Ok(theirs)
     }
 
-    /// `memory` as reachable from this process: its own address for memory of this
-    /// process, else a mapping of the owner's shared object (made once, kept as long as
-    /// the communicator).
+    /// Tells `peer` that this side of a channel setup is done (everything of the peer's
+    /// that it needs is mapped here) and waits until the peer says the same. Without it a
+    /// rank could finish, and free its memory, before the peer had mapped it.
+    fn setup_done(&mut self, peer: u32) -> Result<()> {
+        let tag = self.next_tag(peer, TAG_SETUP_DONE);
+        self.oob.send(peer, tag, Vec::new())?;
+        self.oob.recv(peer, tag).map(drop)
+    }
+
+    /// `memory` as reachable here, holding a share of what keeps it there: our own memory
+    /// (a registration made by this rank), or a mapping of another rank's shared object,
+    /// made once after checking its handle and kept as long as anything uses it.
     ///
     /// # Errors
-    /// Memory of another process that has no host IPC handle, lives on another node, or
-    /// cannot be mapped (see [`HostIpcHandle::map`](crate::host_ipc::HostIpcHandle::map)).
+    /// Memory of this rank that is not a registration made here; memory of another rank
+    /// that carries no host IPC handle, lives on another node, or whose handle fails the
+    /// checks of [`HostIpcHandle::map`](crate::host_ipc::HostIpcHandle::map): each refused
+    /// before anything is mapped.
     pub fn reach(&mut self, memory: &RegisteredMemory) -> Result<MemoryRegion> {
-        if memory.is_local() {
-            return memory.region();
+        let rank = self.rank();
+        if memory.rank() == rank {
+            let Some(owner) = memory.owner() else {
+                return Err(Error::InvalidUsage(format!(
+                    "rank {rank}: memory of this rank must be a registration made here (the \
+                     one `register` returned, which holds the buffer), not a copy of it"
+                )));
+            };
+            let region = MemoryRegion::new(rank, memory.addr(), memory.size());
+            return Ok(region.with_keep_alive(owner.clone()));
         }
         let Some((handle, offset)) = memory.host_ipc() else {
             return Err(Error::InvalidUsage(format!(
-                "rank {}: memory of rank {} is in another process and carries no host IPC handle",
-                self.rank(),
+                "rank {rank}: memory of rank {} carries no host IPC handle, so it cannot be \
+                 mapped here",
                 memory.rank()
             )));
         };
-        let rank = self.rank();
+        if !memory.transports().contains(&Transport::HostIpc) {
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank}: memory of rank {} is not reachable over host IPC",
+                memory.rank()
+            )));
+        }
         let key = (handle.node.clone(), handle.pid, handle.inode);
         let mapping = match self.mappings.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(handle.map()?),
+            Entry::Occupied(e) => e.get().clone(),
+            Entry::Vacant(e) => e.insert(Arc::new(handle.map()?)).clone(),
         };
         let fits = offset
             .checked_add(memory.size())
             .is_some_and(|end| end <= mapping.len());
         if !fits {
             return Err(Error::InvalidUsage(format!(
-                "rank {rank}: memory of rank {} ({} bytes at offset {offset}) lies outside its {}-byte object",
+                "rank {rank}: memory of rank {} ({} bytes at offset {offset}) lies outside \
+                 its {}-byte object",
                 memory.rank(),
                 memory.size(),
                 mapping.len()
             )));
         }
-        Ok(MemoryRegion::new(
-            memory.rank(),
-            mapping.addr() + offset,
-            memory.size(),
-        ))
+        let region = MemoryRegion::new(memory.rank(), mapping.addr() + offset, memory.size());
+        Ok(region.with_keep_alive(mapping))
     }
 
     fn memory_id(&mut self, region: MemoryRegion) -> Result<MemoryId> {
@@ -286,11 +415,45 @@ impl Communicator {
         Ok(id)
     }
 
+    /// The next channel of `kind` to `peer`, as errors will name it, and its abort record.
+    fn new_channel(&mut self, kind: ChannelKind, peer: u32) -> (ChannelRef, Arc<AbortRecord>) {
+        let count = self.channel_counts.entry((kind, peer)).or_insert(0);
+        let channel = ChannelRef {
+            kind,
+            peer,
+            index: *count,
+        };
+        *count += 1;
+        (channel, Arc::new(AbortRecord::new()))
+    }
+
+    fn channel_abort(
+        &mut self,
+        channel: ChannelRef,
+        record: Arc<AbortRecord>,
+        site: u32,
+    ) -> ChannelAbort {
+        self.channels.insert(
+            site,
+            ChannelEntry {
+                channel,
+                record: record.clone(),
+            },
+        );
+        ChannelAbort {
+            record,
+            stop: self.proxy.stop_word(),
+            timeout: self.config.wait_timeout,
+            site,
+        }
+    }
+
     /// A port channel to `peer` that copies from `src` (ours) into `dst` (the peer's).
     /// Pairwise: `peer` must build its channel to us at the same point.
     ///
     /// # Errors
-    /// A peer out of range, memories of the wrong ranks, or a failed exchange.
+    /// A peer out of range or this rank itself, memories of the wrong ranks, memory that
+    /// cannot be reached, or a failed exchange.
     pub fn port_channel(
         &mut self,
         peer: u32,
@@ -300,8 +463,8 @@ impl Communicator {
         self.check_peer(peer, "port channel")?;
         if dst.rank() != peer || src.rank() != self.rank() {
             return Err(Error::InvalidUsage(format!(
-                "rank {}: port channel to peer {peer} needs the peer's destination (got rank {}) and our \
-                 source (got rank {})",
+                "rank {}: port channel to peer {peer} needs the peer's destination (got rank {}) \
+                 and our source (got rank {})",
                 self.rank(),
                 dst.rank(),
                 src.rank()
@@ -309,19 +472,28 @@ impl Communicator {
         }
         let cells = SemaphoreCells::new(&self.device)?;
         let remote_inbound = self.swap_inbound(peer, TAG_PORT_CHANNEL, &cells)?;
-        let connection = Arc::new(HostIpcConnection::new(peer));
         let remote_inbound = self.reach(&remote_inbound)?;
-        let id = self.proxy.add_channel(connection, remote_inbound)?;
         let dst = self.reach(dst)?;
-        let dst = self.memory_id(dst)?;
-        let src = self.memory_id(src.region()?)?;
+        let src = self.reach(src)?;
+        let (channel, record) = self.new_channel(ChannelKind::Port, peer);
+        let connection = Arc::new(HostIpcConnection::new(peer));
+        let id = self
+            .proxy
+            .add_channel(connection, remote_inbound, record.clone())?;
+        let ids = PortChannelIds {
+            semaphore_id: id.0,
+            dst_memory_id: self.memory_id(dst)?.0,
+            src_memory_id: self.memory_id(src)?.0,
+            reserved: 0,
+        };
+        let abort = self.channel_abort(channel, record, id.0);
+        self.setup_done(peer)?;
         Ok(PortChannel {
-            semaphore: Host2DeviceSemaphore::new(cells, peer),
-            id,
-            dst,
-            src,
-            fifo: self.proxy.fifo_device_handle(id.0),
-            wait: self.proxy.wait_policy(id.0),
+            channel,
+            ids,
+            fifo: self.proxy.fifo_cells(),
+            semaphore: cells,
+            abort,
         })
     }
 
@@ -330,7 +502,8 @@ impl Communicator {
     /// Pairwise: `peer` must build its channel to us at the same point.
     ///
     /// # Errors
-    /// A peer out of range, memories of the wrong ranks, or a failed exchange.
+    /// A peer out of range or this rank itself, memories of the wrong ranks, memory that
+    /// cannot be reached, or a failed exchange.
     pub fn memory_channel(
         &mut self,
         peer: u32,
@@ -342,8 +515,8 @@ impl Communicator {
         let ours = |m: Option<&RegisteredMemory>| m.is_none_or(|m| m.rank() == self.rank());
         if remote.rank() != peer || !ours(Some(local)) || !ours(packets) {
             return Err(Error::InvalidUsage(format!(
-                "rank {}: memory channel to peer {peer} needs the peer's remote memory (got rank {}) and our \
-                 local and packet memories",
+                "rank {}: memory channel to peer {peer} needs the peer's remote memory (got rank \
+                 {}) and our local and packet memories",
                 self.rank(),
                 remote.rank()
             )));
@@ -352,14 +525,21 @@ impl Communicator {
         let remote_inbound = self.swap_inbound(peer, TAG_MEMORY_CHANNEL, &cells)?;
         let remote_inbound = self.reach(&remote_inbound)?;
         let remote = self.reach(remote)?;
-        let site = MEMORY_CHANNEL_SITE_BASE + self.memory_channel_peers.len() as u32;
-        self.memory_channel_peers.push(peer);
+        let local = self.reach(local)?;
+        let packets = packets.map(|p| self.reach(p)).transpose()?;
+        let (channel, record) = self.new_channel(ChannelKind::Memory, peer);
+        let site = MEMORY_CHANNEL_SITE_BASE + self.memory_channels;
+        self.memory_channels += 1;
+        let abort = self.channel_abort(channel, record, site);
+        self.setup_done(peer)?;
         Ok(MemoryChannel {
-            semaphore: Device2DeviceSemaphore::new(cells, peer, remote_inbound.addr),
+            channel,
+            semaphore: cells,
+            remote_inbound,
             remote,
-            local: local.region()?,
-            packets: packets.map(RegisteredMemory::region).transpose()?,
-            wait: self.proxy.wait_policy(site),
+            local,
+            packets,
+            abort,
         })
     }
 
@@ -400,7 +580,8 @@ impl Communicator {
     fn check_ring(&self, remotes: &[RegisteredMemory]) -> Result<()> {
         if self.size() < 2 || remotes.len() != self.size() as usize {
             return Err(Error::InvalidUsage(format!(
-                "rank {}: a ring needs at least two ranks and one memory per rank (got {} ranks, {} memories)",
+                "rank {}: a ring needs at least two ranks and one memory per rank (got {} ranks, \
+                 {} memories)",
                 self.rank(),
                 self.size(),
                 remotes.len()
@@ -430,65 +611,169 @@ impl Communicator {
     }
 
     /// Waits for everything enqueued on `stream`, then reports what went wrong in its
-    /// kernels or this rank's proxy ([`Stream::synchronize`] then [`Self::check`]).
+    /// kernels or this rank's channels and proxy. When a kernel returned an error because a
+    /// channel failed, the channel's failure (what, where, with which counts and offsets) is
+    /// reported, naming the kernel.
     ///
     /// # Errors
     /// A stuck or failed kernel, or a channel failure named by rank, channel and peer.
     pub fn synchronize(&self, stream: &Stream) -> Result<()> {
-        stream.synchronize()?;
-        self.check()
+        let launched = stream.synchronize();
+        let checked = self.check();
+        match (launched, checked) {
+            (Ok(()), checked) => checked,
+            (Err(Error::KernelError { kernel, .. }), Err(Error::Channel(mut channel))) => {
+                channel.kernel = Some(kernel);
+                Err(Error::Channel(channel))
+            }
+            // The kernel returned an error because something failed first: report that.
+            (Err(launch @ Error::KernelError { .. }), Err(cause)) => {
+                tracing::error!(error = %launch, "rank {}: kernel stopped", self.rank());
+                Err(cause)
+            }
+            (Err(launch), Err(checked)) => {
+                tracing::error!(error = %checked, "also failed on rank {}", self.rank());
+                Err(launch)
+            }
+            (Err(launch), Ok(())) => Err(launch),
+        }
     }
 
     /// Reports what went wrong in kernels or the proxy since the last call: a refused
-    /// trigger, a failed connection, or a device wait that timed out or was refused, each
-    /// naming rank, channel and peer. Clears the abort flag once reported.
+    /// trigger, a failed connection, a stalled FIFO, a device call that timed out or was
+    /// refused, the host stopping the rank; the first cause, naming rank, channel and peer
+    /// (later failures are logged). Lowers every record once reported, so the rank's next
+    /// kernels can run (a channel the proxy stopped stays stopped).
     ///
     /// # Errors
     /// The first failure found.
     pub fn check(&self) -> Result<()> {
-        if let Err(e) = self.proxy.check() {
-            // The proxy raised the flag for this very error; it is reported now.
-            self.proxy.clear_abort();
+        let proxy = self.proxy.check();
+        let stop = self.proxy.stop_reason();
+        let mut failed: Vec<(u32, ChannelRef, AbortReason)> = self
+            .channels
+            .iter()
+            .filter_map(|(&site, e)| e.record.read().map(|r| (site, e.channel, r)))
+            .collect();
+        failed.sort_by_key(|f| f.0);
+        for e in self.channels.values() {
+            e.record.clear();
+        }
+        self.proxy.clear_stop();
+        let why = self.stop_why.lock().take();
+        if let Err(e) = proxy {
             return Err(e.into());
         }
-        let Some(reason) = self.proxy.abort_reason() else {
-            return Ok(());
-        };
-        self.proxy.clear_abort();
-        let (kind, peer) = self.describe_site(reason.site);
-        let channel = format!(
-            "rank {}: {kind:?} channel {} to peer {}",
-            self.rank(),
-            reason.site,
-            peer.map_or("?".into(), |p| p.to_string())
-        );
-        Err(match reason.error {
-            Some(DeviceError::Timeout) => Error::Timeout {
-                what: format!("{channel}: a device wait"),
-                after: self.config.wait_timeout,
-            },
-            Some(e) => Error::Aborted(format!("{channel}: {e}")),
-            None => Error::Aborted(format!("{channel}: unknown abort code")),
-        })
-    }
-
-    fn describe_site(&self, site: u32) -> (ChannelKind, Option<u32>) {
-        if site >= MEMORY_CHANNEL_SITE_BASE {
-            let peer = self
-                .memory_channel_peers
-                .get((site - MEMORY_CHANNEL_SITE_BASE) as usize)
-                .copied();
-            (ChannelKind::Memory, peer)
-        } else {
-            (
-                ChannelKind::Port,
-                self.proxy.channel_peer(oxccl_proxy::SemaphoreId(site)),
-            )
+        // The root cause: the channel that raised the stop word, else any failed channel.
+        let root = stop
+            .and_then(|s| failed.iter().position(|f| f.0 == s.site))
+            .or_else(|| (!failed.is_empty()).then_some(0));
+        for (i, (_, channel, reason)) in failed.iter().enumerate() {
+            if Some(i) != root {
+                tracing::error!(%channel, ?reason, "rank {}: also failed", self.rank());
+            }
+        }
+        if let Some(i) = root {
+            let (_, channel, reason) = failed[i];
+            return Err(self.channel_error(channel, reason));
+        }
+        match stop {
+            None => Ok(()),
+            Some(s) if s.site == HOST_STOP_SITE => Err(Error::Aborted(format!(
+                "rank {}: stopped by the host: {}",
+                self.rank(),
+                why.unwrap_or_else(|| "no reason given".into())
+            ))),
+            Some(s) if s.site == FIFO_SITE => Err(Error::Aborted(format!(
+                "rank {}: the proxy's FIFO stalled; every port channel is stopped",
+                self.rank()
+            ))),
+            Some(s) => Err(Error::Aborted(format!(
+                "rank {}: a device call failed on an unknown channel (site {}): {:?} in {}",
+                self.rank(),
+                s.site,
+                s.error,
+                s.op
+            ))),
         }
     }
 
-    /// The wait policy device handles of this communicator use, tagged with `site`.
-    pub fn wait_policy(&self, site: u32) -> WaitPolicy {
-        self.proxy.wait_policy(site)
+    /// The channel failure an abort record describes.
+    fn channel_error(&self, channel: ChannelRef, reason: AbortReason) -> Error {
+        let after = self.config.wait_timeout;
+        let op = reason.op;
+        let cause = match (reason.error, op, reason.detail) {
+            (Some(DeviceError::Timeout), DeviceOp::SemaphoreWait, Some([expected, arrived, _])) => {
+                ChannelFailure::WaitTimedOut {
+                    expected,
+                    arrived,
+                    after,
+                }
+            }
+            (
+                Some(DeviceError::Timeout),
+                DeviceOp::ReadPacket | DeviceOp::UnpackPackets,
+                Some([offset, flag, seen]),
+            ) => ChannelFailure::PacketTimedOut {
+                op,
+                offset,
+                flag: flag as u32,
+                seen: seen as u32,
+                after,
+            },
+            (
+                Some(DeviceError::Timeout),
+                DeviceOp::FifoPush | DeviceOp::FifoSync,
+                Some([position, executed, _]),
+            ) => ChannelFailure::FifoFull {
+                op,
+                position,
+                executed,
+                after,
+            },
+            (Some(DeviceError::OutOfBounds), op, Some([offset, size, registered]))
+                if op != DeviceOp::PortPut =>
+            {
+                ChannelFailure::OutOfBounds {
+                    op,
+                    offset,
+                    size,
+                    registered,
+                }
+            }
+            (Some(DeviceError::InvalidArgument), op, Some(detail)) => {
+                ChannelFailure::InvalidArgument { op, detail }
+            }
+            (Some(DeviceError::Aborted), op, _) => ChannelFailure::Stopped { op },
+            (error, op, detail) => ChannelFailure::Other {
+                error: error.unwrap_or(DeviceError::Aborted),
+                op,
+                detail,
+            },
+        };
+        Error::Channel(Box::new(ChannelError {
+            rank: self.rank(),
+            channel,
+            cause,
+            kernel: None,
+        }))
+    }
+}
+
+impl Drop for Communicator {
+    /// Waits (bounded by the wait limit) for the device's queued and running launches, then
+    /// stops the proxy (bounded too). Memory that channels or registrations still hold stays
+    /// allocated until they go.
+    fn drop(&mut self) {
+        let limit = self.config.wait_timeout;
+        if !self.device.cpu_device().wait_idle(limit) {
+            tracing::warn!(
+                rank = self.rank(),
+                "communicator dropped while kernels of its device still run after {limit:?}"
+            );
+        }
+        if let Err(e) = self.proxy.stop() {
+            tracing::warn!(rank = self.rank(), error = %e, "stopping the proxy");
+        }
     }
 }

@@ -6,6 +6,7 @@
 
 use crate::backend::Backend;
 use crate::cpu::CpuDevice;
+use crate::cpu::memory::Fill;
 use crate::device_buffer::DeviceBuffer;
 use crate::stream::Stream;
 use crate::{Error, Result};
@@ -75,13 +76,24 @@ impl Device {
         self.inner.backend
     }
 
-    /// Allocates `len` zeroed elements of device memory.
+    /// Allocates `len` elements of device memory, not initialized: as with `cudaMalloc`,
+    /// the contents are unspecified until written (on the CPU backend every byte is
+    /// [`UNINITIALIZED_BYTE`](crate::UNINITIALIZED_BYTE), so code that relies on
+    /// zeroed memory fails here as it would on a GPU).
     ///
     /// # Errors
     /// [`Error::InvalidUsage`] if `len` elements of `T` do not fit in the address space;
     /// [`Error::System`] if the memory cannot be allocated.
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
-        DeviceBuffer::zeroed(self, len)
+        DeviceBuffer::new(self, len, Fill::Uninitialized)
+    }
+
+    /// Allocates `len` zeroed elements of device memory.
+    ///
+    /// # Errors
+    /// As [`Self::alloc`].
+    pub fn alloc_zeroed<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        DeviceBuffer::new(self, len, Fill::Zero)
     }
 
     /// Allocates device memory holding a copy of `data`.
@@ -89,7 +101,7 @@ impl Device {
     /// # Errors
     /// As [`Self::alloc`].
     pub fn alloc_from<T: Pod>(&self, data: &[T]) -> Result<DeviceBuffer<T>> {
-        let mut buf = DeviceBuffer::zeroed(self, data.len())?;
+        let mut buf = DeviceBuffer::new(self, data.len(), Fill::Uninitialized)?;
         buf.copy_from_host(data)?;
         Ok(buf)
     }

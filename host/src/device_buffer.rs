@@ -1,30 +1,36 @@
 //! Device memory owned by the host: allocation, copies to and from the host, and the views
 //! kernels receive.
 //!
-//! On [`Backend::Cpu`](crate::Backend::Cpu) a buffer is page-aligned (4096), zeroed host
-//! memory; its address is what kernels dereference.
+//! On [`Backend::Cpu`](crate::Backend::Cpu) a buffer is page-aligned (4096) host memory;
+//! its address is what kernels dereference.
 
-use crate::cpu::memory::{AllocError, HostMemory};
+use crate::cpu::memory::{AllocError, DeviceMemory, Fill, HostMemory};
 use crate::device::{Device, timeout_from_env};
 use crate::{Error, Result};
 use bytemuck::Pod;
 use oxccl_device::{DevicePtr, DeviceSlice};
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
-/// `len` elements of `T` in device memory, freed on drop.
+/// `len` elements of `T` in device memory.
 ///
 /// Kernels reach the buffer through [`Self::device_slice`] (or [`Self::device_ptr`]); the
 /// host through the copy methods, which are **synchronous** (like `cuMemcpy`): they copy
 /// when called, without waiting for kernels. Synchronize the streams whose kernels write
 /// (or read) the buffer before copying from (or into) it.
 ///
-/// Dropping a buffer first waits until no launch of its device is queued or running (as
-/// `cuMemFree` does), at most the default `synchronize` timeout (`OXCCL_TIMEOUT_SECS`);
-/// if the device is still busy then, the memory is leaked rather than freed under a
-/// running kernel. Once such a wait (or a stream's `synchronize`) has timed out, later
-/// drops leak at once until the device goes idle, so that cleaning up after a stuck
-/// kernel does not wait a whole timeout per buffer.
+/// Fresh memory is not zeroed unless asked ([`Device::alloc_zeroed`]): like `cudaMalloc`'s,
+/// its contents are unspecified (on the CPU backend every byte is
+/// [`UNINITIALIZED_BYTE`](crate::UNINITIALIZED_BYTE)).
+///
+/// The memory is freed when the buffer and everything built on it (registrations,
+/// channels) are gone, and not while a launch of its device is queued or running: the last
+/// drop waits for the device (as `cuMemFree` does), at most the default `synchronize`
+/// timeout (`OXCCL_TIMEOUT_SECS`), and leaks the memory if the device is still busy then.
+/// Once such a wait (or a stream's `synchronize`) has timed out, later drops leak at once
+/// until the device goes idle, so that cleaning up after a stuck kernel does not wait a
+/// whole timeout per buffer.
 ///
 /// # Examples
 /// ```
@@ -37,8 +43,8 @@ use std::marker::PhantomData;
 /// # Ok::<(), oxccl::Error>(())
 /// ```
 pub struct DeviceBuffer<T> {
-    /// Holds at least `len * size_of::<T>()` bytes; `None` only after `Drop` leaked it.
-    memory: Option<HostMemory>,
+    /// Holds at least `len * size_of::<T>()` bytes.
+    memory: Arc<DeviceMemory>,
     len: usize,
     device: Device,
     _elem: PhantomData<T>,
@@ -50,14 +56,14 @@ unsafe impl<T: Send> Send for DeviceBuffer<T> {}
 unsafe impl<T: Sync> Sync for DeviceBuffer<T> {}
 
 impl<T: Pod> DeviceBuffer<T> {
-    pub(crate) fn zeroed(device: &Device, len: usize) -> Result<Self> {
+    pub(crate) fn new(device: &Device, len: usize, fill: Fill) -> Result<Self> {
         let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| {
             Error::InvalidUsage(format!(
                 "a buffer of {len} elements of {} bytes does not fit in memory",
                 size_of::<T>()
             ))
         })?;
-        let memory = HostMemory::zeroed(bytes).map_err(|err| match err {
+        let memory = HostMemory::new(bytes, fill).map_err(|err| match err {
             AllocError::TooLarge => {
                 Error::InvalidUsage(format!("a buffer of {bytes} bytes does not fit in memory"))
             }
@@ -70,8 +76,13 @@ impl<T: Pod> DeviceBuffer<T> {
                 source,
             },
         })?;
+        let drop_wait = timeout_from_env().unwrap_or(crate::device::DEFAULT_TIMEOUT);
         Ok(Self {
-            memory: Some(memory),
+            memory: Arc::new(DeviceMemory::new(
+                memory,
+                device.cpu_device().clone(),
+                drop_wait,
+            )),
             len,
             device: device.clone(),
             _elem: PhantomData,
@@ -98,10 +109,9 @@ impl<T: Pod> DeviceBuffer<T> {
         &self.device
     }
 
-    /// What another process on this node needs to map the buffer (none once a buffer of
-    /// a stuck device was leaked).
-    pub(crate) fn ipc_handle(&self) -> Option<crate::host_ipc::HostIpcHandle> {
-        self.memory.as_ref().map(HostMemory::ipc_handle)
+    /// The memory, shared with whatever keeps it alive beyond the buffer.
+    pub(crate) fn memory(&self) -> &Arc<DeviceMemory> {
+        &self.memory
     }
 
     /// Device address of the first element (page-aligned).
@@ -138,7 +148,7 @@ impl<T: Pod> DeviceBuffer<T> {
     /// [`Error::InvalidUsage`] if `dst.len() != self.len()`.
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
         self.check_len("copy_to_host", dst.len())?;
-        // SAFETY: the buffer holds `len` initialized elements at `base()` (zeroed at
+        // SAFETY: the buffer holds `len` initialized elements at `base()` (filled at
         // allocation; every bit pattern is a valid `T: Pod`), aligned for `T`; `dst` is an
         // exclusive host slice of the same length, so the two do not overlap.
         unsafe {
@@ -195,32 +205,7 @@ impl<T: Pod> DeviceBuffer<T> {
 
 impl<T> DeviceBuffer<T> {
     fn base(&self) -> *mut u8 {
-        match &self.memory {
-            Some(memory) => memory.as_ptr(),
-            // Only `Drop` takes the memory, and nothing runs after it.
-            None => std::ptr::null_mut(),
-        }
-    }
-}
-
-impl<T> Drop for DeviceBuffer<T> {
-    fn drop(&mut self) {
-        let device = self.device.cpu_device();
-        if device.is_idle() {
-            return;
-        }
-        // A kernel still running may use this memory: wait for the device (bounded), and
-        // leak the memory if it does not go idle rather than free it under the kernel.
-        let timeout = timeout_from_env().unwrap_or(crate::device::DEFAULT_TIMEOUT);
-        if !device.wait_idle(timeout) {
-            let memory = self.memory.take();
-            tracing::warn!(
-                device = device.ordinal,
-                bytes = self.len * size_of::<T>(),
-                "device buffer dropped while kernels of its device still run; leaking its memory"
-            );
-            std::mem::forget(memory);
-        }
+        self.memory.as_ptr()
     }
 }
 

@@ -1,18 +1,31 @@
-//! Host IPC: how a rank maps another process's emulated device memory on the same node,
-//! the CPU backend's counterpart of CUDA IPC handles.
+//! Host IPC: how a rank maps another rank's emulated device memory on the same node, the
+//! CPU backend's counterpart of CUDA IPC handles.
 //!
 //! The owner's [`HostIpcHandle`] names its memfd by node, process id, descriptor number
-//! and inode. A peer opens `/proc/<pid>/fd/<fd>` (same user, same node), checks that it is
-//! still the same object (inode) and large enough, and maps it `MAP_SHARED`: both processes
-//! then read and write the same pages, and atomics on them work across processes.
+//! and inode. A peer opens `/proc/<pid>/fd/<fd>` and maps it `MAP_SHARED`: both then read
+//! and write the same pages, and atomics on them work across processes. Ranks that are
+//! threads of one process map each other's memory the same way, so a rank that frees its
+//! memory early (it failed, say) unmaps only its own view and never pulls pages from under
+//! a peer.
+//!
+//! A handle comes from a peer and is not trusted. Before anything is mapped, [`HostIpcHandle::map`]
+//! checks that the descriptor names an oxccl device-memory object ([`MEMFD_NAME`]), and,
+//! once it is open (so it cannot be swapped meanwhile), that it lives on the memfd file
+//! system, has the inode and the exact size the handle says, and is sealed against
+//! shrinking and growing (so the mapping can never fault). Anything else is refused with an
+//! error that says which check failed.
 
 use crate::error::{Error, Result};
-use rustix::fd::RawFd;
-use rustix::fs::{Mode, OFlags};
+use rustix::fd::{AsFd, OwnedFd, RawFd};
+use rustix::fs::{MemfdFlags, Mode, OFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 use serde::{Deserialize, Serialize};
 use std::ptr::NonNull;
 use std::sync::OnceLock;
+
+/// Name every emulated device-memory object is created with (it shows in
+/// `/proc/<pid>/fd` as `/memfd:oxccl-device-memory (deleted)`).
+pub const MEMFD_NAME: &str = "oxccl-device-memory";
 
 /// What a process on the same node needs to map a shared allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -40,6 +53,15 @@ pub fn node_name() -> &'static str {
     })
 }
 
+/// The device number of the file system memfds live on, learnt from one of our own.
+fn memfd_device() -> Option<u64> {
+    static DEV: OnceLock<Option<u64>> = OnceLock::new();
+    *DEV.get_or_init(|| {
+        let fd = rustix::fs::memfd_create("oxccl-probe", MemfdFlags::CLOEXEC).ok()?;
+        rustix::fs::fstat(&fd).ok().map(|s| s.st_dev)
+    })
+}
+
 impl HostIpcHandle {
     pub(crate) fn of_this_process(fd: RawFd, inode: u64, len: u64) -> Self {
         HostIpcHandle {
@@ -51,18 +73,18 @@ impl HostIpcHandle {
         }
     }
 
-    /// Whether the memory belongs to this process (its address can be used as is).
+    /// Whether the memory belongs to this process.
     pub fn is_local(&self) -> bool {
         self.pid == std::process::id() && self.node == node_name()
     }
 
-    /// Maps the memory into this process.
+    /// Maps the memory into this process, after the checks of the module docs.
     ///
     /// # Errors
-    /// [`Error::InvalidUsage`] for memory on another node; [`Error::System`] when the
-    /// owner's descriptor cannot be opened (the process ended, or another user owns it),
-    /// names another object than the handle (it was freed and the number reused), is
-    /// smaller than the handle says, or cannot be mapped.
+    /// [`Error::InvalidUsage`] for memory on another node, or a descriptor that is not an
+    /// oxccl device-memory object of the handle's inode and size, sealed; [`Error::System`]
+    /// when the owner's descriptor cannot be opened (the process ended, or another user owns
+    /// it) or the mapping fails.
     pub fn map(&self) -> Result<HostIpcMapping> {
         if self.node != node_name() {
             return Err(Error::InvalidUsage(format!(
@@ -72,29 +94,70 @@ impl HostIpcHandle {
             )));
         }
         let path = format!("/proc/{}/fd/{}", self.pid, self.fd);
-        let system = |what: &str, e: rustix::io::Errno| Error::System {
-            context: format!("{what} {path} (memory of process {})", self.pid),
-            source: e.into(),
+        let refuse = |why: String| {
+            Error::InvalidUsage(format!(
+                "refusing to map {path} (memory of process {}): {why}",
+                self.pid
+            ))
         };
+        let system = |what: &str, e: rustix::io::Errno| {
+            let gone = if e == rustix::io::Errno::NOENT {
+                ": the owner freed it, or ended"
+            } else {
+                ""
+            };
+            Error::System {
+                context: format!("{what} {path} (memory of process {}){gone}", self.pid),
+                source: e.into(),
+            }
+        };
+        // What the descriptor names, before opening it: only oxccl's own objects.
+        let target = rustix::fs::readlink(&path, Vec::new()).map_err(|e| system("reading", e))?;
+        let expected = format!("/memfd:{MEMFD_NAME}");
+        if !target.to_bytes().starts_with(expected.as_bytes()) {
+            return Err(refuse(format!(
+                "it is `{}`, not an oxccl device-memory object ({expected})",
+                target.to_string_lossy()
+            )));
+        }
         let fd = rustix::fs::open(&path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
             .map_err(|e| system("opening", e))?;
-        let stat = rustix::fs::fstat(&fd).map_err(|e| system("inspecting", e))?;
-        if stat.st_ino != self.inode || (stat.st_size as u64) < self.len {
-            return Err(Error::System {
-                context: format!(
-                    "{path} is not the {}-byte object the handle names (inode {} of {} bytes, expected inode {})",
-                    self.len, stat.st_ino, stat.st_size, self.inode
-                ),
-                source: std::io::ErrorKind::NotFound.into(),
-            });
-        }
+        // Checked on the open descriptor: what we map is what we checked.
+        self.check_object(&fd).map_err(refuse)?;
         let len = usize::try_from(self.len)
             .map_err(|_| Error::InvalidUsage(format!("{} bytes do not fit", self.len)))?;
-        // SAFETY: the object holds at least `len` bytes (checked above).
+        // SAFETY: the object holds exactly `len` bytes and is sealed against shrinking
+        // (checked above), so every page of the mapping stays backed.
         let raw = unsafe { map_shared(&fd, len) }.map_err(|e| system("mapping", e))?;
         let ptr = NonNull::new(raw.cast::<u8>())
             .ok_or_else(|| Error::Internal("mmap returned null".into()))?;
         Ok(HostIpcMapping { ptr, len })
+    }
+
+    /// Checks the open object against the handle: memfd file system, inode, exact size,
+    /// seals. Returns why it does not match.
+    fn check_object(&self, fd: &OwnedFd) -> std::result::Result<(), String> {
+        let stat = rustix::fs::fstat(fd).map_err(|e| format!("cannot inspect it: {e}"))?;
+        if memfd_device().is_some_and(|dev| dev != stat.st_dev) {
+            return Err("it does not live on the memfd file system".into());
+        }
+        if stat.st_ino != self.inode {
+            return Err(format!(
+                "it is inode {}, the handle names inode {} (freed, and the descriptor reused?)",
+                stat.st_ino, self.inode
+            ));
+        }
+        if self.len == 0 || stat.st_size as u64 != self.len {
+            return Err(format!(
+                "it holds {} bytes, the handle says {}",
+                stat.st_size, self.len
+            ));
+        }
+        let seals = rustix::fs::fcntl_get_seals(fd).map_err(|e| format!("no seals: {e}"))?;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return Err("it is not sealed at its size (it could shrink under the mapping)".into());
+        }
+        Ok(())
     }
 }
 
@@ -102,10 +165,10 @@ impl HostIpcHandle {
 /// address of the kernel's choosing: how both an allocation and a peer's view of it are made.
 ///
 /// # Safety
-/// `fd` must be a shared-memory object of at least `len` bytes; the caller owns the mapping
-/// and unmaps it exactly once.
+/// `fd` must be a shared-memory object of at least `len` bytes that cannot shrink while
+/// mapped; the caller owns the mapping and unmaps it exactly once.
 pub(crate) unsafe fn map_shared(
-    fd: impl rustix::fd::AsFd,
+    fd: impl AsFd,
     len: usize,
 ) -> rustix::io::Result<*mut core::ffi::c_void> {
     // SAFETY: a fresh mapping (null hint), so no existing memory is replaced; the size is
@@ -158,5 +221,79 @@ impl Drop for HostIpcMapping {
     fn drop(&mut self) {
         // SAFETY: by the invariant the range is our mapping, unmapped only here.
         let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// How many oxccl device-memory objects this process has mapped (for tests that check a
+/// refused handle mapped nothing).
+pub fn mapped_objects() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .map(|maps| maps.lines().filter(|l| l.contains(MEMFD_NAME)).count())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::memory::{Fill, HostMemory};
+
+    /// Guards against a handle that names something other than an oxccl device-memory
+    /// object (any file the owner has open, forged by a peer) being mapped, and against a
+    /// handle whose inode or size does not match the object: each refused, nothing mapped.
+    #[test]
+    fn forged_handles_are_refused_before_mapping() {
+        let mem = HostMemory::new(2 * 4096, Fill::Zero).unwrap();
+        let good = mem.ipc_handle();
+        let file = tempfile::tempfile().unwrap();
+        let before = mapped_objects();
+        let forged = [
+            (
+                HostIpcHandle {
+                    fd: rustix::fd::AsRawFd::as_raw_fd(&file),
+                    ..good.clone()
+                },
+                "not an oxccl device-memory object",
+            ),
+            (
+                HostIpcHandle {
+                    inode: good.inode + 1,
+                    ..good.clone()
+                },
+                "inode",
+            ),
+            (
+                HostIpcHandle {
+                    len: good.len + 4096,
+                    ..good.clone()
+                },
+                "holds",
+            ),
+            (
+                HostIpcHandle {
+                    len: good.len - 4096,
+                    ..good.clone()
+                },
+                "holds",
+            ),
+        ];
+        for (handle, why) in forged {
+            let err = handle.map().expect_err("a forged handle was mapped");
+            assert!(
+                matches!(err, Error::InvalidUsage(_)) && err.to_string().contains(why),
+                "{why}: {err}"
+            );
+        }
+        assert_eq!(mapped_objects(), before, "a refused handle left a mapping");
+        let elsewhere = HostIpcHandle {
+            node: "another-node".into(),
+            ..good.clone()
+        };
+        assert!(matches!(elsewhere.map(), Err(Error::InvalidUsage(_))));
+        let gone = HostIpcHandle {
+            pid: u32::MAX - 7,
+            ..good.clone()
+        };
+        assert!(matches!(gone.map(), Err(Error::System { .. })));
+        assert!(good.map().is_ok());
     }
 }

@@ -2,12 +2,20 @@
 //!
 //! [`run`] starts one thread per rank, gives each a [`Communicator`] on its own emulated
 //! device (ordinal = rank) with an [`InProcessExchange`], runs the closure on every rank,
-//! and returns each rank's result. A rank that fails or panics makes `run` fail naming it.
+//! and returns each rank's result.
+//!
+//! When a rank fails (its closure returns an error or panics), the job stops the others at
+//! once: their kernels' waits end (the ranks' stop words are raised) and their out-of-band
+//! receives end, instead of each waiting out its own deadline for a rank that will never
+//! answer. `run` then reports every failing rank's error, the root cause first: the first
+//! rank to fail, then ranks that failed on their own, then ranks that were stopped.
 
-use crate::communicator::{Communicator, CommunicatorConfig};
+use crate::communicator::{Communicator, CommunicatorConfig, RankStopper};
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, RankFailure, Result};
 use crate::out_of_band::InProcessExchange;
+use parking_lot::Mutex;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,11 +37,40 @@ impl Default for InProcessConfig {
     }
 }
 
+/// What the ranks of one job share to stop each other.
+struct Job {
+    /// Each rank's stopper, once its communicator exists.
+    stoppers: Mutex<Vec<Option<RankStopper>>>,
+    /// The first rank that failed, if any.
+    first: Mutex<Option<u32>>,
+    /// Any rank's exchange (they share one mailbox): aborting it aborts them all.
+    exchange: InProcessExchange,
+}
+
+impl Job {
+    /// Records that `rank` failed; the first failure stops every rank. Returns whether the
+    /// job had already failed (this failure may be a consequence).
+    fn fail(&self, rank: u32) -> bool {
+        let mut first = self.first.lock();
+        if first.is_some() {
+            return true;
+        }
+        *first = Some(rank);
+        let why = format!("rank {rank} of the job failed");
+        for stopper in self.stoppers.lock().iter().flatten() {
+            stopper.stop(why.clone());
+        }
+        self.exchange.abort(why);
+        false
+    }
+}
+
 /// Runs `body` on `ranks` ranks, each a thread with its own communicator; returns the
 /// results by rank.
 ///
 /// # Errors
-/// The first rank (lowest number) whose body failed or panicked.
+/// [`Error::Ranks`] with every failing rank's error (a panic counts, with its message), the
+/// root cause first.
 pub fn run<T, F>(ranks: u32, config: InProcessConfig, body: F) -> Result<Vec<T>>
 where
     T: Send,
@@ -45,55 +82,99 @@ where
         ));
     }
     let exchanges = InProcessExchange::group(ranks, config.exchange_timeout);
+    let job = Arc::new(Job {
+        stoppers: Mutex::new(vec![None; ranks as usize]),
+        first: Mutex::new(None),
+        exchange: exchanges[0].clone(),
+    });
     let body = &body;
     let config = &config;
-    let results: Vec<Result<T>> = std::thread::scope(|scope| {
+    let outcomes: Vec<(u32, Result<T>, bool)> = std::thread::scope(|scope| {
         let handles: Vec<_> = exchanges
             .into_iter()
             .map(|exchange| {
                 let rank = exchange.rank_id();
-                std::thread::Builder::new()
+                let job = job.clone();
+                let spawned = std::thread::Builder::new()
                     .name(format!("oxccl-rank{rank}"))
                     .spawn_scoped(scope, move || {
-                        let device = Device::cpu(rank as usize);
-                        let mut comm = Communicator::new(
-                            Arc::new(exchange),
-                            device,
-                            config.communicator.clone(),
-                        )?;
-                        body(&mut comm)
-                    })
-                    .map_err(|e| Error::System {
-                        context: format!("starting rank {rank}"),
-                        source: e,
-                    })
+                        let outcome = catch_unwind(AssertUnwindSafe(|| {
+                            let mut consequence = false;
+                            let device = Device::cpu(rank as usize);
+                            let result = Communicator::new(
+                                Arc::new(exchange),
+                                device,
+                                config.communicator.clone(),
+                            )
+                            .and_then(|mut comm| {
+                                job.stoppers.lock()[rank as usize] = Some(comm.stopper());
+                                let result = body(&mut comm);
+                                // Stop the others while this rank's communicator still
+                                // exists: its drop waits for its own kernels, which the
+                                // stop ends too.
+                                if result.is_err() {
+                                    consequence = job.fail(rank);
+                                }
+                                result
+                            });
+                            if result.is_err() && job.first.lock().is_none() {
+                                // Failed before its communicator existed.
+                                consequence = job.fail(rank);
+                            }
+                            (result, consequence)
+                        }));
+                        match outcome {
+                            Ok((result, consequence)) => (rank, result, consequence),
+                            Err(panic) => {
+                                let consequence = job.fail(rank);
+                                let message = crate::error::panic_message(panic.as_ref());
+                                let error =
+                                    Error::Internal(format!("rank {rank} panicked: {message}"));
+                                (rank, Err(error), consequence)
+                            }
+                        }
+                    });
+                (rank, spawned)
             })
             .collect();
         handles
             .into_iter()
-            .enumerate()
-            .map(|(rank, h)| match h {
-                Ok(h) => h.join().unwrap_or_else(|panic| {
-                    Err(Error::Internal(format!(
-                        "rank {rank} panicked: {}",
-                        crate::error::panic_message(panic.as_ref())
-                    )))
+            .map(|(rank, spawned)| match spawned {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    let error = Error::Internal(format!("rank {rank}'s thread failed"));
+                    (rank, Err(error), false)
                 }),
-                Err(e) => Err(e),
+                Err(e) => {
+                    let error = Error::System {
+                        context: format!("starting rank {rank}"),
+                        source: e,
+                    };
+                    (rank, Err(error), false)
+                }
             })
             .collect()
     });
-    let mut out = Vec::with_capacity(results.len());
-    for (rank, r) in results.into_iter().enumerate() {
-        match r {
-            Ok(v) => out.push(v),
-            Err(e) => {
-                return Err(Error::Rank {
-                    rank: rank as u32,
-                    source: Box::new(e),
-                });
+    let root = *job.first.lock();
+    let mut values = Vec::with_capacity(outcomes.len());
+    let mut failures = Vec::new();
+    for (rank, result, consequence) in outcomes {
+        match result {
+            Ok(v) => values.push(v),
+            Err(error) => {
+                // A rank whose error is an abort was stopped, whatever the order it ended in.
+                let consequence =
+                    consequence || (Some(rank) != root && error.kind() == ErrorKind::Aborted);
+                failures.push(RankFailure {
+                    rank,
+                    error,
+                    consequence,
+                })
             }
         }
     }
-    Ok(out)
+    if failures.is_empty() {
+        return Ok(values);
+    }
+    failures.sort_by_key(|f| (Some(f.rank) != root, f.consequence, f.rank));
+    Err(Error::Ranks(failures))
 }

@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+mod channel_abort;
 pub mod communicator;
 mod cpu;
 pub mod device;
@@ -20,10 +21,13 @@ pub mod stream;
 pub mod transport;
 
 pub use backend::Backend;
-pub use communicator::{Communicator, CommunicatorConfig};
+pub use communicator::{Communicator, CommunicatorConfig, RankStopper};
+pub use cpu::memory::UNINITIALIZED_BYTE;
 pub use device::Device;
 pub use device_buffer::DeviceBuffer;
-pub use error::{Error, Result};
+pub use error::{
+    ChannelError, ChannelFailure, ChannelKind, ChannelRef, Error, ErrorKind, RankFailure, Result,
+};
 pub use memory_channel::MemoryChannel;
 pub use out_of_band::{BootstrapExchange, InProcessExchange, OutOfBand};
 pub use port_channel::PortChannel;

@@ -5,8 +5,9 @@
 //! for ranks as threads of one process. Every call has a deadline.
 
 use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Tagged point-to-point messages and collectives among the ranks of a job.
@@ -47,8 +48,16 @@ type Queues = HashMap<(u32, u32, u64), VecDeque<Vec<u8>>>;
 
 #[derive(Default)]
 struct Mailbox {
-    queues: Mutex<Queues>,
+    queues: Mutex<Post>,
     arrived: Condvar,
+}
+
+/// The messages in flight, and why the job stopped, if it did.
+#[derive(Default)]
+struct Post {
+    queues: Queues,
+    /// Set by [`InProcessExchange::abort`]: every receive ends with this.
+    aborted: Option<String>,
 }
 
 /// The exchange among ranks that are threads of one process.
@@ -82,6 +91,15 @@ impl InProcessExchange {
         self.rank
     }
 
+    /// Ends every receive of the group, waiting or to come, with [`Error::Aborted`] saying
+    /// `why` (the first reason is kept): what a job does when one of its ranks failed, so
+    /// the others stop waiting for it at once instead of at their deadlines.
+    pub fn abort(&self, why: String) {
+        let mut post = self.mailbox.queues.lock();
+        post.aborted.get_or_insert(why);
+        self.mailbox.arrived.notify_all();
+    }
+
     fn check_peer(&self, peer: u32) -> Result<()> {
         if peer >= self.size {
             return Err(Error::InvalidUsage(format!(
@@ -104,12 +122,11 @@ impl OutOfBand for InProcessExchange {
 
     fn send(&self, peer: u32, tag: u64, data: Vec<u8>) -> Result<()> {
         self.check_peer(peer)?;
-        let mut q = self
-            .mailbox
-            .queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        q.entry((self.rank, peer, tag)).or_default().push_back(data);
+        let mut post = self.mailbox.queues.lock();
+        post.queues
+            .entry((self.rank, peer, tag))
+            .or_default()
+            .push_back(data);
         self.mailbox.arrived.notify_all();
         Ok(())
     }
@@ -117,17 +134,20 @@ impl OutOfBand for InProcessExchange {
     fn recv(&self, peer: u32, tag: u64) -> Result<Vec<u8>> {
         self.check_peer(peer)?;
         let deadline = Instant::now() + self.timeout;
-        let mut q = self
-            .mailbox
-            .queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut post = self.mailbox.queues.lock();
         loop {
-            if let Some(msg) = q
+            if let Some(msg) = post
+                .queues
                 .get_mut(&(peer, self.rank, tag))
                 .and_then(VecDeque::pop_front)
             {
                 return Ok(msg);
+            }
+            if let Some(why) = &post.aborted {
+                return Err(Error::Aborted(format!(
+                    "rank {}: waiting for a message from rank {peer}: {why}",
+                    self.rank
+                )));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -139,21 +159,13 @@ impl OutOfBand for InProcessExchange {
                     after: self.timeout,
                 });
             }
-            q = self
-                .mailbox
-                .arrived
-                .wait_timeout(q, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            self.mailbox.arrived.wait_for(&mut post, deadline - now);
         }
     }
 
     fn all_gather(&self, data: Vec<u8>) -> Result<Vec<Vec<u8>>> {
         let tag = {
-            let mut seq = self
-                .collective_seq
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut seq = self.collective_seq.lock();
             *seq += 1;
             RESERVED_TAG_BASE | *seq
         };
@@ -229,6 +241,27 @@ mod tests {
             matches!(&err, Error::Timeout { what, .. } if what.contains("rank 1")),
             "{err}"
         );
+    }
+
+    /// Guards against ranks left waiting for a rank that failed: an abort ends receives at
+    /// once, saying why, instead of at their deadline.
+    #[test]
+    fn abort_ends_receives_at_once() {
+        let group = InProcessExchange::group(3, Duration::from_secs(30));
+        let waiter = {
+            let me = group[0].clone();
+            std::thread::spawn(move || me.recv(2, 9))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        let started = Instant::now();
+        group[2].abort("rank 2 failed".into());
+        let err = waiter.join().unwrap().unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(
+            matches!(&err, Error::Aborted(why) if why.contains("rank 2 failed")),
+            "{err}"
+        );
+        assert!(matches!(group[1].recv(0, 1), Err(Error::Aborted(_))));
     }
 
     /// Guards against messages of different tags or senders being mixed up.

@@ -1,46 +1,54 @@
 //! Port channels on the host: a semaphore, a registered channel at the proxy, and the ids
 //! of the memories it moves data between. [`PortChannel::device_handle`] is what kernels get.
 //!
-//! Built by [`Communicator::port_channel`](crate::Communicator::port_channel); the proxy
-//! that serves it belongs to the communicator and must outlive every kernel using it.
+//! Built by [`Communicator::port_channel`](crate::Communicator::port_channel). A channel
+//! holds a share of everything its handles point to (the proxy's FIFO cells, its semaphore
+//! counters, its abort record), so a handle borrowed from it is valid as long as the
+//! channel; the proxy's tables hold the memories it copies between.
 
-use crate::semaphore::Host2DeviceSemaphore;
-use oxccl_device::fifo::FifoDeviceHandle;
-use oxccl_device::port_channel::PortChannelDeviceHandle;
-use oxccl_device::wait::WaitPolicy;
-use oxccl_proxy::{MemoryId, SemaphoreId};
+use crate::channel_abort::ChannelAbort;
+use crate::error::ChannelRef;
+use crate::semaphore::SemaphoreCells;
+use oxccl_device::port_channel::{PortChannelDeviceHandle, PortChannelIds};
+use oxccl_device::semaphore::Host2DeviceSemaphoreDeviceHandle;
+use oxccl_proxy::fifo::FifoCells;
+use std::sync::Arc;
 
 /// A proxy-driven channel to one peer, between one local and one remote memory.
 #[derive(Debug)]
 pub struct PortChannel {
-    pub(crate) semaphore: Host2DeviceSemaphore,
-    pub(crate) id: SemaphoreId,
-    pub(crate) dst: MemoryId,
-    pub(crate) src: MemoryId,
-    pub(crate) fifo: FifoDeviceHandle,
-    pub(crate) wait: WaitPolicy,
+    pub(crate) channel: ChannelRef,
+    pub(crate) ids: PortChannelIds,
+    pub(crate) fifo: Arc<FifoCells>,
+    pub(crate) semaphore: SemaphoreCells,
+    pub(crate) abort: ChannelAbort,
 }
 
 impl PortChannel {
     /// The channel's id at the proxy.
     pub fn id(&self) -> u32 {
-        self.id.0
+        self.ids.semaphore_id
     }
 
     /// The peer.
     pub fn peer(&self) -> u32 {
-        self.semaphore.peer()
+        self.channel.peer
     }
 
-    /// The kernel-side handle.
-    pub fn device_handle(&self) -> PortChannelDeviceHandle {
-        PortChannelDeviceHandle {
-            fifo: self.fifo,
-            semaphore: self.semaphore.device_handle(self.wait),
-            semaphore_id: self.id.0,
-            dst_memory_id: self.dst.0,
-            src_memory_id: self.src.0,
-            reserved: 0,
-        }
+    /// The channel as errors name it (kind, peer, index).
+    pub fn channel(&self) -> ChannelRef {
+        self.channel
+    }
+
+    /// The kernel-side handle, valid while the channel is borrowed.
+    pub fn device_handle(&self) -> PortChannelDeviceHandle<'_> {
+        let wait = self.abort.wait_policy();
+        // SAFETY: the counters are the zeroed device memory `self.semaphore` owns, alive for
+        // the borrow; `inbound` is raised only by the peer's proxy (through its connection),
+        // `expected` only by our waiting thread.
+        let semaphore = unsafe {
+            Host2DeviceSemaphoreDeviceHandle::from_raw_parts(self.semaphore.raw_parts(0), wait)
+        };
+        PortChannelDeviceHandle::new(self.fifo.device_handle(wait), semaphore, self.ids)
     }
 }

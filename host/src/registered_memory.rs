@@ -1,56 +1,86 @@
 //! Registered memory: a buffer plus what a peer needs to reach it, serializable so it can
 //! travel to the peer through the out-of-band exchange.
+//!
+//! On the wire a registered memory is the layout version ([`oxccl_device::LAYOUT_VERSION`])
+//! followed by the description; a peer decodes the version first and refuses any other, so
+//! ranks built from different layouts fail with a clear error instead of misreading each
+//! other. What a peer sends is checked on arrival ([`RegisteredMemory::from_bytes`]): the
+//! transports, the size and offset inside the shared object, their alignment. The object
+//! itself is checked when it is mapped (see [`crate::host_ipc`]).
 
+use crate::cpu::memory::DeviceMemory;
 use crate::error::{Error, Result};
 use crate::host_ipc::{HostIpcHandle, node_name};
 use crate::transport::Transport;
-use oxccl_proxy::MemoryRegion;
+use oxccl_device::LAYOUT_VERSION;
 use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::Arc;
+
+/// Alignment every registered range must have inside its object: enough for any packet
+/// (16 bytes) and any element type.
+pub const REGISTRATION_ALIGN: u64 = 16;
+
+/// Longest encoded registered memory a peer may send.
+const MAX_ENCODED_BYTES: usize = 4096;
 
 /// A buffer registered for one-sided access, as it travels between ranks.
 ///
-/// It does not own the buffer: the owner keeps the buffer alive (and in place) while any
-/// channel built from it may be used.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A registration made here ([`Communicator::register`](crate::Communicator::register))
+/// holds a share of the buffer's memory: the memory stays allocated as long as the
+/// registration, or a channel built from it, exists, whatever happens to the buffer. One
+/// that came from a peer holds nothing: it is reached through a mapping the communicator
+/// makes and keeps.
+#[derive(Clone, Serialize, Deserialize)]
 pub struct RegisteredMemory {
     rank: u32,
     addr: u64,
     size: u64,
     transports: Vec<Transport>,
-    /// Node and process that own the memory: a rank of the same process uses `addr` as is.
+    /// Node and process that own the memory.
     node: String,
     process_id: u32,
-    /// The shared object holding the memory, and the memory's offset in it, for ranks in
-    /// other processes of the node.
+    /// The shared object holding the memory, and the memory's offset in it, for ranks that
+    /// map it.
     host_ipc: Option<(HostIpcHandle, u64)>,
+    /// A share of the memory, for a registration made in this process.
+    #[serde(skip)]
+    owner: Option<Arc<DeviceMemory>>,
 }
 
 impl RegisteredMemory {
-    pub(crate) fn new(
+    /// A registration of `size` bytes at `offset` of `memory`, owned by `rank`.
+    pub(crate) fn new_local(
         rank: u32,
-        addr: u64,
+        memory: Arc<DeviceMemory>,
+        offset: u64,
         size: u64,
         transports: Vec<Transport>,
-        host_ipc: Option<(HostIpcHandle, u64)>,
     ) -> Self {
         RegisteredMemory {
             rank,
-            addr,
+            addr: memory.as_ptr() as u64 + offset,
             size,
             transports,
             node: node_name().to_owned(),
             process_id: std::process::id(),
-            host_ipc,
+            host_ipc: memory.ipc_handle().map(|h| (h, offset)),
+            owner: Some(memory),
         }
     }
 
-    /// Whether the memory belongs to this process (its address is usable as is).
+    /// Whether this registration was made in this process (it holds its memory).
     pub fn is_local(&self) -> bool {
-        self.process_id == std::process::id() && self.node == node_name()
+        self.owner.is_some()
+    }
+
+    /// The share of the memory a local registration holds.
+    pub(crate) fn owner(&self) -> Option<&Arc<DeviceMemory>> {
+        self.owner.as_ref()
     }
 
     /// The shared object holding the memory and the memory's offset in it, if it can be
-    /// mapped by other processes.
+    /// mapped by other ranks.
     pub fn host_ipc(&self) -> Option<&(HostIpcHandle, u64)> {
         self.host_ipc.as_ref()
     }
@@ -75,61 +105,153 @@ impl RegisteredMemory {
         &self.transports
     }
 
-    /// The memory as reachable from this process without mapping: its address, for the
-    /// proxy and for memory channels. Memory of other processes is reached through
-    /// [`Communicator`](crate::Communicator), which maps it.
-    ///
-    /// # Errors
-    /// [`Error::InvalidUsage`] if the memory is in another process.
-    pub fn region(&self) -> Result<MemoryRegion> {
-        if !self.is_local() {
-            return Err(Error::InvalidUsage(format!(
-                "memory of rank {} lives in process {} on `{}`: map it first",
-                self.rank, self.process_id, self.node
-            )));
-        }
-        Ok(MemoryRegion::new(self.rank, self.addr, self.size))
+    /// Node the memory lives on.
+    pub fn node(&self) -> &str {
+        &self.node
     }
 
-    /// Encodes for the out-of-band exchange (postcard).
+    /// Encodes for the out-of-band exchange: the layout version, then the description
+    /// (postcard).
     ///
     /// # Errors
     /// Never in practice; an encoder failure is reported as [`Error::Internal`].
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        postcard::to_stdvec(self)
-            .map_err(|e| Error::Internal(format!("encoding registered memory: {e}")))
+        let encode =
+            |e: postcard::Error| Error::Internal(format!("encoding registered memory: {e}"));
+        let mut out = postcard::to_stdvec(&LAYOUT_VERSION).map_err(encode)?;
+        out.extend(postcard::to_stdvec(self).map_err(encode)?);
+        Ok(out)
     }
 
-    /// Decodes what [`Self::to_bytes`] produced.
+    /// Decodes and checks what a peer's [`Self::to_bytes`] produced.
     ///
     /// # Errors
-    /// [`Error::InvalidUsage`] for bytes that are not a registered memory.
+    /// [`Error::InvalidUsage`] for bytes that are not a registered memory of this layout
+    /// version, or one whose description cannot be right: no transport, a host IPC handle
+    /// without the host IPC transport, a range outside its object or misaligned in it.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        postcard::from_bytes(bytes)
-            .map_err(|e| Error::InvalidUsage(format!("malformed registered memory: {e}")))
+        let malformed =
+            |what: String| Error::InvalidUsage(format!("malformed registered memory: {what}"));
+        if bytes.len() > MAX_ENCODED_BYTES {
+            return Err(malformed(format!(
+                "{} bytes, more than the {MAX_ENCODED_BYTES} any registration takes",
+                bytes.len()
+            )));
+        }
+        let (version, rest) =
+            postcard::take_from_bytes::<u32>(bytes).map_err(|e| malformed(e.to_string()))?;
+        if version != LAYOUT_VERSION {
+            return Err(Error::InvalidUsage(format!(
+                "registered memory of layout version {version} from a peer; this build uses \
+                 layout version {LAYOUT_VERSION}: every rank of a job must run the same oxccl"
+            )));
+        }
+        let memory: RegisteredMemory =
+            postcard::from_bytes(rest).map_err(|e| malformed(e.to_string()))?;
+        memory.validate()?;
+        Ok(memory)
+    }
+
+    /// Checks what can be checked without mapping.
+    fn validate(&self) -> Result<()> {
+        let refuse = |why: String| {
+            Err(Error::InvalidUsage(format!(
+                "registered memory of rank {} refused: {why}",
+                self.rank
+            )))
+        };
+        if self.transports.is_empty() {
+            return refuse("it names no transport".into());
+        }
+        if let Some((handle, offset)) = &self.host_ipc {
+            if !self.transports.contains(&Transport::HostIpc) {
+                return refuse(
+                    "it carries a host IPC handle but not the host-ipc transport".into(),
+                );
+            }
+            if !offset.is_multiple_of(REGISTRATION_ALIGN) {
+                return refuse(format!(
+                    "offset {offset} in its object is not a multiple of {REGISTRATION_ALIGN}"
+                ));
+            }
+            let fits = offset
+                .checked_add(self.size)
+                .is_some_and(|end| end <= handle.len);
+            if !fits {
+                return refuse(format!(
+                    "{} bytes at offset {offset} do not fit its {}-byte object",
+                    self.size, handle.len
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PartialEq for RegisteredMemory {
+    /// Equal when they describe the same memory, whether or not they hold it.
+    fn eq(&self, other: &Self) -> bool {
+        (
+            self.rank,
+            self.addr,
+            self.size,
+            &self.transports,
+            &self.node,
+            self.process_id,
+            &self.host_ipc,
+        ) == (
+            other.rank,
+            other.addr,
+            other.size,
+            &other.transports,
+            &other.node,
+            other.process_id,
+            &other.host_ipc,
+        )
+    }
+}
+
+impl Eq for RegisteredMemory {}
+
+impl fmt::Debug for RegisteredMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegisteredMemory")
+            .field("rank", &self.rank)
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("size", &self.size)
+            .field("transports", &self.transports)
+            .field("node", &self.node)
+            .field("process_id", &self.process_id)
+            .field("host_ipc", &self.host_ipc)
+            .field("local", &self.is_local())
+            .finish()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Device;
 
-    /// Guards against a registered memory that does not survive the trip to a peer.
+    fn sample() -> RegisteredMemory {
+        let buf = Device::cpu(0).alloc_zeroed::<u8>(8192).unwrap();
+        RegisteredMemory::new_local(
+            3,
+            buf.memory().clone(),
+            4096,
+            4096,
+            vec![Transport::HostIpc],
+        )
+    }
+
+    /// Guards against a registered memory that does not survive the trip to a peer, or that
+    /// claims to hold memory on the other side.
     #[test]
     fn round_trips_through_bytes() {
-        let m = RegisteredMemory::new(
-            3,
-            0x7f00_0000_1000,
-            4096,
-            vec![Transport::HostIpc, Transport::Ib(1)],
-            Some((HostIpcHandle::of_this_process(7, 99, 8192), 4096)),
-        );
+        let m = sample();
         let back = RegisteredMemory::from_bytes(&m.to_bytes().unwrap()).unwrap();
         assert_eq!(back, m);
-        assert_eq!(
-            back.region().unwrap(),
-            MemoryRegion::new(3, 0x7f00_0000_1000, 4096)
-        );
+        assert!(m.is_local() && !back.is_local());
     }
 
     /// Guards against garbage from a peer being accepted as memory to write into.
@@ -139,5 +261,6 @@ mod tests {
             RegisteredMemory::from_bytes(&[0xff; 3]),
             Err(Error::InvalidUsage(_))
         ));
+        assert!(RegisteredMemory::from_bytes(&vec![1; MAX_ENCODED_BYTES + 1]).is_err());
     }
 }

@@ -31,10 +31,14 @@ pub const CPU_MAX_THREADS_PER_LAUNCH: u64 = MAX_THREADS_PER_LAUNCH;
 /// ```
 /// use oxccl_device::{arch, kernel, launch::LaunchConfig, DeviceSlice};
 ///
+/// /// Writes each thread's rank in the grid at that rank.
+/// ///
+/// /// # Safety
+/// /// `out` must hold one writable element per thread of the grid.
 /// #[kernel]
-/// fn iota(out: DeviceSlice<u64>) {
+/// unsafe fn iota(out: DeviceSlice<u64>) {
 ///     let i = arch::thread_rank_in_grid();
-///     // SAFETY: each thread writes its own element; the host reads after synchronize.
+///     // SAFETY: the contract above; each thread writes its own element.
 ///     unsafe { out.write(i, i) };
 /// }
 ///
@@ -42,7 +46,9 @@ pub const CPU_MAX_THREADS_PER_LAUNCH: u64 = MAX_THREADS_PER_LAUNCH;
 ///     let device = oxccl::Device::cpu(0);
 ///     let stream = device.stream()?;
 ///     let out = device.alloc::<u64>(8)?;
-///     iota::launch(&stream, LaunchConfig::grid(2).block(4), (out.device_slice(),))?;
+///     // SAFETY: `out` holds one element for each of the 2 x 4 threads, and lives until
+///     // the launch is synchronized.
+///     unsafe { iota::launch(&stream, LaunchConfig::grid(2).block(4), (out.device_slice(),))? };
 ///     stream.synchronize()?;
 ///     assert_eq!(out.to_vec()?, [0, 1, 2, 3, 4, 5, 6, 7]);
 ///     Ok(())
@@ -100,6 +106,8 @@ impl Stream {
     ///   running (a kernel thread cannot be cancelled); a later `synchronize` may succeed.
     /// - [`Error::KernelFailed`] if a kernel thread panicked (or trapped), with the thread's
     ///   indices and message.
+    /// - [`Error::KernelError`] if a kernel returned an error (a device call that failed:
+    ///   a wait that timed out, a call refused), with the thread and the call.
     /// - [`Error::System`] if the emulator could not start a launch's threads.
     pub fn synchronize(&self) -> Result<()> {
         self.cpu.synchronize(self.timeout)
@@ -140,6 +148,9 @@ impl Stream {
                 config.total_threads()
             ));
         }
+        if let Some(unsupported) = kernel.unsupported(config) {
+            return Err(Error::InvalidUsage(unsupported.to_string()));
+        }
         if config.shared_mem_bytes != 0 {
             return refuse(format!(
                 "{} bytes of dynamic shared memory requested; the cpu backend has none",
@@ -159,8 +170,8 @@ impl Launcher for Stream {
     /// # Errors
     /// [`Error::InvalidUsage`], naming the kernel, if the parameter count does not match
     /// the kernel's, a parameter pointer is null, the grid or block has a zero extent, the
-    /// launch has more than [`CPU_MAX_THREADS_PER_LAUNCH`] threads, or it asks for dynamic
-    /// shared memory.
+    /// launch has more than [`CPU_MAX_THREADS_PER_LAUNCH`] threads or more blocks than the
+    /// kernel supports (`#[kernel(max_blocks = N)]`), or it asks for dynamic shared memory.
     ///
     /// # Safety
     /// `params` must hold one pointer per parameter of `kernel`, the i-th pointing to a

@@ -4,32 +4,51 @@
 #![allow(missing_docs)]
 
 use oxccl::in_process::{self, InProcessConfig};
-use oxccl::{Communicator, CommunicatorConfig, Error, PortChannel, RegisteredMemory, Result};
-use oxccl_device::kernel;
+use oxccl::{
+    ChannelFailure, ChannelKind, Communicator, CommunicatorConfig, Error, ErrorKind, PortChannel,
+    RegisteredMemory, Result,
+};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
-use oxccl_device::port_channel::PortChannelDeviceHandle;
+use oxccl_device::port_channel::{PortChannelDeviceHandle, PortChannelIds};
+use oxccl_device::{DeviceError, kernel};
 use oxccl_proxy::{ProxyError, Refusal, Side};
 use std::time::{Duration, Instant};
 
 /// Puts `bytes` from `src_off` to `dst_off`, then flushes.
 #[kernel]
-fn put_then_flush(chan: PortChannelDeviceHandle, dst_off: u64, src_off: u64, bytes: u64) {
-    if chan.put(dst_off, src_off, bytes).is_ok() {
-        let _ = chan.flush();
-    }
+fn put_then_flush(
+    chan: PortChannelDeviceHandle<'_>,
+    dst_off: u64,
+    src_off: u64,
+    bytes: u64,
+) -> Result<(), DeviceError> {
+    chan.put(dst_off, src_off, bytes)?;
+    chan.flush()
+}
+
+/// Flushes a port channel.
+#[kernel]
+fn flush_once(chan: PortChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
+    chan.flush()
 }
 
 /// Waits once on a memory channel.
 #[kernel]
-fn memory_wait_once(chan: MemoryChannelDeviceHandle) {
-    let _ = chan.wait();
+fn memory_wait_once(chan: MemoryChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
+    chan.wait()
 }
 
 /// Waits once on a port channel.
 #[kernel]
-fn port_wait_once(chan: PortChannelDeviceHandle) {
-    let _ = chan.wait();
+fn port_wait_once(chan: PortChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
+    chan.wait()
+}
+
+/// Signals on a memory channel.
+#[kernel]
+fn memory_signal_once(chan: MemoryChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
+    chan.signal()
 }
 
 const BYTES: usize = 4096;
@@ -38,10 +57,19 @@ fn config(wait_timeout: Duration) -> InProcessConfig {
     InProcessConfig {
         communicator: CommunicatorConfig {
             wait_timeout,
+            proxy_assist: false,
             ..Default::default()
         },
         exchange_timeout: Duration::from_secs(20),
     }
+}
+
+/// `handle` with other ids in its triggers (ids are checked by the proxy, so safe to set).
+fn with_ids(
+    handle: PortChannelDeviceHandle<'_>,
+    ids: impl FnOnce(PortChannelIds) -> PortChannelIds,
+) -> PortChannelDeviceHandle<'_> {
+    PortChannelDeviceHandle::new(handle.fifo(), handle.semaphore(), ids(handle.ids()))
 }
 
 /// Two ranks, each with a buffer of `BYTES` filled with its rank + 1, and a port channel to
@@ -58,10 +86,11 @@ fn setup(
     Ok((buf, chan, all))
 }
 
-/// Runs `put_then_flush` with `handle` on rank 0 only; returns rank 0's `check()` and
-/// whether rank 1's buffer is untouched.
+/// Runs `put_then_flush` with `handle` on rank 0 only; returns rank 0's refusal and
+/// whether rank 1's buffer is untouched. Also checks that the refused put's flush did not
+/// report success, and that a later flush on the stopped channel does not either.
 fn run_bad_put(
-    tweak: impl Fn(&PortChannel) -> (PortChannelDeviceHandle, u64, u64, u64) + Sync,
+    tweak: impl Fn(&PortChannel) -> (PortChannelDeviceHandle<'_>, u64, u64, u64) + Sync,
 ) -> Vec<(Option<ProxyError>, bool)> {
     in_process::run(2, config(Duration::from_secs(10)), |comm| {
         let (buf, chan, _all) = setup(comm)?;
@@ -69,13 +98,35 @@ fn run_bad_put(
         if comm.rank() == 0 {
             let stream = comm.device().stream()?;
             put_then_flush::launch(&stream, LaunchConfig::grid(1), tweak(&chan))?;
-            stream.synchronize()?;
+            match stream.synchronize() {
+                Err(Error::KernelError { error, .. }) => assert_eq!(error, DeviceError::Aborted),
+                Ok(()) => {} // a put the device itself refused never reaches the flush
+                other => panic!("expected the kernel to report the failure, got {other:?}"),
+            }
             match comm.check() {
                 Err(Error::Proxy(e)) => refused = Some(e),
                 other => panic!("expected a refused trigger, got {other:?}"),
             }
-            // The channel stays stopped and the flag is lowered after the report.
+            // The error is reported once, and the records are lowered after the report...
             assert!(comm.check().is_ok(), "the error is reported once");
+            // ... but the channel stays stopped: a later flush must not claim success. (A
+            // trigger naming an unknown channel stops no channel.)
+            let stopped = !matches!(
+                refused,
+                Some(ProxyError::TriggerRefused {
+                    refusal: Refusal::UnknownChannel { .. },
+                    ..
+                })
+            );
+            flush_once::launch(&stream, LaunchConfig::grid(1), (chan.device_handle(),))?;
+            match comm.synchronize(&stream) {
+                Err(Error::Channel(e)) if stopped => {
+                    assert!(matches!(e.cause, ChannelFailure::Stopped { .. }), "{e}");
+                    assert!(e.to_string().contains("flush_once"), "{e}");
+                }
+                Ok(()) if !stopped => {}
+                other => panic!("a flush after a refusal returned {other:?}"),
+            }
         }
         comm.barrier()?;
         let untouched = buf.to_vec()?.iter().all(|&b| b == comm.rank() as u8 + 1);
@@ -143,8 +194,10 @@ fn trigger_out_of_bounds_is_refused() {
 #[test]
 fn trigger_unknown_id_is_refused() {
     let results = run_bad_put(|c| {
-        let mut h = c.device_handle();
-        h.dst_memory_id = 300;
+        let h = with_ids(c.device_handle(), |ids| PortChannelIds {
+            dst_memory_id: 300,
+            ..ids
+        });
         (h, 0, 0, 16)
     });
     assert!(matches!(
@@ -160,8 +213,10 @@ fn trigger_unknown_id_is_refused() {
     assert!(results.iter().all(|(_, untouched)| *untouched));
 
     let results = run_bad_put(|c| {
-        let mut h = c.device_handle();
-        h.semaphore_id = 1000;
+        let h = with_ids(c.device_handle(), |ids| PortChannelIds {
+            semaphore_id: 1000,
+            ..ids
+        });
         (h, 0, 0, 16)
     });
     assert!(matches!(
@@ -177,8 +232,10 @@ fn trigger_unknown_id_is_refused() {
 
     // A source memory that is the peer's, not ours: known id, wrong owner.
     let results = run_bad_put(|c| {
-        let mut h = c.device_handle();
-        h.src_memory_id = h.dst_memory_id;
+        let h = with_ids(c.device_handle(), |ids| PortChannelIds {
+            src_memory_id: ids.dst_memory_id,
+            ..ids
+        });
         (h, 0, 0, 16)
     });
     assert!(matches!(
@@ -196,7 +253,8 @@ fn trigger_unknown_id_is_refused() {
 }
 
 /// Guards against a device wait for a signal that never comes hanging the kernel (and the
-/// job) forever, and against a timeout that does not say which channel and peer.
+/// job) forever, and against a timeout that does not say which channel, which peer, what
+/// was waited for and what arrived.
 #[test]
 fn wait_times_out() {
     let limit = Duration::from_millis(200);
@@ -209,9 +267,9 @@ fn wait_times_out() {
         let port = comm.port_channel(peer, &all[peer as usize], &mine)?;
         let stream = comm.device().stream()?;
         // Nobody signals: both waits must end by themselves.
-        for kind in ["memory", "port"] {
+        for kind in [ChannelKind::Memory, ChannelKind::Port] {
             let started = Instant::now();
-            if kind == "memory" {
+            if kind == ChannelKind::Memory {
                 memory_wait_once::launch(
                     &stream,
                     LaunchConfig::grid(1),
@@ -220,22 +278,35 @@ fn wait_times_out() {
             } else {
                 port_wait_once::launch(&stream, LaunchConfig::grid(1), (port.device_handle(),))?;
             }
-            stream.synchronize()?;
+            let result = comm.synchronize(&stream);
             let waited = started.elapsed();
             assert!(
                 waited >= limit,
                 "{kind}: returned after {waited:?}, before the limit"
             );
             assert!(waited < Duration::from_secs(10), "{kind}: took {waited:?}");
-            match comm.check() {
-                Err(Error::Timeout { what, after }) => {
-                    assert_eq!(after, limit);
-                    let rank = format!("rank {}", comm.rank());
-                    assert!(
-                        what.contains(&rank) && what.contains(&format!("peer {peer}")),
-                        "{what}"
+            match result {
+                Err(Error::Channel(e)) => {
+                    assert_eq!(
+                        (e.rank, e.channel.kind, e.channel.peer),
+                        (comm.rank(), kind, peer)
                     );
-                    assert!(what.to_lowercase().contains(kind), "{what}");
+                    assert_eq!(e.channel.index, 0);
+                    assert_eq!(e.kind(), ErrorKind::Timeout);
+                    assert_eq!(
+                        e.cause,
+                        ChannelFailure::WaitTimedOut {
+                            expected: 1,
+                            arrived: 0,
+                            after: limit
+                        }
+                    );
+                    let text = e.to_string();
+                    assert!(
+                        text.contains(&format!("{kind} #0 to peer {peer}"))
+                            && text.contains("waited for signal 1, 0 had arrived"),
+                        "{text}"
+                    );
                 }
                 other => panic!("{kind}: expected a timeout, got {other:?}"),
             }
@@ -243,4 +314,54 @@ fn wait_times_out() {
         comm.barrier()
     })
     .unwrap();
+}
+
+/// Guards against a handle that was never set up (a zeroed one) reaching memory at
+/// address 0: the call refuses it, and the launch's error names the call and says why.
+#[test]
+fn zeroed_handle_is_an_error_naming_it() {
+    let device = oxccl::Device::cpu(0);
+    let stream = device.stream().unwrap();
+    memory_signal_once::launch(
+        &stream,
+        LaunchConfig::grid(1),
+        (MemoryChannelDeviceHandle::default(),),
+    )
+    .unwrap();
+    match stream.synchronize() {
+        Err(Error::KernelError {
+            kernel,
+            error,
+            message,
+        }) => {
+            assert_eq!(kernel, "memory_signal_once");
+            assert_eq!(error, DeviceError::NullHandle);
+            assert!(message.contains("signal"), "{message}");
+            let text = error.to_string();
+            assert!(text.contains("never set up"), "{text}");
+        }
+        other => panic!("expected the zeroed handle to be refused, got {other:?}"),
+    }
+    port_wait_once::launch(
+        &stream,
+        LaunchConfig::grid(1),
+        (PortChannelDeviceHandle::default(),),
+    )
+    .unwrap();
+    assert!(matches!(
+        stream.synchronize(),
+        Err(Error::KernelError {
+            error: DeviceError::NullHandle,
+            ..
+        })
+    ));
+}
+
+/// Guards against "no limit" sneaking in as a zero limit: a communicator whose device
+/// waits would wait forever is refused.
+#[test]
+fn zero_wait_timeout_is_refused() {
+    let err = in_process::run(1, config(Duration::ZERO), |_| Ok(())).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidUsage);
+    assert!(err.to_string().contains("wait_timeout is zero"), "{err}");
 }

@@ -2,224 +2,294 @@
 //! the kernels shipped in `oxccl_device::kernels`, on the CPU emulator.
 #![allow(missing_docs)]
 
-use oxccl::in_process::{self, InProcessConfig};
-use oxccl::{Communicator, CommunicatorConfig, DeviceBuffer, RegisteredMemory, Result};
+mod common;
+
+use common::{
+    assert_all_gathered, config, config_with_assist, count_wrong, count_wrong_chunk, fill_chunk,
+    neighbours, ring_buffer,
+};
+use oxccl::in_process;
+use oxccl::{Communicator, MemoryChannel, PortChannel, Result, Stream};
 use oxccl_device::kernels::packet_exchange::{ll8_exchange, ll16_exchange};
 use oxccl_device::kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
 use oxccl_device::launch::LaunchConfig;
-use std::time::Duration;
 
-fn config() -> InProcessConfig {
-    config_with_assist(true)
+/// The two channels of a ring, of either kind.
+enum Ring {
+    Port(Box<(PortChannel, PortChannel)>),
+    Memory(Box<(MemoryChannel, MemoryChannel)>),
 }
 
-fn config_with_assist(proxy_assist: bool) -> InProcessConfig {
-    InProcessConfig {
-        communicator: CommunicatorConfig {
-            wait_timeout: Duration::from_secs(20),
-            proxy_assist,
-            ..Default::default()
-        },
-        exchange_timeout: Duration::from_secs(20),
+impl Ring {
+    fn build(comm: &mut Communicator, all: &[oxccl::RegisteredMemory], port: bool) -> Result<Ring> {
+        let mine = all[comm.rank() as usize].clone();
+        Ok(if port {
+            Ring::Port(Box::new(comm.ring_port_channels(all, &mine)?))
+        } else {
+            Ring::Memory(Box::new(comm.ring_memory_channels(all, &mine, None)?))
+        })
     }
-}
 
-/// The value rank `rank` puts at element `i` of its own chunk.
-fn pattern(rank: u32, i: usize) -> u32 {
-    rank.wrapping_mul(0x9e37_79b9) ^ (i as u32).wrapping_mul(2_654_435_761) ^ 0x5bd1_e995
-}
-
-/// A buffer of `ranks * chunk` elements holding only this rank's chunk, and its registration
-/// on every rank.
-fn ring_buffer(
-    comm: &Communicator,
-    chunk: usize,
-) -> Result<(DeviceBuffer<u32>, Vec<RegisteredMemory>)> {
-    let (rank, ranks) = (comm.rank(), comm.size());
-    let mut host = vec![0u32; chunk * ranks as usize];
-    for i in 0..chunk {
-        host[rank as usize * chunk + i] = pattern(rank, i);
-    }
-    let buf = comm.device().alloc_from(&host)?;
-    let all = comm.all_gather_memory(&comm.register(&buf))?;
-    Ok((buf, all))
-}
-
-fn check_all_gathered(comm: &Communicator, buf: &DeviceBuffer<u32>, chunk: usize) -> Result<()> {
-    let got = buf.to_vec()?;
-    for r in 0..comm.size() {
-        for i in 0..chunk {
-            let (want, have) = (pattern(r, i), got[r as usize * chunk + i]);
-            assert_eq!(
-                have,
-                want,
-                "rank {}: element {i} of rank {r}'s chunk",
-                comm.rank()
-            );
+    /// Launches one ring all-gather of `chunk` elements per rank.
+    fn launch(
+        &self,
+        comm: &Communicator,
+        stream: &Stream,
+        chunk: usize,
+        threads: u32,
+    ) -> Result<()> {
+        let (rank, ranks, bytes) = (comm.rank(), comm.size(), (chunk * 4) as u64);
+        match self {
+            Ring::Port(pair) => port_ring_exchange::launch(
+                stream,
+                LaunchConfig::grid(1).block(threads),
+                (
+                    pair.0.device_handle(),
+                    pair.1.device_handle(),
+                    rank,
+                    ranks,
+                    bytes,
+                ),
+            ),
+            Ring::Memory(pair) => memory_ring_exchange::launch(
+                stream,
+                LaunchConfig::grid(1).block(threads),
+                (
+                    pair.0.device_handle(),
+                    pair.1.device_handle(),
+                    rank,
+                    ranks,
+                    bytes,
+                ),
+            ),
         }
     }
-    Ok(())
 }
 
-fn neighbours(comm: &Communicator) -> (u32, u32) {
-    let (rank, n) = (comm.rank(), comm.size());
-    ((rank + 1) % n, (rank + n - 1) % n)
-}
-
-fn port_ring(ranks: u32, chunk: usize) {
-    // Both ways triggers get executed: by kernel threads assisting, and by proxy threads only.
-    for assist in [true, false] {
-        port_ring_with(ranks, chunk, assist);
-    }
-}
-
-fn port_ring_with(ranks: u32, chunk: usize, assist: bool) {
+fn ring_once(ranks: u32, chunk: usize, threads: u32, port: bool, assist: bool) {
     in_process::run(ranks, config_with_assist(assist), |comm| {
         let (buf, all) = ring_buffer(comm, chunk)?;
-        let mine = all[comm.rank() as usize].clone();
-        let (to_next, to_prev) = comm.ring_port_channels(&all, &mine)?;
+        let ring = Ring::build(comm, &all, port)?;
         let stream = comm.device().stream()?;
-        let bytes = (chunk * 4) as u64;
-        port_ring_exchange::launch(
-            &stream,
-            LaunchConfig::grid(1).block(1),
-            (
-                to_next.device_handle(),
-                to_prev.device_handle(),
-                comm.rank(),
-                ranks,
-                bytes,
-            ),
-        )?;
+        ring.launch(comm, &stream, chunk, threads)?;
         comm.synchronize(&stream)?;
-        comm.barrier()?;
-        check_all_gathered(comm, &buf, chunk)
-    })
-    .unwrap();
-}
-
-fn memory_ring(ranks: u32, chunk: usize, threads: u32) {
-    in_process::run(ranks, config(), |comm| {
-        let (buf, all) = ring_buffer(comm, chunk)?;
-        let mine = all[comm.rank() as usize].clone();
-        let (to_next, from_prev) = comm.ring_memory_channels(&all, &mine, None)?;
-        let stream = comm.device().stream()?;
-        memory_ring_exchange::launch(
-            &stream,
-            LaunchConfig::grid(1).block(threads),
-            (
-                to_next.device_handle(),
-                from_prev.device_handle(),
-                comm.rank(),
-                ranks,
-                (chunk * 4) as u64,
-            ),
-        )?;
-        comm.synchronize(&stream)?;
-        comm.barrier()?;
-        check_all_gathered(comm, &buf, chunk)
-    })
-    .unwrap();
-}
-
-/// Guards against lost, misplaced or reordered data and signals through the proxy.
-#[test]
-fn port_ring_exchange_2_ranks() {
-    port_ring(2, 1000);
-}
-
-/// Guards against channels to different peers getting each other's ids or semaphores.
-#[test]
-fn port_ring_exchange_4_ranks() {
-    port_ring(4, 4099);
-}
-
-/// Guards against direct copies racing their signal, or split copies missing bytes.
-#[test]
-fn memory_ring_exchange_2_ranks() {
-    memory_ring(2, 1000, 3);
-}
-
-/// As above, with more peers and an uneven split among threads.
-#[test]
-fn memory_ring_exchange_4_ranks() {
-    memory_ring(4, 4099, 4);
-}
-
-/// Runs the LL exchange kernel for packet type `kind` (8 or 16) over `rounds` rounds,
-/// reusing the packet buffer with a new flag each round.
-fn packet_ring(ranks: u32, kind: u32, bytes: usize, rounds: u32) {
-    in_process::run(ranks, config(), |comm| {
-        let prev = neighbours(comm).1;
-        // Layout of `data`: bytes 0..bytes to send, bytes..2*bytes received.
-        let words = bytes / 4;
-        let mut data = comm.alloc::<u32>(2 * words)?;
-        let packets = comm.alloc::<u8>(2 * bytes)?;
-        let data_mem = comm.all_gather_memory(&comm.register(&data))?;
-        let packet_mem = comm.all_gather_memory(&comm.register(&packets))?;
-        let me = comm.rank() as usize;
-        let (to_next, from_prev) =
-            comm.ring_memory_channels(&packet_mem, &data_mem[me], Some(&packet_mem[me]))?;
-        let stream = comm.device().stream()?;
-        for round in 1..=rounds {
-            let mut host = vec![0u32; 2 * words];
-            for (i, w) in host.iter_mut().take(words).enumerate() {
-                *w = pattern(comm.rank(), i) ^ round;
-            }
-            data.copy_from_host(&host)?;
-            comm.barrier()?;
-            let args = (
-                to_next.device_handle(),
-                from_prev.device_handle(),
-                bytes as u64,
-                round,
-            );
-            let cfg = LaunchConfig::grid(1).block(2);
-            if kind == 8 {
-                ll8_exchange::launch(&stream, cfg, args)?;
-            } else {
-                ll16_exchange::launch(&stream, cfg, args)?;
-            }
-            comm.synchronize(&stream)?;
-            let got = data.to_vec()?;
-            for i in 0..words {
-                assert_eq!(
-                    got[words + i],
-                    pattern(prev, i) ^ round,
-                    "rank {me} round {round} word {i}"
-                );
-            }
-            // Nobody rewrites its send half before everyone has unpacked this round.
-            comm.barrier()?;
-        }
+        assert_all_gathered(comm, &buf, chunk, 0);
         Ok(())
     })
     .unwrap();
 }
 
+/// Guards against lost, misplaced or reordered data and signals through the proxy, both
+/// ways triggers get executed: by the proxy thread alone, and by pushing kernel threads.
+#[test]
+fn port_ring_exchange_2_ranks() {
+    for assist in [false, true] {
+        ring_once(2, 1000, 1, true, assist);
+    }
+}
+
+/// Guards against channels to different peers getting each other's ids or semaphores.
+#[test]
+fn port_ring_exchange_4_ranks() {
+    for assist in [false, true] {
+        ring_once(4, 4099, 1, true, assist);
+    }
+}
+
+/// Guards against direct copies racing their signal, or split copies missing bytes.
+#[test]
+fn memory_ring_exchange_2_ranks() {
+    ring_once(2, 1000, 3, false, false);
+}
+
+/// As above, with more peers and an uneven split among threads.
+#[test]
+fn memory_ring_exchange_4_ranks() {
+    ring_once(4, 4099, 4, false, false);
+}
+
+/// `rounds` ring all-gathers on the same buffer and channels, launched back to back with no
+/// host barrier: before each, a kernel writes this rank's chunk of that round; after each, a
+/// kernel counts the elements that are not every rank's chunk of that round, in stream
+/// order, as a rank that races ahead would see them. Returns the count.
+fn ring_back_to_back(
+    comm: &mut Communicator,
+    chunk: usize,
+    port: bool,
+    rounds: u32,
+) -> Result<u64> {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let (buf, all) = ring_buffer(comm, chunk)?;
+    let ring = Ring::build(comm, &all, port)?;
+    let errors = comm.alloc_zeroed::<u64>(1)?;
+    let stream = comm.device().stream()?;
+    let one = LaunchConfig::grid(1).block(2);
+    for round in 0..rounds {
+        // SAFETY: our chunk lies inside `buf`; only this stream's kernels write it, and peers
+        // write only their own chunks of it.
+        unsafe {
+            fill_chunk::launch(
+                &stream,
+                one,
+                (
+                    buf.device_slice(),
+                    (rank as usize * chunk) as u64,
+                    chunk as u64,
+                    rank,
+                    round,
+                ),
+            )?
+        };
+        ring.launch(comm, &stream, chunk, 2)?;
+        // SAFETY: `buf` holds `ranks * chunk` elements, `errors` one u64.
+        unsafe {
+            count_wrong::launch(
+                &stream,
+                one,
+                (
+                    buf.device_slice(),
+                    chunk as u64,
+                    ranks,
+                    round,
+                    errors.device_ptr(),
+                ),
+            )?
+        };
+    }
+    comm.synchronize(&stream)?;
+    Ok(errors.to_vec()?[0])
+}
+
+/// LL exchanges of `rounds` rounds on the same channels, back to back as above: each round
+/// a kernel writes the send half, the exchange runs with the round's flag, and a kernel
+/// counts the received elements that are not the previous rank's data of that round.
+fn packets_back_to_back(
+    comm: &mut Communicator,
+    kind: u32,
+    words: usize,
+    rounds: u32,
+) -> Result<u64> {
+    let (rank, prev) = (comm.rank(), neighbours(comm).1);
+    // Layout of `data`: words 0..words to send, words..2*words received.
+    let data = comm.alloc::<u32>(2 * words)?;
+    let packets = comm.alloc_zeroed::<u8>(8 * words)?;
+    let data_mem = comm.all_gather_memory(&comm.register(&data))?;
+    let packet_mem = comm.all_gather_memory(&comm.register(&packets))?;
+    let me = rank as usize;
+    let (to_next, from_prev) =
+        comm.ring_memory_channels(&packet_mem, &data_mem[me], Some(&packet_mem[me]))?;
+    let errors = comm.alloc_zeroed::<u64>(1)?;
+    let stream = comm.device().stream()?;
+    let one = LaunchConfig::grid(1).block(2);
+    let bytes = (words * 4) as u64;
+    for round in 0..rounds {
+        // SAFETY: the send half of `data`, written only by this stream's kernels.
+        unsafe {
+            fill_chunk::launch(
+                &stream,
+                one,
+                (data.device_slice(), 0, words as u64, rank, round),
+            )?
+        };
+        let args = (
+            to_next.device_handle(),
+            from_prev.device_handle(),
+            bytes,
+            round + 1,
+        );
+        if kind == 8 {
+            ll8_exchange::launch(&stream, one, args)?;
+        } else {
+            ll16_exchange::launch(&stream, one, args)?;
+        }
+        // SAFETY: the received half of `data`; `errors` one u64.
+        unsafe {
+            count_wrong_chunk::launch(
+                &stream,
+                one,
+                (
+                    data.device_slice(),
+                    words as u64,
+                    words as u64,
+                    prev,
+                    round,
+                    errors.device_ptr(),
+                ),
+            )?
+        };
+    }
+    comm.synchronize(&stream)?;
+    Ok(errors.to_vec()?[0])
+}
+
+/// Guards against exchange kernels that overwrite what `next` has not consumed when launched
+/// again at once: a rank may run ahead of `next` by a whole launch (or more, in a ring of
+/// more than two), and without a ready handshake its next launch's writes land in data
+/// `next` is still forwarding, checking or unpacking. Every kernel kind, 2 to 4 ranks, no
+/// host barrier between launches, every round checked on the device.
+#[test]
+fn exchange_kernels_back_to_back() {
+    for ranks in [2, 3, 4] {
+        for port in [true, false] {
+            let wrong = in_process::run(ranks, config(), |comm| {
+                ring_back_to_back(comm, 257, port, 12)
+            })
+            .unwrap();
+            assert!(
+                wrong.iter().all(|&w| w == 0),
+                "{ranks} ranks, {} ring: wrong elements by rank {wrong:?}",
+                if port { "port" } else { "memory" }
+            );
+        }
+        for kind in [8, 16] {
+            let wrong = in_process::run(ranks, config(), |comm| {
+                packets_back_to_back(comm, kind, 250, 12)
+            })
+            .unwrap();
+            assert!(
+                wrong.iter().all(|&w| w == 0),
+                "{ranks} ranks, LL{kind}: wrong elements by rank {wrong:?}"
+            );
+        }
+    }
+}
+
 /// Guards against torn 8-byte packets or a stale flag read as fresh on buffer reuse.
 #[test]
 fn ll8_packet_exchange() {
-    packet_ring(2, 8, 4096, 3);
-    packet_ring(4, 8, 1004, 2);
+    for (ranks, words) in [(2, 1024), (4, 251)] {
+        let wrong = in_process::run(ranks, config(), |comm| {
+            packets_back_to_back(comm, 8, words, 3)
+        })
+        .unwrap();
+        assert!(wrong.iter().all(|&w| w == 0), "{wrong:?}");
+    }
 }
 
 /// Guards against a 16-byte packet whose halves are accepted from different rounds.
 #[test]
 fn ll16_packet_exchange() {
-    packet_ring(2, 16, 4096, 3);
-    packet_ring(4, 16, 1000, 2);
+    for (ranks, words) in [(2, 1024), (4, 250)] {
+        let wrong = in_process::run(ranks, config(), |comm| {
+            packets_back_to_back(comm, 16, words, 3)
+        })
+        .unwrap();
+        assert!(wrong.iter().all(|&w| w == 0), "{wrong:?}");
+    }
 }
 
 /// Guards against a ring helper that accepts a one-rank "ring" (which would pair a rank
-/// with itself) or a memory list that does not cover every rank.
+/// with itself), a memory list that does not cover every rank, or a channel to oneself
+/// (its local and remote buffers would alias).
 #[test]
-fn ring_helpers_refuse_bad_rings() {
+fn ring_helpers_and_channels_refuse_bad_peers() {
     in_process::run(1, config(), |comm| {
         let buf = comm.alloc::<u8>(64)?;
         let all = comm.all_gather_memory(&comm.register(&buf))?;
         let err = comm.ring_port_channels(&all, &all[0]).unwrap_err();
         assert!(matches!(err, oxccl::Error::InvalidUsage(_)), "{err}");
+        let err = comm.memory_channel(0, &all[0], &all[0], None).unwrap_err();
+        assert!(err.to_string().contains("itself"), "{err}");
         Ok(())
     })
     .unwrap();

@@ -7,8 +7,11 @@ use oxccl_device::launch::LaunchConfig;
 use oxccl_device::{DeviceSlice, arch, kernel};
 
 /// Each thread writes its rank and size in the warp, the block and the grid.
+///
+/// # Safety
+/// `out` must hold 6 writable elements per thread of the grid.
 #[kernel]
-fn ranks(out: DeviceSlice<u64>) {
+unsafe fn ranks(out: DeviceSlice<u64>) {
     let t = arch::thread_rank_in_grid();
     let values = [
         Warp.thread_rank(),
@@ -34,11 +37,14 @@ fn group_ranks_and_sizes_follow_the_launch() {
         .alloc::<u64>((blocks * threads * 6) as usize)
         .unwrap();
     let stream = device.stream().unwrap();
-    ranks::launch(
-        &stream,
-        LaunchConfig::grid(blocks).block(threads),
-        (out.device_slice(),),
-    )
+    // SAFETY: `out` holds 6 elements per thread of the grid and outlives the launch.
+    unsafe {
+        ranks::launch(
+            &stream,
+            LaunchConfig::grid(blocks).block(threads),
+            (out.device_slice(),),
+        )
+    }
     .unwrap();
     stream.synchronize().unwrap();
     let got = out.to_vec().unwrap();

@@ -15,8 +15,11 @@ use std::time::{Duration, Instant};
 // ---------------------------------------------------------------------------------------
 
 /// Each thread writes its rank in the grid at that rank.
+///
+/// # Safety
+/// `out` must hold one writable element per thread of the grid.
 #[kernel]
-pub fn write_grid_rank(out: DeviceSlice<u64>) {
+pub unsafe fn write_grid_rank(out: DeviceSlice<u64>) {
     let rank = arch::thread_rank_in_grid();
     // SAFETY: each thread writes only its own element; the host reads after synchronize.
     unsafe { out.write(rank, rank) };
@@ -24,8 +27,11 @@ pub fn write_grid_rank(out: DeviceSlice<u64>) {
 
 /// Each thread writes its `threadIdx`, `blockIdx`, `blockDim` and `gridDim` (12 words) at
 /// its rank in the grid.
+///
+/// # Safety
+/// `out` must hold one writable element per thread of the grid.
 #[kernel]
-pub fn write_indices(out: DeviceSlice<[u32; 12]>) {
+pub unsafe fn write_indices(out: DeviceSlice<[u32; 12]>) {
     let (t, b, bd, gd) = (
         arch::thread_idx(),
         arch::block_idx(),
@@ -41,8 +47,11 @@ pub fn write_indices(out: DeviceSlice<[u32; 12]>) {
 
 /// Round after round, each thread writes a value, waits at the block barrier, and reads
 /// its right neighbour's (within the block); the sum of what it read goes to `out`.
+///
+/// # Safety
+/// `scratch` and `out` must each hold one writable element per thread of the grid.
 #[kernel]
-pub fn neighbour_exchange(scratch: DeviceSlice<u64>, out: DeviceSlice<u64>, rounds: u32) {
+pub unsafe fn neighbour_exchange(scratch: DeviceSlice<u64>, out: DeviceSlice<u64>, rounds: u32) {
     let n = u64::from(arch::threads_per_block());
     let me = u64::from(arch::thread_rank_in_block());
     let base = u64::from(arch::block_rank()) * n;
@@ -62,8 +71,12 @@ pub fn neighbour_exchange(scratch: DeviceSlice<u64>, out: DeviceSlice<u64>, roun
 
 /// Appends `value` to `log` at position `counter[0]` and bumps the counter, without
 /// atomics: overlapping launches would lose updates or write out of order.
+///
+/// # Safety
+/// `counter` must point to a writable u64, `log` be writable, and only launches of one
+/// stream may use them.
 #[kernel]
-pub fn append(log: DeviceSlice<u64>, counter: DevicePtr<u64>, value: u64) {
+pub unsafe fn append(log: DeviceSlice<u64>, counter: DevicePtr<u64>, value: u64) {
     // SAFETY: one thread, and launches of one stream do not overlap; the host reads after
     // synchronize.
     unsafe {
@@ -74,8 +87,11 @@ pub fn append(log: DeviceSlice<u64>, counter: DevicePtr<u64>, value: u64) {
 }
 
 /// Thread 0 of the grid raises `flag` to `value` (Release).
+///
+/// # Safety
+/// `flag` must point to a live u64 only accessed atomically while kernels run.
 #[kernel]
-pub fn set_flag(flag: DevicePtr<u64>, value: u64) {
+pub unsafe fn set_flag(flag: DevicePtr<u64>, value: u64) {
     if arch::thread_rank_in_grid() == 0 {
         // SAFETY: `flag` is an 8-byte aligned u64 in a live device buffer, only accessed
         // atomically while kernels run.
@@ -87,8 +103,11 @@ pub fn set_flag(flag: DevicePtr<u64>, value: u64) {
 
 /// Every thread waits (with back-off) until `flag` reaches `value`, then writes 1 at its
 /// rank in `out`.
+///
+/// # Safety
+/// As [`set_flag`] for `flag`; `out` must hold one writable element per thread.
 #[kernel]
-pub fn wait_flag(flag: DevicePtr<u64>, value: u64, out: DeviceSlice<u64>) {
+pub unsafe fn wait_flag(flag: DevicePtr<u64>, value: u64, out: DeviceSlice<u64>) {
     // SAFETY: as in `set_flag`.
     let cell = unsafe { atomic::cell(flag.addr()) };
     let mut i = 0;
@@ -103,8 +122,12 @@ pub fn wait_flag(flag: DevicePtr<u64>, value: u64, out: DeviceSlice<u64>) {
 
 /// Each rank's thread 0 raises its flag in `flags[rank]`; then every thread waits until all
 /// `flags` are raised and writes 1 at its rank in `out`.
+///
+/// # Safety
+/// `flags` must be live u64s only accessed atomically while kernels run, `rank` below its
+/// length; `out` must hold one writable element per thread.
 #[kernel]
-pub fn all_ranks_meet(flags: DeviceSlice<u64>, rank: u64, out: DeviceSlice<u64>) {
+pub unsafe fn all_ranks_meet(flags: DeviceSlice<u64>, rank: u64, out: DeviceSlice<u64>) {
     let cell = |i: u64| {
         // SAFETY: `flags` is a live device buffer of u64 cells, only accessed atomically
         // while kernels run; `i < flags.len()`.
@@ -128,8 +151,11 @@ pub fn all_ranks_meet(flags: DeviceSlice<u64>, rank: u64, out: DeviceSlice<u64>)
 
 /// Waits (with back-off) for `STUCK_ABORT`, which only the timeout test raises, after it
 /// has seen the timeout; then writes 1 at `out`.
+///
+/// # Safety
+/// `out` must point to a writable u64.
 #[kernel]
-pub fn wait_for_abort(out: DevicePtr<u64>) {
+pub unsafe fn wait_for_abort(out: DevicePtr<u64>) {
     let mut i = 0;
     while !STUCK_ABORT.load(Ordering::Relaxed) {
         arch::spin_pause(i);
@@ -149,8 +175,11 @@ pub fn panics_in_thread_3() {
 }
 
 /// Stores `value` at `out`.
+///
+/// # Safety
+/// `out` must point to a writable u64.
 #[kernel]
-pub fn store_value(out: DevicePtr<u64>, value: u64) {
+pub unsafe fn store_value(out: DevicePtr<u64>, value: u64) {
     // SAFETY: one thread writes; the host reads after synchronize.
     unsafe { out.as_ptr().write(value) };
 }
@@ -158,6 +187,15 @@ pub fn store_value(out: DevicePtr<u64>, value: u64) {
 /// Does nothing: measures launch overhead.
 #[kernel]
 pub fn empty() {}
+
+/// Thread 0 of each block returns at once; the others wait at the block barrier for it.
+#[kernel]
+pub fn thread_0_skips_the_barrier() {
+    if arch::thread_rank_in_block() == 0 {
+        return;
+    }
+    arch::sync_threads();
+}
 
 /// Raised by `stuck_kernel_gives_timeout` to release its stuck kernel thread once the
 /// timeout is seen, so that the thread ends and the process exits cleanly.
@@ -176,11 +214,14 @@ fn stream_with_timeout(device: &Device, timeout: Duration) -> Stream {
 /// Launches `write_grid_rank` on a 2 x 4 grid and checks every thread wrote its rank.
 fn assert_grid_ranks_written(device: &Device, stream: &Stream) {
     let out = device.alloc::<u64>(8).unwrap();
-    write_grid_rank::launch(
-        stream,
-        LaunchConfig::grid(2).block(4),
-        (out.device_slice(),),
-    )
+    // SAFETY: `out` holds one element per thread of the grid and outlives the launch (synchronized below).
+    unsafe {
+        write_grid_rank::launch(
+            stream,
+            LaunchConfig::grid(2).block(4),
+            (out.device_slice(),),
+        )
+    }
     .unwrap();
     stream.synchronize().unwrap();
     assert_eq!(out.to_vec().unwrap(), (0..8).collect::<Vec<u64>>());
@@ -209,7 +250,8 @@ fn three_dimensional_indices_follow_cuda() {
         block,
         shared_mem_bytes: 0,
     };
-    write_indices::launch(&stream, config, (out.device_slice(),)).unwrap();
+    // SAFETY: `out` holds one element per thread of the grid and outlives the launch.
+    unsafe { write_indices::launch(&stream, config, (out.device_slice(),)) }.unwrap();
     stream.synchronize().unwrap();
     let got = out.to_vec().unwrap();
     let mut seen = 0;
@@ -248,11 +290,14 @@ fn sync_threads_orders_writes_within_a_block() {
     let n = (blocks * threads) as usize;
     let scratch = device.alloc::<u64>(n).unwrap();
     let out = device.alloc::<u64>(n).unwrap();
-    neighbour_exchange::launch(
-        &stream,
-        LaunchConfig::grid(blocks).block(threads),
-        (scratch.device_slice(), out.device_slice(), rounds),
-    )
+    // SAFETY: `scratch` and `out` hold one element per thread of the grid and outlive the launch.
+    unsafe {
+        neighbour_exchange::launch(
+            &stream,
+            LaunchConfig::grid(blocks).block(threads),
+            (scratch.device_slice(), out.device_slice(), rounds),
+        )
+    }
     .unwrap();
     stream.synchronize().unwrap();
     let rounds_sum: u64 = (0..u64::from(rounds)).map(|r| r * 1000).sum();
@@ -272,13 +317,16 @@ fn launches_on_one_stream_run_in_order() {
     let device = Device::cpu(0);
     let stream = device.stream().unwrap();
     let log = device.alloc::<u64>(100).unwrap();
-    let counter = device.alloc::<u64>(1).unwrap();
+    let counter = device.alloc_zeroed::<u64>(1).unwrap();
     for i in 0..100 {
-        append::launch(
-            &stream,
-            LaunchConfig::grid(1),
-            (log.device_slice(), counter.device_ptr(), i),
-        )
+        // SAFETY: `log` and `counter` are live buffers of this test used by this stream only.
+        unsafe {
+            append::launch(
+                &stream,
+                LaunchConfig::grid(1),
+                (log.device_slice(), counter.device_ptr(), i),
+            )
+        }
         .unwrap();
     }
     stream.synchronize().unwrap();
@@ -292,19 +340,24 @@ fn launches_on_one_stream_run_in_order() {
 fn two_streams_and_two_devices_run_concurrently() {
     let dev0 = Device::cpu(0);
     let dev1 = Device::cpu(1);
-    let flag = dev0.alloc::<u64>(1).unwrap();
+    let flag = dev0.alloc_zeroed::<u64>(1).unwrap();
     let mut out = dev0.alloc::<u64>(8).unwrap();
     for (setter_device, value) in [(&dev0, 1u64), (&dev1, 2)] {
         out.zero().unwrap();
         let waiter = stream_with_timeout(&dev0, Duration::from_secs(30));
         let setter = stream_with_timeout(setter_device, Duration::from_secs(30));
-        wait_flag::launch(
-            &waiter,
-            LaunchConfig::grid(2).block(4),
-            (flag.device_ptr(), value, out.device_slice()),
-        )
+        // SAFETY: `flag` is a live u64 only accessed atomically; `out` holds one element per thread.
+        unsafe {
+            wait_flag::launch(
+                &waiter,
+                LaunchConfig::grid(2).block(4),
+                (flag.device_ptr(), value, out.device_slice()),
+            )
+        }
         .unwrap();
-        set_flag::launch(&setter, LaunchConfig::grid(1), (flag.device_ptr(), value)).unwrap();
+        // SAFETY: `flag` is a live u64 of this test, only accessed atomically by the kernels.
+        unsafe { set_flag::launch(&setter, LaunchConfig::grid(1), (flag.device_ptr(), value)) }
+            .unwrap();
         setter.synchronize().unwrap();
         waiter.synchronize().unwrap();
         assert_eq!(out.to_vec().unwrap(), [1; 8]);
@@ -317,7 +370,7 @@ fn two_streams_and_two_devices_run_concurrently() {
 fn several_ranks_progress_on_few_cores() {
     let ranks = 4u64;
     let home = Device::cpu(0);
-    let flags = home.alloc::<u64>(ranks as usize).unwrap();
+    let flags = home.alloc_zeroed::<u64>(ranks as usize).unwrap();
     let devices: Vec<Device> = (0..ranks as usize).map(Device::cpu).collect();
     let outs: Vec<_> = devices.iter().map(|d| d.alloc::<u64>(8).unwrap()).collect();
     let streams: Vec<Stream> = devices
@@ -325,11 +378,14 @@ fn several_ranks_progress_on_few_cores() {
         .map(|d| stream_with_timeout(d, Duration::from_secs(60)))
         .collect();
     for (rank, (stream, out)) in streams.iter().zip(&outs).enumerate() {
-        all_ranks_meet::launch(
-            stream,
-            LaunchConfig::grid(2).block(4),
-            (flags.device_slice(), rank as u64, out.device_slice()),
-        )
+        // SAFETY: `flags` holds one u64 per rank, accessed atomically; `out` one element per thread.
+        unsafe {
+            all_ranks_meet::launch(
+                stream,
+                LaunchConfig::grid(2).block(4),
+                (flags.device_slice(), rank as u64, out.device_slice()),
+            )
+        }
         .unwrap();
     }
     for stream in &streams {
@@ -369,7 +425,8 @@ fn stuck_kernel_gives_timeout() {
     let device = Device::cpu(7);
     let mut stream = stream_with_timeout(&device, Duration::from_millis(200));
     let out = device.alloc::<u64>(1).unwrap();
-    wait_for_abort::launch(&stream, LaunchConfig::grid(1), (out.device_ptr(),)).unwrap();
+    // SAFETY: `out` is a live u64 of this test.
+    unsafe { wait_for_abort::launch(&stream, LaunchConfig::grid(1), (out.device_ptr(),)) }.unwrap();
     let started = Instant::now();
     match stream.synchronize() {
         Err(Error::Timeout { what, after }) => {
@@ -406,20 +463,24 @@ fn stuck_kernel_gives_timeout() {
 fn dropping_a_buffer_waits_for_running_kernels() {
     let device = Device::cpu(5);
     let other = Device::cpu(6);
-    let gate = other.alloc::<u64>(1).unwrap();
+    let gate = other.alloc_zeroed::<u64>(1).unwrap();
     let buf = device.alloc::<u64>(1).unwrap();
     let stream = stream_with_timeout(&device, Duration::from_secs(30));
-    wait_flag::launch(
-        &stream,
-        LaunchConfig::grid(1),
-        (gate.device_ptr(), 1, buf.device_slice()),
-    )
+    // SAFETY: `flag` is a live u64 only accessed atomically; `out` holds one element per thread.
+    unsafe {
+        wait_flag::launch(
+            &stream,
+            LaunchConfig::grid(1),
+            (gate.device_ptr(), 1, buf.device_slice()),
+        )
+    }
     .unwrap();
     let gate_ptr = gate.device_ptr();
     let opener = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
         let stream = other.stream().unwrap();
-        set_flag::launch(&stream, LaunchConfig::grid(1), (gate_ptr, 1)).unwrap();
+        // SAFETY: `flag` is a live u64 of this test, only accessed atomically by the kernels.
+        unsafe { set_flag::launch(&stream, LaunchConfig::grid(1), (gate_ptr, 1)) }.unwrap();
         stream.synchronize().unwrap();
     });
     let started = Instant::now();
@@ -440,14 +501,17 @@ fn dropping_a_buffer_waits_for_running_kernels() {
 fn arguments_are_copied_before_launch_returns() {
     let device = Device::cpu(0);
     let stream = stream_with_timeout(&device, Duration::from_secs(30));
-    let gate = device.alloc::<u64>(1).unwrap();
+    let gate = device.alloc_zeroed::<u64>(1).unwrap();
     let waited = device.alloc::<u64>(1).unwrap();
     let out = device.alloc::<u64>(1).unwrap();
-    wait_flag::launch(
-        &stream,
-        LaunchConfig::grid(1),
-        (gate.device_ptr(), 1, waited.device_slice()),
-    )
+    // SAFETY: `flag` is a live u64 only accessed atomically; `out` holds one element per thread.
+    unsafe {
+        wait_flag::launch(
+            &stream,
+            LaunchConfig::grid(1),
+            (gate.device_ptr(), 1, waited.device_slice()),
+        )
+    }
     .unwrap();
     let mut value = 7u64;
     let ptr = out.device_ptr();
@@ -461,7 +525,8 @@ fn arguments_are_copied_before_launch_returns() {
     value = 99;
     std::hint::black_box(&mut value);
     let opener = device.stream().unwrap();
-    set_flag::launch(&opener, LaunchConfig::grid(1), (gate.device_ptr(), 1)).unwrap();
+    // SAFETY: `flag` is a live u64 of this test, only accessed atomically by the kernels.
+    unsafe { set_flag::launch(&opener, LaunchConfig::grid(1), (gate.device_ptr(), 1)) }.unwrap();
     opener.synchronize().unwrap();
     stream.synchronize().unwrap();
     assert_eq!(out.to_vec().unwrap(), [7]);
@@ -526,6 +591,35 @@ fn bad_configurations_are_invalid_usage() {
     stream.synchronize().unwrap();
 }
 
+/// Guards against a block barrier that some threads of the block never reach (they
+/// returned early, which would hang a GPU) hanging the launch: the waiting threads fail,
+/// and `synchronize` reports the kernel and the block, long before the stream's timeout.
+#[test]
+fn barrier_not_reached_by_all_threads_is_an_error() {
+    let device = Device::cpu(0);
+    let stream = stream_with_timeout(&device, Duration::from_secs(30));
+    let started = Instant::now();
+    thread_0_skips_the_barrier::launch(&stream, LaunchConfig::grid(2).block(4), ()).unwrap();
+    match stream.synchronize() {
+        Err(Error::KernelFailed { kernel, message }) => {
+            assert_eq!(kernel, "thread_0_skips_the_barrier");
+            assert!(
+                message.contains("sync_threads can never complete"),
+                "{message}"
+            );
+            assert!(message.contains("block ("), "{message}");
+        }
+        other => panic!("expected the launch to fail, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    // The stream stays usable.
+    assert_grid_ranks_written(&device, &stream);
+}
+
 /// Guards against host copies that read or write past either side when lengths differ.
 #[test]
 fn copy_length_mismatch_is_invalid_usage() {
@@ -548,12 +642,17 @@ fn copy_length_mismatch_is_invalid_usage() {
     assert_eq!(buf.to_vec().unwrap(), [1, 2, 3, 4]);
 }
 
-/// Guards against device memory that is not zeroed or not page-aligned, helpers that miss
-/// elements, and absurd sizes that panic or wrap instead of failing.
+/// Guards against device memory that is not page-aligned, zeroed without being asked (code
+/// relying on zeroed memory must fail here as on a GPU, whose fresh memory holds anything)
+/// or not zeroed when asked, helpers that miss elements, and absurd sizes that panic or
+/// wrap instead of failing.
 #[test]
-fn buffers_are_zeroed_aligned_and_sized() {
+fn buffers_are_filled_as_asked_aligned_and_sized() {
     let device = Device::cpu(3);
-    let mut buf = device.alloc::<u16>(5000).unwrap();
+    let fresh = device.alloc::<u16>(5000).unwrap();
+    let garbage = u16::from_ne_bytes([oxccl::UNINITIALIZED_BYTE; 2]);
+    assert!(fresh.to_vec().unwrap().iter().all(|&x| x == garbage));
+    let mut buf = device.alloc_zeroed::<u16>(5000).unwrap();
     assert!(buf.addr().is_multiple_of(4096));
     assert_eq!(buf.len(), 5000);
     assert_eq!(buf.size_bytes(), 10000);
@@ -581,7 +680,8 @@ fn buffers_are_zeroed_aligned_and_sized() {
 fn direct_call_is_a_single_thread_grid() {
     let device = Device::cpu(0);
     let out = device.alloc::<u64>(1).unwrap();
-    write_grid_rank(out.device_slice());
+    // SAFETY: `out` holds the one element of the one thread this call is.
+    unsafe { write_grid_rank(out.device_slice()) };
     assert_eq!(out.to_vec().unwrap(), [0]);
     assert_eq!(arch::threads_per_grid(), 1);
 }

@@ -9,32 +9,11 @@ use oxccl::{Communicator, CommunicatorConfig, DeviceBuffer, RegisteredMemory, Re
 use oxccl_device::kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
 use oxccl_device::kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
 use oxccl_device::launch::LaunchConfig;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use oxccl_testing::{Job, child_rank};
+use std::time::Duration;
 
-/// Set in the children's environment.
-const CHILD_ENV: &str = "OXCCL_TEST_PROCESS_RANK";
-/// Longest a whole job may take before the parent kills it.
+/// Longest a whole job may take before its children are killed.
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
-/// Launcher variables the parent's environment might carry; children see only ours.
-const LAUNCHER_VARS: &[&str] = &[
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "OXCCL_UNIQUE_ID",
-    "OXCCL_SECRET",
-];
 
 fn pattern(rank: u32, i: usize) -> u32 {
     rank.wrapping_mul(0x9e37_79b9) ^ (i as u32).wrapping_mul(2_654_435_761)
@@ -79,6 +58,7 @@ fn assert_gathered(
 fn run_rank() -> Result<u32> {
     let mut comm = Communicator::from_env(CommunicatorConfig {
         wait_timeout: Duration::from_secs(30),
+        proxy_assist: false,
         ..Default::default()
     })?;
     let (rank, ranks) = (comm.rank(), comm.size());
@@ -131,10 +111,12 @@ fn run_rank() -> Result<u32> {
         input: work.addr(),
         work: work.addr(),
         n: n as u64,
+        capacity: n as u64,
         rank,
         n_ranks: ranks,
     };
-    ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1).block(2), (args,))?;
+    // SAFETY: `work` holds `2 * n` elements and is only touched through the channels.
+    unsafe { ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1).block(2), (args,))? };
     comm.synchronize(&stream)?;
     comm.barrier()?;
     let got = work.to_vec()?;
@@ -149,69 +131,42 @@ fn run_rank() -> Result<u32> {
 /// parent runs it by name with `--ignored`.
 #[test]
 #[ignore = "the child role of the multi-process tests, started by them"]
-fn child_rank() {
+fn child_rank_role() {
     assert!(
-        std::env::var_os(CHILD_ENV).is_some(),
+        child_rank().is_some(),
         "run by the multi-process tests only"
     );
     match run_rank() {
-        Ok(rank) => println!("CHILD-OK rank={rank}"),
+        // On its own line: the test harness prints the test's name before it.
+        Ok(rank) => println!("\nCHILD-OK rank={rank}"),
         Err(e) => panic!("rank failed: {e}"),
     }
 }
 
-/// Starts `ranks` processes of this test binary as one job and checks every one finished
-/// its work.
-fn run_job(ranks: u32) {
+/// Starts `ranks` processes of this test binary as one job (torchrun's variables) and
+/// checks every one finished its work.
+fn run_job(ranks: usize) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let mut children: Vec<_> = (0..ranks)
-        .map(|r| {
-            let mut cmd = Command::new(&exe);
-            cmd.args([
-                "--exact",
-                "child_rank",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ]);
-            for v in LAUNCHER_VARS {
-                cmd.env_remove(v);
-            }
-            cmd.env(CHILD_ENV, r.to_string())
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", ranks.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("LOCAL_WORLD_SIZE", ranks.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("OXCCL_SECRET", "00112233445566778899aabbccddeeff")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            cmd.spawn().unwrap()
-        })
-        .collect();
-    let deadline = Instant::now() + JOB_TIMEOUT;
-    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
-        if Instant::now() > deadline {
-            for c in &mut children {
-                let _ = c.kill();
-            }
-            panic!("the {ranks}-process job did not finish within {JOB_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let mut job = Job::new(ranks);
+    job.child_test("child_rank_role")
+        .deadline(JOB_TIMEOUT)
+        .env_all("WORLD_SIZE", ranks.to_string())
+        .env_all("LOCAL_WORLD_SIZE", ranks.to_string())
+        .env_all("MASTER_ADDR", "127.0.0.1")
+        .env_all("MASTER_PORT", port.to_string())
+        .env_all("OXCCL_SECRET", "00112233445566778899aabbccddeeff");
+    for r in 0..ranks {
+        job.env(r, "RANK", r.to_string())
+            .env(r, "LOCAL_RANK", r.to_string());
     }
-    for (r, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
+    for outcome in job.run().unwrap() {
+        let want = format!("CHILD-OK rank={}", outcome.rank);
         assert!(
-            out.status.success() && stdout.contains(&format!("CHILD-OK rank={r}")),
-            "rank {r} failed ({}):\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
+            outcome.success() && outcome.find_line("CHILD-OK") == Some(want.as_str()),
+            "{outcome}"
         );
     }
 }

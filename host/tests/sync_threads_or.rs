@@ -8,8 +8,11 @@ use oxccl_device::{DeviceSlice, arch, kernel};
 
 /// Round `r` (of `rounds`): thread `r % (threads + 1)` votes true (none when it is
 /// `threads`); each thread records what the barrier answered, in its block's part of `out`.
+///
+/// # Safety
+/// `out` must hold `blocks * rounds * threads` writable elements.
 #[kernel]
-fn vote(out: DeviceSlice<u32>, rounds: u32) {
+unsafe fn vote(out: DeviceSlice<u32>, rounds: u32) {
     let (tid, threads) = (arch::thread_rank_in_block(), arch::threads_per_block());
     let base = arch::block_rank() * rounds * threads;
     for r in 0..rounds {
@@ -31,11 +34,14 @@ fn every_thread_gets_the_block_or() {
         .alloc::<u32>((blocks * threads * rounds) as usize)
         .unwrap();
     let stream = device.stream().unwrap();
-    vote::launch(
-        &stream,
-        LaunchConfig::grid(2).block(threads),
-        (out.device_slice(), rounds),
-    )
+    // SAFETY: `out` holds `blocks * rounds * threads` elements and outlives the launch.
+    unsafe {
+        vote::launch(
+            &stream,
+            LaunchConfig::grid(2).block(threads),
+            (out.device_slice(), rounds),
+        )
+    }
     .unwrap();
     stream.synchronize().unwrap();
     let got = out.to_vec().unwrap();

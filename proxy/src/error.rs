@@ -77,7 +77,7 @@ pub enum Refusal {
 #[non_exhaustive]
 pub enum ProxyError {
     /// A trigger was refused; its channel is stopped.
-    #[error("rank {rank}: proxy refused a trigger on channel {channel} (peer {peer:?}): {refusal}")]
+    #[error("rank {rank}: port channel {channel} ({}): trigger refused: {refusal}", peer_text(*.peer))]
     TriggerRefused {
         /// This rank.
         rank: u32,
@@ -104,6 +104,22 @@ pub enum ProxyError {
         /// What failed.
         message: String,
     },
+    /// A kernel claimed FIFO position `position` but never published a trigger there (its
+    /// push gave up); the proxy cannot go past it, so every port channel of the rank is
+    /// stopped.
+    #[error(
+        "rank {rank}: the proxy's FIFO is stuck at position {position}: a kernel claimed it but \
+         published nothing for {waited:?} (its push timed out or was aborted); every port \
+         channel of this rank is stopped"
+    )]
+    FifoStalled {
+        /// This rank.
+        rank: u32,
+        /// The position that was never published.
+        position: u64,
+        /// How long the proxy waited for it.
+        waited: std::time::Duration,
+    },
     /// A registration or configuration the proxy cannot accept.
     #[error("invalid usage: {0}")]
     InvalidUsage(String),
@@ -116,4 +132,12 @@ pub enum ProxyError {
     /// The proxy thread could not be started or stopped.
     #[error("proxy thread: {0}")]
     Thread(String),
+}
+
+/// "to peer P", or "to an unknown peer" for a channel id the proxy does not know.
+fn peer_text(peer: Option<u32>) -> String {
+    match peer {
+        Some(p) => format!("to peer {p}"),
+        None => "unknown channel".into(),
+    }
 }

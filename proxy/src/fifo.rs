@@ -12,7 +12,9 @@
 
 use crossbeam_utils::CachePadded;
 use oxccl_device::arch::atomic::{self, AtomicU64, Ordering, Scope};
-use oxccl_device::fifo::{FifoDeviceHandle, ProxyTrigger, TriggerSlot, commit_bit_for};
+use oxccl_device::fifo::{
+    FifoDeviceHandle, FifoRawParts, PROXY_ASLEEP, ProxyTrigger, TriggerSlot, commit_bit_for,
+};
 use oxccl_device::wait::WaitPolicy;
 use std::cell::Cell;
 use std::sync::Arc;
@@ -34,11 +36,61 @@ pub const MAX_FIFO_SIZE: u32 = 1 << 20;
 /// on every trigger.
 pub struct FifoCells {
     slots: Box<[TriggerSlot]>,
+    size: u32,
     head: CachePadded<AtomicU64>,
     tail: CachePadded<AtomicU64>,
     tail_cache: CachePadded<AtomicU64>,
     #[cfg(not(oxccl_loom))]
     doorbell: Doorbell,
+}
+
+impl std::fmt::Debug for FifoCells {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FifoCells")
+            .field("size", &self.size)
+            .field("claimed", &self.claimed())
+            .field("executed", &self.executed())
+            .finish()
+    }
+}
+
+impl FifoCells {
+    /// Where the cells are: the layout a [`FifoDeviceHandle`] carries.
+    pub fn raw_parts(&self) -> FifoRawParts {
+        FifoRawParts {
+            triggers: self.slots.as_ptr() as u64,
+            head: &*self.head as *const AtomicU64 as u64,
+            tail: &*self.tail as *const AtomicU64 as u64,
+            tail_cache: &*self.tail_cache as *const AtomicU64 as u64,
+            #[cfg(not(oxccl_loom))]
+            doorbell: &self.doorbell as *const Doorbell as u64,
+            #[cfg(oxccl_loom)]
+            doorbell: 0,
+            size: self.size,
+            reserved: 0,
+        }
+    }
+
+    /// The kernel-side handle of these cells, with waits and failures under `wait`; valid
+    /// as long as the cells are borrowed.
+    pub fn device_handle<'a>(&'a self, wait: WaitPolicy<'a>) -> FifoDeviceHandle<'a> {
+        // SAFETY: `raw_parts` names this ring's slots (`size` of them, a power of two, 16-byte
+        // aligned), counters and doorbell, all owned by `self` and so alive for 'a.
+        unsafe { FifoDeviceHandle::from_raw_parts(self.raw_parts(), wait) }
+    }
+
+    /// Positions executed so far, as last written back for pushers (may lag the consumer's
+    /// position by less than [`TAIL_BATCH`] while the ring is busy).
+    pub fn executed(&self) -> u64 {
+        // Acquire: pairs with the Release write-back of the tail.
+        atomic::load(&self.tail, Ordering::Acquire, Scope::System)
+    }
+
+    /// Positions claimed by pushers so far (the head without its sleep bit).
+    pub fn claimed(&self) -> u64 {
+        // Relaxed: only compared with the tail to spot a position nobody publishes.
+        atomic::load(&self.head, Ordering::Relaxed, Scope::System) & !PROXY_ASLEEP
+    }
 }
 
 #[cfg(not(oxccl_loom))]
@@ -57,7 +109,21 @@ impl FifoCells {
     /// it (the pusher sees the bit and rings) or before it (this RMW sees the claimed
     /// position and we do not park).
     pub fn park_consumer(&self, timeout: std::time::Duration, stop: impl Fn() -> bool) -> bool {
-        use oxccl_device::fifo::PROXY_ASLEEP;
+        self.park(timeout, stop, false)
+    }
+
+    /// [`Self::park_consumer`], parking even though a claimed position is unexecuted: for a
+    /// consumer that knows that position will never be published (a push gave up), and
+    /// would otherwise never park again.
+    pub fn park_consumer_stalled(
+        &self,
+        timeout: std::time::Duration,
+        stop: impl Fn() -> bool,
+    ) -> bool {
+        self.park(timeout, stop, true)
+    }
+
+    fn park(&self, timeout: std::time::Duration, stop: impl Fn() -> bool, stalled: bool) -> bool {
         self.doorbell.register_sleeper();
         // AcqRel: the RMW's place in head's modification order is what the handshake needs;
         // Acquire also orders the tail load below after it.
@@ -65,7 +131,7 @@ impl FifoCells {
             & !PROXY_ASLEEP;
         // Acquire: pairs with the Release store of `tail` by whoever executed last.
         let executed = atomic::load(&self.tail, Ordering::Acquire, Scope::System);
-        let park = claimed == executed && !stop();
+        let park = (stalled || claimed == executed) && !stop();
         if park {
             std::thread::park_timeout(timeout);
         }
@@ -100,6 +166,7 @@ impl Fifo {
         Ok(Fifo {
             cells: Arc::new(FifoCells {
                 slots,
+                size,
                 head: CachePadded::new(AtomicU64::new(0)),
                 tail: CachePadded::new(AtomicU64::new(0)),
                 tail_cache: CachePadded::new(AtomicU64::new(0)),
@@ -122,22 +189,11 @@ impl Fifo {
         self.cells.clone()
     }
 
-    /// The kernel-side handle, with waits bounded by `wait`.
-    pub fn device_handle(&self, wait: WaitPolicy) -> FifoDeviceHandle {
-        let c = &*self.cells;
-        FifoDeviceHandle {
-            triggers: c.slots.as_ptr() as u64,
-            head: &*c.head as *const AtomicU64 as u64,
-            tail: &*c.tail as *const AtomicU64 as u64,
-            tail_cache: &*c.tail_cache as *const AtomicU64 as u64,
-            #[cfg(not(oxccl_loom))]
-            doorbell: &c.doorbell as *const Doorbell as u64,
-            #[cfg(oxccl_loom)]
-            doorbell: 0,
-            size: self.size,
-            reserved: 0,
-            wait,
-        }
+    /// The kernel-side handle, with waits bounded by `wait`; valid while the FIFO is
+    /// borrowed (use [`FifoCells::device_handle`] on [`Self::cells`] to keep the FIFO free for
+    /// the consumer).
+    pub fn device_handle<'a>(&'a self, wait: WaitPolicy<'a>) -> FifoDeviceHandle<'a> {
+        self.cells.device_handle(wait)
     }
 
     /// The next trigger, if its producer has published it; does not consume it.

@@ -21,4 +21,4 @@ pub use error::{ProxyError, Refusal, Side};
 pub use fifo::Fifo;
 pub use memory_region::MemoryRegion;
 #[cfg(not(oxccl_loom))]
-pub use proxy_service::{MemoryId, ProxyConfig, ProxyService, SemaphoreId};
+pub use proxy_service::{FIFO_SITE, MemoryId, ProxyConfig, ProxyService, SemaphoreId};

@@ -1,8 +1,16 @@
-//! What the proxy knows of a registered memory: whose it is, how big, and where it is
-//! reachable from this process.
+//! What the proxy knows of a registered memory: whose it is, how big, where it is reachable
+//! from this process, and what keeps it there.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
 
 /// A registered memory as the proxy sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// A region may hold a share of whatever owns its memory ([`Self::with_keep_alive`]): the
+/// proxy keeps its regions as long as it may execute triggers naming them, so memory it
+/// writes or reads is never freed under it, whatever the host program drops meanwhile.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct MemoryRegion {
     /// Rank that owns the memory.
@@ -13,20 +21,55 @@ pub struct MemoryRegion {
     pub addr: u64,
     /// Bytes.
     pub size: u64,
+    /// A share of the owner of the memory at `addr`, if the region keeps it alive.
+    keep_alive: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl MemoryRegion {
-    /// A region of `size` bytes at `addr`, owned by `owner_rank`.
+    /// A region of `size` bytes at `addr`, owned by `owner_rank`, kept alive by nobody.
     pub fn new(owner_rank: u32, addr: u64, size: u64) -> Self {
         MemoryRegion {
             owner_rank,
             addr,
             size,
+            keep_alive: None,
         }
+    }
+
+    /// The same region, holding a share of `owner` (the allocation or mapping at `addr`) for
+    /// as long as the region or a clone of it exists.
+    pub fn with_keep_alive(mut self, owner: Arc<dyn Any + Send + Sync>) -> Self {
+        self.keep_alive = Some(owner);
+        self
+    }
+
+    /// Whether the region holds a share of its memory's owner.
+    pub fn keeps_alive(&self) -> bool {
+        self.keep_alive.is_some()
     }
 
     /// Whether `offset..offset+bytes` lies inside the region.
     pub fn contains(&self, offset: u64, bytes: u64) -> bool {
         offset <= self.size && bytes <= self.size - offset
+    }
+}
+
+impl PartialEq for MemoryRegion {
+    /// Regions are equal when they name the same bytes of the same rank, whoever keeps them.
+    fn eq(&self, other: &Self) -> bool {
+        (self.owner_rank, self.addr, self.size) == (other.owner_rank, other.addr, other.size)
+    }
+}
+
+impl Eq for MemoryRegion {}
+
+impl fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("owner_rank", &self.owner_rank)
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("size", &self.size)
+            .field("keeps_alive", &self.keeps_alive())
+            .finish()
     }
 }

@@ -4,15 +4,27 @@
 //! Every trigger is checked before anything is written: known channel id, known memory
 //! ids, source memory owned by this rank and destination memory owned by the channel's
 //! peer, both ranges inside the registered sizes, defined type bits. A refused trigger
-//! writes nothing, stops its channel (later triggers of that channel are skipped), raises
-//! the service's abort flag so kernels waiting on it stop, and is recorded: the next
-//! [`ProxyService::check`] returns it, naming rank, channel, peer, id and range.
+//! writes nothing, stops its channel (later triggers of that channel are skipped, and each
+//! skip marks the channel failed again, so a `flush` on it reports the failure instead of
+//! success), records the failure in the channel's abort record and the rank's stop word (so
+//! kernels waiting on the rank stop), and is kept: the next [`ProxyService::check`] returns
+//! it, naming rank, channel, peer, id and range.
+//!
+//! A position a pusher claimed but never published (its push gave up) would stop the
+//! proxy at that position forever, for every channel. The proxy notices when the position
+//! stays unpublished past the wait limit, reports [`ProxyError::FifoStalled`] naming it,
+//! raises the stop word, and then parks instead of spinning on it.
 //!
 //! The thread polls, then yields, then parks (announcing it in the FIFO head, so the next
-//! push rings its doorbell), so an idle proxy costs no core on the CPU backend. With [`ProxyConfig::assist`] (CPU backend),
-//! a kernel thread that pushes drains the FIFO itself when no one else is draining it: the
-//! consumer is a lock that the proxy thread and assisting threads take in turn, so triggers
-//! still execute one at a time, in order, through the same checks.
+//! push rings its doorbell), so an idle proxy costs no core on the CPU backend. With
+//! [`ProxyConfig::assist`] (CPU backend), a kernel thread that pushes drains the FIFO itself
+//! when no one else is draining it: the consumer is a lock that the proxy thread and
+//! assisting threads take in turn, so triggers still execute one at a time, in order,
+//! through the same checks.
+//!
+//! The service keeps every region and connection it was given (and whatever they keep
+//! alive) until it is dropped, and its FIFO cells as long as any handle holder keeps a share
+//! of them ([`ProxyService::fifo_cells`]).
 
 use crate::connection::Connection;
 use crate::consumer_pacing;
@@ -20,14 +32,14 @@ use crate::error::{ProxyError, Refusal, Side};
 use crate::fifo::{Fifo, FifoCells};
 use crate::memory_region::MemoryRegion;
 use oxccl_device::DeviceError;
-use oxccl_device::fifo::{
-    FifoDeviceHandle, MAX_MEMORY_IDS, MAX_SEMAPHORE_IDS, ProxyTrigger, trigger_type,
-};
-use oxccl_device::wait::{AbortReason, WaitPolicy};
+use oxccl_device::abort::{AbortReason, AbortRecord};
+use oxccl_device::error::DeviceOp;
+use oxccl_device::fifo::{MAX_MEMORY_IDS, MAX_SEMAPHORE_IDS, ProxyTrigger, trigger_type};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Errors kept for [`ProxyService::check`]; later ones are counted, not kept.
 const MAX_KEPT_ERRORS: usize = 16;
@@ -37,6 +49,16 @@ const SPIN_POLLS: u32 = 2048;
 const YIELD_POLLS: u32 = 4096;
 /// Longest park: a second guard behind the doorbell.
 const PARK_TIMEOUT: Duration = Duration::from_millis(5);
+/// Idle polls between two looks for a stalled FIFO. The look reads the FIFO head, whose
+/// cache line every push modifies: reading it on every poll took the line from the pushing
+/// thread on every trigger (about 120 ns more per round trip on a 2-core x86 machine). A
+/// stall is only reported after a whole wait limit, so a look every few thousand polls
+/// (microseconds) loses nothing.
+const STALL_CHECK_EVERY: u32 = 4096;
+
+/// The site a failure of the FIFO itself (not of one channel) is recorded under in the
+/// rank's stop word.
+pub const FIFO_SITE: u32 = u32::MAX;
 
 /// Settings of a proxy service.
 #[derive(Clone, Debug)]
@@ -45,7 +67,9 @@ pub struct ProxyConfig {
     pub rank: u32,
     /// FIFO slots (a power of two).
     pub fifo_size: u32,
-    /// Limit of every device wait on handles this service builds (0: none).
+    /// Limit of every device wait on handles built for this service; also how long a
+    /// claimed FIFO position may stay unpublished before the proxy reports the FIFO stalled,
+    /// and how long [`ProxyService::stop`] waits for the thread. Never zero.
     pub wait_timeout: Duration,
     /// Let pushing kernel threads of the CPU emulator execute triggers when the consumer is
     /// free (see the module docs). No effect on the GPU, whose doorbell is never rung.
@@ -75,30 +99,63 @@ struct Channel {
     connection: Arc<dyn Connection>,
     /// The peer's inbound counter of this channel's semaphore.
     remote_inbound: MemoryRegion,
-    /// Signals sent so far (written by the proxy thread only).
+    /// Signals sent so far. Only the consumer (whoever holds it) writes it, so a load and a
+    /// store do; a locked add right before the semaphore's store would wait for that
+    /// store's cache miss.
     outbound: AtomicU64,
     stopped: AtomicBool,
+    /// Where the channel's first failure goes (the channel's kernels read it too).
+    record: Arc<AbortRecord>,
 }
 
-#[derive(Default)]
+/// The id tables, as one immutable snapshot: registrations publish a new snapshot and bump
+/// [`Shared::generation`]; the consumer keeps its own copy and looks at the generation (a
+/// plain load) before executing, so the hot path takes no lock.
+#[derive(Default, Clone)]
 struct Tables {
     memories: Vec<MemoryRegion>,
-    channels: Vec<Channel>,
+    channels: Vec<Arc<Channel>>,
+}
+
+/// The FIFO's consumer and its copy of the tables: what whoever drains holds.
+struct Consumer {
+    fifo: Fifo,
+    tables: Arc<Tables>,
+    generation: u64,
+}
+
+impl Consumer {
+    /// The tables as of now (a new snapshot only if a registration happened).
+    fn refresh(&mut self, shared: &Shared) {
+        // Acquire: pairs with the Release bump in `register`, so the snapshot read after it
+        // is at least that new.
+        let generation = shared.generation.load(Ordering::Acquire);
+        if generation != self.generation {
+            self.tables = shared.tables.lock().clone();
+            self.generation = generation;
+        }
+    }
 }
 
 struct Shared {
     rank: u32,
-    tables: RwLock<Tables>,
-    /// The abort flag every handle of this service carries; `AbortReason` encoding.
-    abort: AtomicU64,
+    /// The latest snapshot of the tables, replaced whole by each registration.
+    tables: Mutex<Arc<Tables>>,
+    /// Bumped after each new snapshot.
+    generation: AtomicU64,
+    /// The rank's stop word, raised by the first failure of any channel; every device wait
+    /// of the rank's handles watches it.
+    stop_word: Arc<AtomicU64>,
     errors: Mutex<(Vec<ProxyError>, u64)>,
-    stop: AtomicBool,
+    /// Set by `stop`: the thread drains what is published, then ends.
+    shutdown: AtomicBool,
+    wait_timeout: Duration,
 }
 
 impl Shared {
     fn record(&self, error: ProxyError) {
         tracing::error!(%error, "proxy");
-        let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        let mut errors = self.errors.lock();
         if errors.0.len() < MAX_KEPT_ERRORS {
             errors.0.push(error);
         } else {
@@ -106,12 +163,13 @@ impl Shared {
         }
     }
 
-    fn raise(&self, error: DeviceError, channel: u32) {
-        let value = AbortReason::encode(error, channel);
-        // Relaxed: the flag carries no data; a kernel seeing it late only stops late.
+    /// Raises the stop word alone (a failure with no channel record to carry it).
+    fn raise_stop(&self, error: DeviceError, site: u32) {
+        let word = AbortReason::encode(error, DeviceOp::Unknown, site);
+        // Relaxed: the word carries no data; a kernel seeing it late only stops late.
         let _ = self
-            .abort
-            .compare_exchange(0, value, Ordering::Relaxed, Ordering::Relaxed);
+            .stop_word
+            .compare_exchange(0, word, Ordering::Relaxed, Ordering::Relaxed);
     }
 }
 
@@ -120,9 +178,8 @@ pub struct ProxyService {
     shared: Arc<Shared>,
     config: ProxyConfig,
     /// The FIFO's consumer: held by whoever executes triggers (proxy thread or assistant).
-    consumer: Arc<Mutex<Fifo>>,
+    consumer: Arc<Mutex<Consumer>>,
     cells: Arc<FifoCells>,
-    handle: FifoDeviceHandle,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -130,26 +187,38 @@ impl ProxyService {
     /// A service with an empty FIFO; call [`Self::start`] to run its thread.
     ///
     /// # Errors
-    /// An invalid FIFO size.
+    /// An invalid FIFO size, or a zero wait limit (which would mean waits without a deadline).
     pub fn new(config: ProxyConfig) -> Result<Self, ProxyError> {
+        if config.wait_timeout.is_zero() {
+            return Err(ProxyError::InvalidUsage(format!(
+                "rank {}: a wait limit of zero would let device waits wait forever; give \
+                 every wait a deadline (the default is 30 s)",
+                config.rank
+            )));
+        }
         let fifo = Fifo::new(config.fifo_size)?;
         let shared = Arc::new(Shared {
             rank: config.rank,
-            tables: RwLock::new(Tables::default()),
-            abort: AtomicU64::new(0),
+            tables: Mutex::new(Arc::new(Tables::default())),
+            generation: AtomicU64::new(0),
+            stop_word: Arc::new(AtomicU64::new(0)),
             errors: Mutex::new((Vec::new(), 0)),
-            stop: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            wait_timeout: config.wait_timeout,
         });
         let cells = fifo.cells();
-        let mut service = ProxyService {
+        let consumer = Consumer {
+            fifo,
+            tables: Arc::new(Tables::default()),
+            generation: 0,
+        };
+        let service = ProxyService {
             cells: cells.clone(),
-            handle: FifoDeviceHandle::default(),
-            consumer: Arc::new(Mutex::new(fifo)),
+            consumer: Arc::new(Mutex::new(consumer)),
             shared,
             config,
             thread: None,
         };
-        service.handle = lock(&service.consumer).device_handle(service.wait_policy(0));
         if service.config.assist {
             // Weak: the doorbell lives in the FIFO cells the consumer owns; a strong
             // reference would keep both alive forever.
@@ -157,9 +226,12 @@ impl ProxyService {
                 Arc::downgrade(&service.consumer),
                 Arc::downgrade(&service.shared),
             );
-            cells
-                .doorbell()
-                .set_assist(Box::new(move || assist(&consumer, &shared)));
+            cells.doorbell().set_assist(Box::new(move || {
+                match (consumer.upgrade(), shared.upgrade()) {
+                    (Some(consumer), Some(shared)) => drain(&consumer, &shared).is_some(),
+                    _ => false,
+                }
+            }));
         }
         Ok(service)
     }
@@ -169,46 +241,56 @@ impl ProxyService {
         self.config.rank
     }
 
-    /// The wait policy of handles of this service, for channel `site`.
-    pub fn wait_policy(&self, site: u32) -> WaitPolicy {
-        WaitPolicy {
-            abort_flag: &self.shared.abort as *const AtomicU64 as u64,
-            timeout_ns: self.config.wait_timeout.as_nanos().min(u64::MAX as u128) as u64,
-            site,
-            reserved: 0,
-        }
+    /// The limit of every device wait on handles built for this service.
+    pub fn wait_timeout(&self) -> Duration {
+        self.config.wait_timeout
     }
 
-    /// The kernel-side handle of the FIFO, its waits tagged with channel `site`.
-    pub fn fifo_device_handle(&self, site: u32) -> FifoDeviceHandle {
-        FifoDeviceHandle {
-            wait: self.wait_policy(site),
-            ..self.handle
-        }
+    /// The rank's stop word (see the module docs), for the wait policies of its handles.
+    pub fn stop_word(&self) -> Arc<AtomicU64> {
+        self.shared.stop_word.clone()
     }
 
-    /// Registers a memory; triggers name it by the returned id.
+    /// The FIFO's cells, for its device handles; a share keeps them alive.
+    pub fn fifo_cells(&self) -> Arc<FifoCells> {
+        self.cells.clone()
+    }
+
+    /// Registers a memory; triggers name it by the returned id. The service keeps the
+    /// region (and what it keeps alive) until it is dropped.
     ///
     /// # Errors
     /// More than [`MAX_MEMORY_IDS`] memories.
     pub fn add_memory(&self, region: MemoryRegion) -> Result<MemoryId, ProxyError> {
-        let mut t = self
-            .shared
-            .tables
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
-        if t.memories.len() >= MAX_MEMORY_IDS as usize {
-            return Err(ProxyError::InvalidUsage(format!(
-                "rank {}: more than {MAX_MEMORY_IDS} memories registered with one proxy",
-                self.config.rank
-            )));
-        }
-        t.memories.push(region);
-        Ok(MemoryId(t.memories.len() as u32 - 1))
+        self.register(|t| {
+            if t.memories.len() >= MAX_MEMORY_IDS as usize {
+                return Err(ProxyError::InvalidUsage(format!(
+                    "rank {}: more than {MAX_MEMORY_IDS} memories registered with one proxy",
+                    self.config.rank
+                )));
+            }
+            t.memories.push(region);
+            Ok(MemoryId(t.memories.len() as u32 - 1))
+        })
     }
 
-    /// Registers a channel: `connection` to its peer and the peer's inbound semaphore counter
-    /// (`remote_inbound`, 8 bytes at offset 0). Triggers name it by the returned id.
+    /// Applies `change` to a copy of the tables and publishes it as the new snapshot.
+    fn register<R>(
+        &self,
+        change: impl FnOnce(&mut Tables) -> Result<R, ProxyError>,
+    ) -> Result<R, ProxyError> {
+        let mut latest = self.shared.tables.lock();
+        let mut tables = Tables::clone(&latest);
+        let made = change(&mut tables)?;
+        *latest = Arc::new(tables);
+        // Release: pairs with the consumer's Acquire in `Consumer::refresh`.
+        self.shared.generation.fetch_add(1, Ordering::Release);
+        Ok(made)
+    }
+
+    /// Registers a channel: `connection` to its peer, the peer's inbound semaphore counter
+    /// (`remote_inbound`, 8 bytes at offset 0) and the channel's abort `record`. Triggers
+    /// name it by the returned id, which is also the site its failures are recorded under.
     ///
     /// # Errors
     /// More than [`MAX_SEMAPHORE_IDS`] channels, or a semaphore region that is not the
@@ -217,6 +299,7 @@ impl ProxyService {
         &self,
         connection: Arc<dyn Connection>,
         remote_inbound: MemoryRegion,
+        record: Arc<AbortRecord>,
     ) -> Result<SemaphoreId, ProxyError> {
         if remote_inbound.owner_rank != connection.peer() || remote_inbound.size < 8 {
             return Err(ProxyError::InvalidUsage(format!(
@@ -227,24 +310,22 @@ impl ProxyService {
                 connection.peer()
             )));
         }
-        let mut t = self
-            .shared
-            .tables
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
-        if t.channels.len() >= MAX_SEMAPHORE_IDS as usize {
-            return Err(ProxyError::InvalidUsage(format!(
-                "rank {}: more than {MAX_SEMAPHORE_IDS} channels on one proxy",
-                self.config.rank
-            )));
-        }
-        t.channels.push(Channel {
-            connection,
-            remote_inbound,
-            outbound: AtomicU64::new(0),
-            stopped: AtomicBool::new(false),
-        });
-        Ok(SemaphoreId(t.channels.len() as u32 - 1))
+        self.register(|t| {
+            if t.channels.len() >= MAX_SEMAPHORE_IDS as usize {
+                return Err(ProxyError::InvalidUsage(format!(
+                    "rank {}: more than {MAX_SEMAPHORE_IDS} channels on one proxy",
+                    self.config.rank
+                )));
+            }
+            t.channels.push(Arc::new(Channel {
+                connection,
+                remote_inbound,
+                outbound: AtomicU64::new(0),
+                stopped: AtomicBool::new(false),
+                record,
+            }));
+            Ok(SemaphoreId(t.channels.len() as u32 - 1))
+        })
     }
 
     /// Starts the proxy thread (once).
@@ -257,34 +338,49 @@ impl ProxyService {
                 "proxy service already started".into(),
             ));
         }
-        self.shared.stop.store(false, Ordering::Release);
+        self.shared.shutdown.store(false, Ordering::Release);
         let (consumer, shared, cells) = (
             self.consumer.clone(),
             self.shared.clone(),
             self.cells.clone(),
         );
+        let assist = self.config.assist;
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-r{}", self.config.rank))
-            .spawn(move || run(&consumer, &cells, &shared))
+            .spawn(move || run(&consumer, &cells, &shared, assist))
             .map_err(|e| ProxyError::Thread(e.to_string()))?;
         self.thread = Some(thread);
         Ok(())
     }
 
-    /// Stops the proxy thread after it has executed every trigger already published.
+    /// Stops the proxy thread after it has executed every trigger already published,
+    /// waiting at most the wait limit.
     ///
     /// # Errors
-    /// The thread panicked.
+    /// The thread panicked, or did not end within the limit (it is then left to end by
+    /// itself, detached).
     pub fn stop(&mut self) -> Result<(), ProxyError> {
-        self.shared.stop.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            // Wake it if parked; the doorbell is in the FIFO cells we share.
+        self.shared.shutdown.store(true, Ordering::Release);
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        // Wake it if parked; the doorbell is in the FIFO cells we share.
+        self.cells.doorbell().wake_sleeper();
+        let deadline = Instant::now() + self.config.wait_timeout;
+        while !thread.is_finished() {
+            if Instant::now() >= deadline {
+                return Err(ProxyError::Thread(format!(
+                    "rank {}: the proxy thread did not stop within {:?} (a connection call \
+                     that does not return?); it is left running",
+                    self.config.rank, self.config.wait_timeout
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
             self.cells.doorbell().wake_sleeper();
-            thread
-                .join()
-                .map_err(|_| ProxyError::Thread("proxy thread panicked".into()))?;
         }
-        Ok(())
+        thread
+            .join()
+            .map_err(|_| ProxyError::Thread("proxy thread panicked".into()))
     }
 
     /// The first errors recorded since the last call, if any (then cleared).
@@ -292,7 +388,7 @@ impl ProxyService {
     /// # Errors
     /// The first recorded error; the rest are logged.
     pub fn check(&self) -> Result<(), ProxyError> {
-        let mut errors = self.shared.errors.lock().unwrap_or_else(|p| p.into_inner());
+        let mut errors = self.shared.errors.lock();
         let (kept, dropped) = (std::mem::take(&mut errors.0), std::mem::take(&mut errors.1));
         match kept.into_iter().next() {
             Some(first) => Err(first),
@@ -301,83 +397,175 @@ impl ProxyService {
         }
     }
 
-    /// The raised abort flag, decoded, if any kernel or the proxy raised it.
-    pub fn abort_reason(&self) -> Option<AbortReason> {
-        AbortReason::decode(self.shared.abort.load(Ordering::Relaxed))
+    /// The rank's first failure, decoded from the stop word, if any was raised.
+    pub fn stop_reason(&self) -> Option<AbortReason> {
+        AbortReason::decode(self.shared.stop_word.load(Ordering::Relaxed))
     }
 
-    /// Lowers the abort flag (after the error was handled and kernels have stopped).
-    pub fn clear_abort(&self) {
-        self.shared.abort.store(0, Ordering::Relaxed);
+    /// Lowers the stop word (after the failure was reported and kernels have stopped).
+    pub fn clear_stop(&self) {
+        self.shared.stop_word.store(0, Ordering::Relaxed);
+    }
+
+    /// Raises the stop word from the host with `error` at `site`, unless a failure already
+    /// did: kernels of this rank stop waiting (a peer failed, the job is ending).
+    pub fn raise_stop(&self, error: DeviceError, site: u32) {
+        self.shared.raise_stop(error, site);
     }
 
     /// The peer of channel `id`, if known.
     pub fn channel_peer(&self, id: SemaphoreId) -> Option<u32> {
-        let t = self.shared.tables.read().unwrap_or_else(|p| p.into_inner());
+        let t = self.shared.tables.lock().clone();
         t.channels.get(id.0 as usize).map(|c| c.connection.peer())
+    }
+
+    /// Whether channel `id` has been stopped by a refused trigger or a failed connection.
+    pub fn channel_stopped(&self, id: SemaphoreId) -> bool {
+        let t = self.shared.tables.lock().clone();
+        t.channels
+            .get(id.0 as usize)
+            .is_some_and(|c| c.stopped.load(Ordering::Relaxed))
     }
 }
 
 impl Drop for ProxyService {
     fn drop(&mut self) {
-        let _ = self.stop();
+        if let Err(e) = self.stop() {
+            tracing::error!(error = %e, "stopping the proxy");
+        }
     }
-}
-
-fn lock(consumer: &Mutex<Fifo>) -> std::sync::MutexGuard<'_, Fifo> {
-    consumer.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Executes every published trigger if the consumer is free; `None` if someone else holds it.
-fn drain(consumer: &Mutex<Fifo>, shared: &Shared) -> Option<u64> {
-    let mut fifo = match consumer.try_lock() {
-        Ok(f) => f,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return None,
-    };
-    let mut executed = 0;
-    while let Some(trigger) = fifo.poll() {
-        execute(shared, trigger);
-        fifo.pop();
-        executed += 1;
-    }
-    Some(executed)
+fn drain(consumer: &Mutex<Consumer>, shared: &Shared) -> Option<u64> {
+    let mut held = consumer.try_lock()?;
+    Some(drain_held(&mut held, shared))
 }
 
-/// The doorbell's assist: drain on the ringing kernel thread. True if the consumer was free
-/// (so the published trigger has been executed, by us or by the holder we raced with).
-fn assist(consumer: &Weak<Mutex<Fifo>>, shared: &Weak<Shared>) -> bool {
-    match (consumer.upgrade(), shared.upgrade()) {
-        (Some(consumer), Some(shared)) => drain(&consumer, &shared).is_some(),
-        _ => false,
+/// Executes every published trigger with the consumer held.
+fn drain_held(consumer: &mut Consumer, shared: &Shared) -> u64 {
+    let Some(mut trigger) = consumer.fifo.poll() else {
+        return 0;
+    };
+    consumer.refresh(shared);
+    let mut executed = 0;
+    loop {
+        execute(shared, &consumer.tables, trigger);
+        consumer.fifo.pop();
+        executed += 1;
+        match consumer.fifo.poll() {
+            Some(next) => trigger = next,
+            None => return executed,
+        }
+    }
+}
+
+/// Watches for a claimed FIFO position that is never published.
+struct StallWatch {
+    /// The executed count when the current wait began, and when it began.
+    since: Option<(u64, Instant)>,
+    /// Reported: the position that will not come.
+    stalled_at: Option<u64>,
+}
+
+impl StallWatch {
+    /// Called when a drain found nothing to execute: notes how long a claimed position has
+    /// stayed unpublished, and reports it once past the wait limit. Returns whether the
+    /// FIFO is stalled (so the consumer may park although a position is claimed).
+    fn idle(&mut self, cells: &FifoCells, shared: &Shared) -> bool {
+        let executed = cells.executed();
+        if cells.claimed() <= executed {
+            self.since = None;
+            self.stalled_at = None;
+            return false;
+        }
+        if self.stalled_at == Some(executed) {
+            return true;
+        }
+        match self.since {
+            Some((at, started)) if at == executed => {
+                if started.elapsed() >= shared.wait_timeout {
+                    self.stalled_at = Some(executed);
+                    shared.raise_stop(DeviceError::Aborted, FIFO_SITE);
+                    shared.record(ProxyError::FifoStalled {
+                        rank: shared.rank,
+                        position: executed,
+                        waited: started.elapsed(),
+                    });
+                    return true;
+                }
+            }
+            _ => {
+                self.since = Some((executed, Instant::now()));
+                self.stalled_at = None;
+            }
+        }
+        false
     }
 }
 
 /// The proxy thread: drain, execute, release; back off when idle.
-fn run(consumer: &Mutex<Fifo>, cells: &FifoCells, shared: &Shared) {
+///
+/// Without assist nobody else drains, so the thread holds the consumer while it polls
+/// (taking and releasing a lock on every poll costs two locked instructions, which also wait
+/// for the thread's last store to a peer's semaphore). With assist it holds it only while
+/// draining, so a pushing kernel thread can drain when the proxy thread is merely polling.
+fn run(consumer: &Mutex<Consumer>, cells: &FifoCells, shared: &Shared, assist: bool) {
     let mut idle = 0u32;
+    let mut watch = StallWatch {
+        since: None,
+        stalled_at: None,
+    };
+    let mut stalled = false;
+    let mut held: Option<parking_lot::MutexGuard<'_, Consumer>> = None;
     loop {
         // Stay hot only after executing something ourselves. `None` means a kernel thread
         // is assisting: that is its work, and spinning beside it would take its core.
-        if let Some(executed @ 1..) = drain(consumer, shared) {
+        let drained = match held.as_mut() {
+            Some(consumer) => Some(drain_held(consumer, shared)),
+            None if assist => drain(consumer, shared),
+            None => {
+                let mut guard = consumer.lock();
+                let drained = drain_held(&mut guard, shared);
+                held = Some(guard);
+                Some(drained)
+            }
+        };
+        if let Some(executed @ 1..) = drained {
             idle = 0;
+            stalled = false;
             consumer_pacing::after_drain(executed);
             continue;
         }
         // Acquire: pairs with the Release in `stop`. The drain above found the ring empty
         // after `stop` was possibly set; one more drain catches triggers published before it.
-        if shared.stop.load(Ordering::Acquire) {
-            if drain(consumer, shared) == Some(0) {
+        if shared.shutdown.load(Ordering::Acquire) {
+            let last = match held.as_mut() {
+                Some(consumer) => Some(drain_held(consumer, shared)),
+                None => drain(consumer, shared),
+            };
+            if last == Some(0) {
                 return;
             }
             continue;
         }
         idle = idle.saturating_add(1);
-        if idle < SPIN_POLLS {
+        if drained == Some(0) && (stalled || idle.is_multiple_of(STALL_CHECK_EVERY)) {
+            stalled = watch.idle(cells, shared);
+        }
+        let shutdown = || shared.shutdown.load(Ordering::Acquire);
+        if idle < SPIN_POLLS && !stalled {
             std::hint::spin_loop();
+            continue;
+        }
+        // Leaving the hot phase: let go of the consumer, so nothing waits on a thread that
+        // is about to yield or sleep.
+        held = None;
+        if stalled {
+            cells.park_consumer_stalled(PARK_TIMEOUT, shutdown);
         } else if idle < SPIN_POLLS + YIELD_POLLS {
             std::thread::yield_now();
-        } else if !cells.park_consumer(PARK_TIMEOUT, || shared.stop.load(Ordering::Acquire)) {
+        } else if !cells.park_consumer(PARK_TIMEOUT, shutdown) {
             // A position is claimed but not executed yet (its pusher is about to publish, or
             // an assistant is draining): not the moment to park.
             std::thread::yield_now();
@@ -385,39 +573,50 @@ fn run(consumer: &Mutex<Fifo>, cells: &FifoCells, shared: &Shared) {
     }
 }
 
-/// Checks `trigger` and carries it out; refusals and failures are recorded.
-fn execute(shared: &Shared, trigger: ProxyTrigger) {
+/// Checks `trigger` against the tables `t` and carries it out; refusals and failures are
+/// recorded.
+fn execute(shared: &Shared, t: &Tables, trigger: ProxyTrigger) {
     let f = trigger.decode();
-    let t = shared.tables.read().unwrap_or_else(|p| p.into_inner());
-    let refuse = |channel: u32, peer: Option<u32>, refusal: Refusal| {
-        let code = match refusal {
-            Refusal::OutOfBounds { .. } => DeviceError::OutOfBounds,
-            _ => DeviceError::InvalidArgument,
-        };
-        shared.raise(code, channel);
+    let detail = [f.dst_offset, f.src_offset, f.size];
+    let Some(channel) = t.channels.get(f.semaphore_id as usize) else {
+        shared.raise_stop(DeviceError::InvalidArgument, f.semaphore_id);
         shared.record(ProxyError::TriggerRefused {
             rank: shared.rank,
-            channel,
-            peer,
-            refusal,
+            channel: f.semaphore_id,
+            peer: None,
+            refusal: Refusal::UnknownChannel { id: f.semaphore_id },
         });
-    };
-    let Some(channel) = t.channels.get(f.semaphore_id as usize) else {
-        refuse(
-            f.semaphore_id,
-            None,
-            Refusal::UnknownChannel { id: f.semaphore_id },
-        );
         return;
     };
-    // Relaxed: only this thread writes `stopped`.
+    let raise = |error: DeviceError| {
+        channel.record.raise(
+            Some(&shared.stop_word),
+            f.semaphore_id,
+            error,
+            DeviceOp::PortPut,
+            detail,
+        );
+    };
+    // Relaxed: only the consumer writes `stopped`.
     if channel.stopped.load(Ordering::Relaxed) {
+        // Skipped, not executed: make sure a flush waiting for it learns so, even if the
+        // host has reported and lowered the channel's first failure meanwhile.
+        raise(DeviceError::Aborted);
         return;
     }
     let peer = channel.connection.peer();
     let stop_with = |refusal: Refusal| {
         channel.stopped.store(true, Ordering::Relaxed);
-        refuse(f.semaphore_id, Some(peer), refusal);
+        raise(match refusal {
+            Refusal::OutOfBounds { .. } => DeviceError::OutOfBounds,
+            _ => DeviceError::InvalidArgument,
+        });
+        shared.record(ProxyError::TriggerRefused {
+            rank: shared.rank,
+            channel: f.semaphore_id,
+            peer: Some(peer),
+            refusal,
+        });
     };
     if f.kind == 0 || f.kind & !trigger_type::ALL != 0 {
         return stop_with(Refusal::InvalidType { bits: f.kind });
@@ -462,7 +661,9 @@ fn execute(shared: &Shared, trigger: ProxyTrigger) {
         }
     }
     if f.kind & trigger_type::FLAG != 0 {
-        let value = channel.outbound.fetch_add(1, Ordering::Relaxed) + 1;
+        // Relaxed: only the consumer reads and writes it (see `Channel::outbound`).
+        let value = channel.outbound.load(Ordering::Relaxed) + 1;
+        channel.outbound.store(value, Ordering::Relaxed);
         if let Err(e) = channel
             .connection
             .update_and_sync(&channel.remote_inbound, 0, value)
@@ -479,7 +680,13 @@ fn execute(shared: &Shared, trigger: ProxyTrigger) {
 
 fn fail(shared: &Shared, channel: &Channel, id: u32, error: ProxyError) {
     channel.stopped.store(true, Ordering::Relaxed);
-    shared.raise(DeviceError::Aborted, id);
+    channel.record.raise(
+        Some(&shared.stop_word),
+        id,
+        DeviceError::Aborted,
+        DeviceOp::Unknown,
+        [0; 3],
+    );
     shared.record(ProxyError::Connection {
         rank: shared.rank,
         peer: channel.connection.peer(),

@@ -3,7 +3,9 @@
 #![allow(missing_docs)]
 
 use oxccl_device::DeviceError;
-use oxccl_device::fifo::{ProxyTrigger, TriggerFields, trigger_type};
+use oxccl_device::abort::AbortRecord;
+use oxccl_device::error::DeviceOp;
+use oxccl_device::fifo::{FifoDeviceHandle, ProxyTrigger, TriggerFields, trigger_type};
 use oxccl_device::wait::WaitPolicy;
 use oxccl_proxy::Fifo;
 use oxccl_proxy::fifo::MAX_FIFO_SIZE;
@@ -46,12 +48,23 @@ fn drain(fifo: &mut Fifo, n: usize) -> Vec<TriggerFields> {
     out
 }
 
+/// A handle for producer threads, which need it `'static`.
+///
+/// # Safety
+/// The FIFO's cells must outlive every use of the handle: each test keeps its `Fifo` (or a
+/// share of its cells) alive until the producers have joined.
+unsafe fn handle(fifo: &Fifo) -> FifoDeviceHandle<'static> {
+    // SAFETY: the cells' own parts; the caller keeps them alive.
+    unsafe { FifoDeviceHandle::from_raw_parts(fifo.cells().raw_parts(), WAIT) }
+}
+
 /// Guards against a pushed trigger not arriving intact, or a zeroed ring reading as full.
 #[test]
 fn smoke() {
     let mut fifo = Fifo::new(4).unwrap();
     assert!(fifo.poll().is_none(), "a fresh ring must read empty");
-    let h = fifo.device_handle(WAIT);
+    let cells = fifo.cells();
+    let h = cells.device_handle(WAIT);
     assert_eq!(h.push(trigger(3, 9)).unwrap(), 0);
     assert_eq!(drain(&mut fifo, 1), [trigger(3, 9).decode()]);
     assert!(fifo.poll().is_none());
@@ -64,7 +77,8 @@ fn smoke() {
 fn wraps_at_lap_boundary() {
     for size in [1u32, 2, 4] {
         let mut fifo = Fifo::new(size).unwrap();
-        let h = fifo.device_handle(WAIT);
+        let cells = fifo.cells();
+        let h = cells.device_handle(WAIT);
         for seq in 0..(4 * size as u64 + 1) {
             h.push(trigger(1, seq)).unwrap();
             assert_eq!(drain(&mut fifo, 1)[0].dst_offset, seq, "size {size}");
@@ -82,22 +96,20 @@ fn wraps_at_lap_boundary() {
 #[test]
 fn full_ring_push_waits_then_times_out() {
     let mut fifo = Fifo::new(2).unwrap();
-    let flag = AtomicU64::new(0);
-    let policy = WaitPolicy {
-        abort_flag: flag.as_ptr() as u64,
-        timeout_ns: 20_000_000,
-        site: 4,
-        reserved: 0,
-    };
-    let h = fifo.device_handle(policy);
+    let record = AbortRecord::new();
+    let stop = AtomicU64::new(0);
+    // SAFETY: both live until the end of the test.
+    let policy = unsafe { WaitPolicy::from_raw_parts(&record, &stop, 20_000_000, 4) };
+    let cells = fifo.cells();
+    let h = cells.device_handle(policy);
     h.push(trigger(1, 0)).unwrap();
     h.push(trigger(1, 1)).unwrap();
     assert_eq!(h.push(trigger(1, 2)), Err(DeviceError::Timeout));
-    assert_ne!(
-        flag.load(Ordering::Relaxed),
-        0,
-        "the timeout must raise the abort flag"
-    );
+    let reason = record.read().expect("the timeout must be recorded");
+    assert_eq!(reason.op, DeviceOp::FifoPush);
+    // Position 2 waited for a ring of 2 slots whose tail stayed at 0.
+    assert_eq!(reason.detail, Some([2, 0, 2]));
+    assert_ne!(stop.load(Ordering::Relaxed), 0, "the rank must be stopped");
     let got = drain(&mut fifo, 2);
     assert_eq!((got[0].dst_offset, got[1].dst_offset), (0, 1));
 }
@@ -109,7 +121,8 @@ fn many_producers() {
     const PRODUCERS: u32 = 6;
     const EACH: u64 = if cfg!(miri) { 20 } else { 20_000 };
     let mut fifo = Fifo::new(8).unwrap();
-    let h = fifo.device_handle(WAIT);
+    // SAFETY: `fifo` outlives the producers, which are joined below.
+    let h = unsafe { handle(&fifo) };
     let producers: Vec<_> = (0..PRODUCERS)
         .map(|p| {
             std::thread::spawn(move || {
@@ -150,7 +163,8 @@ fn bad_sizes_are_refused() {
 #[test]
 fn sync_waits_for_pop() {
     let mut fifo = Fifo::new(4).unwrap();
-    let h = fifo.device_handle(WAIT);
+    // SAFETY: `fifo` outlives the producer, which is joined below.
+    let h = unsafe { handle(&fifo) };
     let done = std::sync::Arc::new(AtomicU64::new(0));
     let seen = done.clone();
     let producer = std::thread::spawn(move || {
@@ -174,8 +188,9 @@ fn sync_waits_for_pop() {
 fn pushes_wake_a_parked_consumer() {
     const ROUNDS: u64 = 200;
     let mut fifo = Fifo::new(4).unwrap();
-    let h = fifo.device_handle(WAIT);
     let cells = fifo.cells();
+    let h = cells.device_handle(WAIT);
+    let park_cells = fifo.cells();
     let consumer = std::thread::spawn(move || {
         let mut longest = Duration::ZERO;
         for _ in 0..ROUNDS {
@@ -187,7 +202,7 @@ fn pushes_wake_a_parked_consumer() {
                     break;
                 }
                 // Returns false without parking when a push is already under way.
-                if !cells.park_consumer(Duration::from_secs(10), || false) {
+                if !park_cells.park_consumer(Duration::from_secs(10), || false) {
                     std::thread::yield_now();
                 }
             }

@@ -37,8 +37,16 @@ fn consume(fifo: &mut Fifo, n: usize) -> Vec<TriggerFields> {
     out
 }
 
-fn handle(fifo: &Fifo) -> FifoDeviceHandle {
-    fifo.device_handle(WaitPolicy::UNBOUNDED)
+/// A handle for producer threads, which loom requires to be `'static`.
+///
+/// # Safety
+/// The caller keeps the FIFO's cells alive (a share of `fifo.cells()`) in every thread that
+/// uses the handle, until it stops using it.
+unsafe fn handle(fifo: &Fifo) -> FifoDeviceHandle<'static> {
+    // A limit loom never reaches: its models have no clock to run out.
+    let wait = WaitPolicy::with_timeout_ns(u64::MAX);
+    // SAFETY: the cells' own parts; the caller keeps them alive while the handle is used.
+    unsafe { FifoDeviceHandle::from_raw_parts(fifo.cells().raw_parts(), wait) }
 }
 
 /// Guards against two producers claiming the same slot, a trigger read before both of its
@@ -47,7 +55,8 @@ fn handle(fifo: &Fifo) -> FifoDeviceHandle {
 fn two_producers_one_consumer() {
     loom::model(|| {
         let mut fifo = Fifo::new(2).unwrap();
-        let h = handle(&fifo);
+        // SAFETY: every producer holds `keep`, a share of the cells, while it pushes.
+        let h = unsafe { handle(&fifo) };
         let keep = fifo.cells();
         let producers: Vec<_> = (1..=2u32)
             .map(|p| {
@@ -77,7 +86,8 @@ fn two_producers_one_consumer() {
 fn full_ring_waits_for_tail_and_wraps() {
     loom::model(|| {
         let mut fifo = Fifo::new(1).unwrap();
-        let h = handle(&fifo);
+        // SAFETY: every producer holds `keep`, a share of the cells, while it pushes.
+        let h = unsafe { handle(&fifo) };
         let keep = fifo.cells();
         let producer = thread::spawn(move || {
             let _keep = keep;
@@ -100,7 +110,8 @@ fn full_ring_waits_for_tail_and_wraps() {
 fn sync_waits_for_execution() {
     loom::model(|| {
         let mut fifo = Fifo::new(2).unwrap();
-        let h = handle(&fifo);
+        // SAFETY: every producer holds `keep`, a share of the cells, while it pushes.
+        let h = unsafe { handle(&fifo) };
         let keep = fifo.cells();
         let effect = Arc::new(loom::sync::atomic::AtomicU64::new(0));
         let seen = effect.clone();
@@ -133,13 +144,15 @@ fn sync_waits_for_execution() {
 fn weakened_publish_is_caught() {
     loom::model(|| {
         let mut fifo = Fifo::new(2).unwrap();
-        let h = handle(&fifo);
+        // SAFETY: every producer holds `keep`, a share of the cells, while it pushes.
+        let h = unsafe { handle(&fifo) };
         let keep = fifo.cells();
         let producer = thread::spawn(move || {
             let _keep = keep;
             let t = trigger(1, 5).with_commit_bit(1);
             // SAFETY: the handle's addresses point into the FIFO cells kept alive above.
-            let slot = unsafe { &*(h.triggers as usize as *const [atomic::AtomicU64; 2]) };
+            let slot =
+                unsafe { &*(h.raw_parts().triggers as usize as *const [atomic::AtomicU64; 2]) };
             // Deliberately weakened: both words relaxed (the real push releases `snd`).
             atomic::store(&slot[0], t.fst, Ordering::Relaxed, Scope::System);
             atomic::store(&slot[1], t.snd, Ordering::Relaxed, Scope::System);

@@ -14,11 +14,15 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 /// ```
 /// use oxccl_device::{arch, kernel, DeviceSlice};
 ///
+/// /// Each thread writes its rank in the grid at that rank.
+/// ///
+/// /// # Safety
+/// /// `out` must be writable device memory of at least one element per thread of the grid,
+/// /// which nothing else touches until the launch completes.
 /// #[kernel]
-/// pub fn write_ranks(out: DeviceSlice<u64>) {
+/// pub unsafe fn write_ranks(out: DeviceSlice<u64>) {
 ///     let rank = arch::thread_rank_in_grid();
-///     // SAFETY: each thread writes only its own element, and the host does not touch
-///     // the buffer until the launch is synchronized.
+///     // SAFETY: the contract above; each thread writes only its own element.
 ///     unsafe { out.write(rank, rank) };
 /// }
 ///
@@ -27,7 +31,8 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 ///     assert_eq!(write_ranks::KERNEL.name, "write_ranks");
 ///     assert_eq!(write_ranks::KERNEL.params.len(), 1);
 ///     let mut mem = [u64::MAX; 1];
-///     write_ranks(DeviceSlice::new(mem.as_mut_ptr() as u64, 1));
+///     // SAFETY: `mem` holds the one element of the one thread this call is.
+///     unsafe { write_ranks(DeviceSlice::new(mem.as_mut_ptr() as u64, 1)) };
 ///     assert_eq!(mem, [0]);
 /// }
 /// ```
@@ -36,11 +41,14 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 ///
 /// # On `nvptx64`
 ///
-/// The function becomes an exported kernel entry point, its body unchanged:
+/// The function becomes an exported kernel entry point that runs the body as written:
 ///
 /// ```ignore
 /// #[unsafe(no_mangle)]
-/// pub unsafe extern "ptx-kernel" fn write_ranks(out: DeviceSlice<u64>) { /* body */ }
+/// pub unsafe extern "ptx-kernel" fn write_ranks(out: DeviceSlice<u64>) {
+///     /* the body, as an inline function; the block count check of `max_blocks`;
+///        a trap for an error no abort record can carry */
+/// }
 /// ```
 ///
 /// The `"ptx-kernel"` ABI is unstable, so a crate that defines kernels and is built for
@@ -58,8 +66,9 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 ///     use super::*;
 ///     /// Name, parameter layouts and emulator entry point, for backends.
 ///     pub static KERNEL: ::oxccl_device::launch::KernelInfo = /* ... */;
-///     /// Enqueues the kernel on `launcher` (a stream) with `config` and `args`.
-///     pub fn launch<L: ::oxccl_device::launch::Launcher + ?Sized>(
+///     /// Enqueues the kernel on `launcher` (a stream) with `config` and `args`
+///     /// (`unsafe`, as the kernel is).
+///     pub unsafe fn launch<L: ::oxccl_device::launch::Launcher + ?Sized>(
 ///         launcher: &L,
 ///         config: ::oxccl_device::launch::LaunchConfig,
 ///         args: (DeviceSlice<u64>,),
@@ -68,15 +77,53 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 /// ```
 ///
 /// so that the host launches it with
-/// `write_ranks::launch(&stream, LaunchConfig::grid(2).block(4), (buf.device_slice(),))?`.
+/// `unsafe { write_ranks::launch(&stream, LaunchConfig::grid(2).block(4), (buf.device_slice(),)) }?`.
 /// `launch` builds the array of pointers to the arguments (what `cuLaunchKernel` takes as
 /// `kernelParams`) and hands it to [`Launcher::launch_raw`], which copies the values before
 /// returning. `KERNEL.host_entry` is the emulator's way in: it reads the parameters back
 /// from such an array and calls the function.
 ///
 /// Every parameter type must implement `oxccl_device::launch::KernelArg` (plain bytes:
-/// every `bytemuck::Pod + Send + Sync` type does); this is checked at compile time, at
-/// the parameter.
+/// every `bytemuck::Pod + Send + Sync` type, the device handles, and structs of those with
+/// `#[derive(KernelArg)]`); this is checked at compile time, at the parameter. Handles carry
+/// the lifetime of the host object they came from: write it in the signature
+/// (`chan: PortChannelDeviceHandle<'_>`), so a handle cannot be launched after its channel
+/// is gone.
+///
+/// # Options
+///
+/// `#[kernel(max_blocks = N)]`: the kernel supports at most `N` blocks per launch (a kernel
+/// written for one block, say). Launchers refuse a larger grid with an error naming the
+/// kernel and the launch; on the GPU the kernel also traps if launched so some other way.
+///
+/// # Unsafe kernels and what they return
+///
+/// A kernel that dereferences raw addresses it was given (`u64`, [`DeviceSlice`]) trusts its
+/// arguments: write it as `unsafe fn` with a `# Safety` section, and its `launch` is an
+/// `unsafe fn` too, so safe code cannot hand it forged addresses:
+///
+/// ```compile_fail,E0133
+/// use oxccl_device::{kernel, launch::{LaunchConfig, Launcher}};
+///
+/// /// # Safety
+/// /// `addr` must point to a writable `u64`.
+/// #[kernel]
+/// pub unsafe fn store_one(addr: u64) {
+///     // SAFETY: the caller's contract.
+///     unsafe { (addr as *mut u64).write(1) };
+/// }
+///
+/// fn forge<L: Launcher>(stream: &L) {
+///     // error[E0133]: call to unsafe function is unsafe
+///     let _ = store_one::launch(stream, LaunchConfig::grid(1), (0xdead_beef,));
+/// }
+/// # fn main() {}
+/// ```
+///
+/// A kernel may return `Result<(), DeviceError>` and use `?` on device calls. The CPU
+/// emulator reports a returned error from `synchronize`, with the failing call; on the GPU a
+/// failure is recorded in the channel's abort record (and a failure that has no record, a
+/// zeroed handle, traps).
 ///
 /// Put kernels at module level, not inside a function body: the generated module reaches
 /// the function and the parameter types through `super::`, which cannot name items local
@@ -84,11 +131,10 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 ///
 /// # Refused (compile errors at the offending tokens)
 ///
-/// Generic parameters (types, lifetimes, consts, `impl Trait`), a `self` receiver,
-/// `async`, `const`, `unsafe` or `extern` functions, variadics, a return type other than
-/// `()`, and parameter patterns other than a plain (optionally `mut`) identifier. A kernel
-/// has one fixed ABI and returns nothing; the launch is a safe call, so unsafe operations
-/// belong in `unsafe` blocks inside the body. For example:
+/// Type or const generic parameters and `impl Trait` (lifetimes are fine), a `self`
+/// receiver, `async` or `const` functions, an `extern` ABI, variadics, a return type other
+/// than `()` or `Result<(), DeviceError>`, and parameter patterns other than a plain
+/// (optionally `mut`) identifier. For example:
 ///
 /// ```compile_fail
 /// #[oxccl_device::kernel]
@@ -117,6 +163,7 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 /// # fn main() {}
 /// ```
 ///
+/// [`DeviceSlice`]: https://docs.rs/oxccl-device/latest/oxccl_device/struct.DeviceSlice.html
 /// [`Launcher::launch_raw`]: https://docs.rs/oxccl-device/latest/oxccl_device/launch/trait.Launcher.html
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
@@ -134,19 +181,130 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
+/// Implements `oxccl_device::launch::KernelArg` for a struct whose fields all implement it,
+/// so the struct can be a kernel parameter (an argument struct instead of a long list of
+/// positional parameters).
+///
+/// ```
+/// use oxccl_device::{KernelArg, memory_channel::MemoryChannelDeviceHandle};
+///
+/// #[repr(C)]
+/// #[derive(Clone, Copy, KernelArg)]
+/// pub struct ExchangeArgs<'a> {
+///     pub next: MemoryChannelDeviceHandle<'a>,
+///     pub prev: MemoryChannelDeviceHandle<'a>,
+///     pub bytes: u64,
+/// }
+/// # fn main() {}
+/// ```
+///
+/// A field that is not a `KernelArg` is a compile error at the field:
+///
+/// ```compile_fail
+/// #[derive(Clone, Copy, oxccl_device::KernelArg)]
+/// struct Bad { pointer: &'static u8 }
+/// # fn main() {}
+/// ```
+#[proc_macro_derive(KernelArg)]
+pub fn derive_kernel_arg(item: TokenStream) -> TokenStream {
+    let input = syn::parse_macro_input!(item as syn::DeriveInput);
+    match derive_kernel_arg_impl(&input) {
+        Ok(tokens) => tokens.into(),
+        Err(err) => err.to_compile_error().into(),
+    }
+}
+
+fn derive_kernel_arg_impl(input: &syn::DeriveInput) -> syn::Result<TokenStream2> {
+    let syn::Data::Struct(data) = &input.data else {
+        return Err(syn::Error::new(
+            input.ident.span(),
+            "#[derive(KernelArg)] supports structs only",
+        ));
+    };
+    let name = &input.ident;
+    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    // Each field checked at its own span, so a field that is not a `KernelArg` is an error
+    // there, at the derive, rather than wherever the struct is later launched.
+    let checks = data.fields.iter().map(|f| {
+        let ty = &f.ty;
+        quote_spanned! {ty.span()=>
+            __is_kernel_arg::<#ty>();
+        }
+    });
+    let bounds = data.fields.iter().map(|f| {
+        let ty = &f.ty;
+        quote! { #ty: ::oxccl_device::launch::KernelArg }
+    });
+    let mut predicates: Vec<TokenStream2> = bounds.collect();
+    if let Some(w) = where_clause {
+        predicates.extend(w.predicates.iter().map(|p| quote! { #p }));
+    }
+    Ok(quote! {
+        // SAFETY: every field is a `KernelArg` (required below), so every value safe code can
+        // build field by field is one; the derive adds no operation of its own.
+        unsafe impl #impl_generics ::oxccl_device::launch::KernelArg for #name #ty_generics
+        where #(#predicates,)* {}
+        const _: () = {
+            fn __is_kernel_arg<T: ::oxccl_device::launch::KernelArg>() {}
+            #[allow(dead_code)]
+            fn __check_fields #impl_generics () #where_clause {
+                #(#checks)*
+            }
+        };
+    })
+}
+
 /// One kernel parameter: its binding and its type.
 struct Param {
     ident: Ident,
     ty: Type,
 }
 
-fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
-    if !attr.is_empty() {
-        return Err(syn::Error::new(
-            attr.span(),
-            "#[kernel] takes no arguments; write `#[kernel]`",
-        ));
+/// What `#[kernel(...)]` may say.
+#[derive(Default)]
+struct KernelAttr {
+    /// Most blocks per launch (0: any).
+    max_blocks: u32,
+}
+
+fn parse_attr(attr: TokenStream2) -> syn::Result<KernelAttr> {
+    let mut out = KernelAttr::default();
+    if attr.is_empty() {
+        return Ok(out);
     }
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("max_blocks") {
+            let n: syn::LitInt = meta.value()?.parse()?;
+            out.max_blocks = n.base10_parse()?;
+            if out.max_blocks == 0 {
+                return Err(meta.error("max_blocks must be at least 1"));
+            }
+            Ok(())
+        } else {
+            Err(meta.error("#[kernel] takes only `max_blocks = N`"))
+        }
+    });
+    syn::parse::Parser::parse2(parser, attr)?;
+    Ok(out)
+}
+
+/// `ty` with every lifetime (elided `'_` or named) replaced by `'static`: the form the
+/// generated statics and the emulator entry, which sit outside any function signature,
+/// can name.
+fn with_static_lifetimes(ty: &Type) -> Type {
+    struct ToStatic;
+    impl syn::visit_mut::VisitMut for ToStatic {
+        fn visit_lifetime_mut(&mut self, l: &mut syn::Lifetime) {
+            *l = syn::Lifetime::new("'static", l.span());
+        }
+    }
+    let mut ty = ty.clone();
+    syn::visit_mut::VisitMut::visit_type_mut(&mut ToStatic, &mut ty);
+    ty
+}
+
+fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
+    let attr = parse_attr(attr)?;
     let func: ItemFn = syn::parse2(item)?;
     let params = check(&func)?;
 
@@ -159,24 +317,47 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
     let name = &sig.ident;
     let name_str = name.to_string();
     let inputs = &sig.inputs;
+    let output = &sig.output;
+    let generics = &sig.generics;
+    let lifetimes: Vec<&syn::LifetimeParam> = generics.lifetimes().collect();
+    let is_unsafe = sig.unsafety.is_some();
+    let unsafety = &sig.unsafety;
+    let max_blocks = attr.max_blocks;
     let kernel_doc = format!(
         "Launch shim of the kernel [`{name_str}`](fn@{name_str}) for host backends \
          (generated by `#[kernel]`)."
     );
 
+    let idents: Vec<&Ident> = params.iter().map(|p| &p.ident).collect();
+    let tys: Vec<&Type> = params.iter().map(|p| &p.ty).collect();
+    let static_tys: Vec<Type> = tys.iter().map(|t| with_static_lifetimes(t)).collect();
+
+    let body_call = if is_unsafe {
+        quote! {
+            // SAFETY: the kernel's contract is the launch's: whoever launched it through
+            // the `unsafe` `launch` (or a raw driver call) vouched for its arguments.
+            unsafe { __kernel_body(#(#idents),*) }
+        }
+    } else {
+        quote! { __kernel_body(#(#idents),*) }
+    };
     let ptx_entry = quote! {
         #[cfg(target_arch = "nvptx64")]
         #(#attrs)*
         #[unsafe(no_mangle)]
-        #vis unsafe extern "ptx-kernel" fn #name(#inputs) #block
+        #vis unsafe extern "ptx-kernel" fn #name #generics ( #(#idents: #tys),* ) {
+            #[inline(always)]
+            #unsafety fn __kernel_body #generics (#inputs) #output #block
+            ::oxccl_device::kernel_return::check_blocks_on_device(#max_blocks);
+            ::oxccl_device::kernel_return::finish_on_device(#body_call);
+        }
     };
     let host_fn = quote! {
         #[cfg(not(target_arch = "nvptx64"))]
         #(#attrs)*
-        #vis fn #name(#inputs) #block
+        #vis #unsafety fn #name #generics (#inputs) #output #block
     };
 
-    let tys: Vec<&Type> = params.iter().map(|p| &p.ty).collect();
     let count = params.len();
     let indices: Vec<syn::Index> = (0..count).map(syn::Index::from).collect();
     let reads: Vec<Ident> = params
@@ -185,13 +366,39 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
         .collect();
     // Spanned at each parameter type, so that a type that is not a `KernelArg` is reported
     // there, once, with the message of `__KernelParam`.
-    let layouts = tys.iter().map(|ty| {
+    let layouts = static_tys.iter().zip(&tys).map(|(sty, ty)| {
         quote_spanned! {ty.span()=>
-            __param_layout::<#ty>()
+            __param_layout::<#sty>()
         }
     });
     let tuple_ty = quote! { ( #(#tys,)* ) };
-
+    let host_call = if is_unsafe {
+        quote! {
+            // SAFETY: `HostEntry`'s contract: for an `unsafe` kernel the caller of the
+            // unsafe `launch` vouched for the kernel's contract.
+            unsafe { super::#name( #(#reads),* ) }
+        }
+    } else {
+        quote! { super::#name( #(#reads),* ) }
+    };
+    let (launch_unsafety, launch_safety_doc) = if is_unsafe {
+        (
+            quote! { unsafe },
+            format!(
+                "\n\n# Safety\nThe safety contract of [`{name_str}`](fn@super::{name_str}) \
+                 must hold for `args` and `config`."
+            ),
+        )
+    } else {
+        (quote! {}, String::new())
+    };
+    let launch_doc = format!(
+        "Enqueues the kernel on `launcher` (a stream) with `config` and `args`, one tuple \
+         element per kernel parameter. The arguments are copied before this returns; the \
+         kernel runs asynchronously.\n\n# Errors\nWhatever the launcher refuses: a \
+         configuration it cannot run (more blocks than the kernel's `max_blocks`, say), a \
+         stream that cannot take work.{launch_safety_doc}"
+    );
     let shim = quote! {
         #[cfg(not(target_arch = "nvptx64"))]
         #[doc = #kernel_doc]
@@ -199,12 +406,14 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
         #vis mod #name {
             use super::*;
 
-            /// Name, parameter layouts and emulator entry point of the kernel, for backends.
+            /// Name, parameter layouts, emulator entry point and launch limits of the
+            /// kernel, for backends.
             pub static KERNEL: ::oxccl_device::launch::KernelInfo =
                 ::oxccl_device::launch::KernelInfo {
                     name: #name_str,
                     params: &[ #( #layouts ),* ],
                     host_entry: __host_entry,
+                    max_blocks: #max_blocks,
                 };
 
             // Every parameter must be plain bytes the backend can copy. Checked through this
@@ -213,8 +422,9 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
                 message = "`{Self}` cannot be a kernel parameter",
                 label = "not a `KernelArg`",
                 note = "kernel parameters are copied as plain bytes: use a \
-                        `bytemuck::Pod + Send + Sync + 'static` type \
-                        (device memory as `DeviceSlice<T>` / `DevicePtr<T>`)"
+                        `bytemuck::Pod + Send + Sync` type, a device handle, or a struct \
+                        of those with `#[derive(KernelArg)]` (device memory as \
+                        `DeviceSlice<T>` / `DevicePtr<T>`)"
             )]
             trait __KernelParam: ::oxccl_device::launch::KernelArg {}
             impl<T: ::oxccl_device::launch::KernelArg> __KernelParam for T {}
@@ -222,32 +432,31 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
                 ::oxccl_device::launch::ParamLayout::of::<T>()
             }
 
-            /// Reads each parameter from `params` and runs the kernel on the calling thread.
+            /// Reads each parameter from `params`, runs the kernel on the calling thread and
+            /// returns what it returned.
             ///
             /// # Safety
             /// `params` must hold one pointer per parameter, the i-th aligned for and
-            /// pointing to a valid value of the i-th parameter type.
+            /// pointing to a valid value of the i-th parameter type; for an `unsafe` kernel,
+            /// its contract must hold (see `HostEntry`).
             #[allow(unused_variables)]
-            unsafe fn __host_entry(params: *const *const ::core::ffi::c_void) {
+            unsafe fn __host_entry(
+                params: *const *const ::core::ffi::c_void,
+            ) -> ::core::result::Result<(), ::oxccl_device::DeviceError> {
                 #(
                     // SAFETY: the caller passes one valid, aligned pointer per parameter;
-                    // parameter types are `Copy`, so reading leaves the source valid.
-                    let #reads: #tys = unsafe {
-                        ::core::ptr::read((*params.add(#indices)).cast::<#tys>())
+                    // parameter types are `Copy`, so reading leaves the source valid. Only
+                    // lifetimes differ from the launch's types, and they are erased.
+                    let #reads: #static_tys = unsafe {
+                        ::core::ptr::read((*params.add(#indices)).cast::<#static_tys>())
                     };
                 )*
-                super::#name( #(#reads),* )
+                ::oxccl_device::kernel_return::KernelReturn::into_result(#host_call)
             }
 
-            /// Enqueues the kernel on `launcher` (a stream) with `config` and `args`, one
-            /// tuple element per kernel parameter. The arguments are copied before this
-            /// returns; the kernel runs asynchronously.
-            ///
-            /// # Errors
-            /// Whatever the launcher refuses: a configuration it cannot run, a stream that
-            /// cannot take work.
+            #[doc = #launch_doc]
             #[allow(unused_variables)]
-            pub fn launch<L: ::oxccl_device::launch::Launcher + ?Sized>(
+            pub #launch_unsafety fn launch<#(#lifetimes,)* L: ::oxccl_device::launch::Launcher + ?Sized>(
                 launcher: &L,
                 config: ::oxccl_device::launch::LaunchConfig,
                 args: #tuple_ty,
@@ -257,7 +466,8 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
                 ];
                 // SAFETY: `params` holds exactly one pointer per parameter of `KERNEL`, in
                 // order, each to a live value of that parameter's type (`args` outlives the
-                // call, and the launcher copies the values before returning).
+                // call, and the launcher copies the values before returning); an `unsafe`
+                // kernel's own contract is this function's caller's to uphold.
                 unsafe { launcher.launch_raw(&KERNEL, config, &params) }
             }
         }
@@ -285,24 +495,20 @@ fn check(func: &ItemFn) -> syn::Result<Vec<Param>> {
     if let Some(token) = &sig.constness {
         push(syn::Error::new(token.span(), "a kernel cannot be `const`"));
     }
-    if let Some(token) = &sig.unsafety {
-        push(syn::Error::new(
-            token.span(),
-            "a kernel cannot be `unsafe fn`: launching it is a safe call, so put `unsafe` \
-             blocks (with their `// SAFETY:` reasons) inside the body",
-        ));
-    }
     if let Some(abi) = &sig.abi {
         push(syn::Error::new(
             abi.span(),
             "a kernel cannot declare an ABI: `#[kernel]` chooses it per target",
         ));
     }
-    if !sig.generics.params.is_empty() {
-        push(syn::Error::new(
-            sig.generics.params.span(),
-            "a kernel cannot be generic: a PTX entry point has one fixed parameter list",
-        ));
+    for param in &sig.generics.params {
+        if !matches!(param, syn::GenericParam::Lifetime(_)) {
+            push(syn::Error::new(
+                param.span(),
+                "a kernel cannot be generic over types or constants: a PTX entry point has \
+                 one fixed parameter list (lifetimes of handle parameters are fine)",
+            ));
+        }
     }
     if let Some(clause) = &sig.generics.where_clause {
         push(syn::Error::new(
@@ -318,10 +524,13 @@ fn check(func: &ItemFn) -> syn::Result<Vec<Param>> {
     }
     if let ReturnType::Type(_, ty) = &sig.output {
         let unit = matches!(&**ty, Type::Tuple(t) if t.elems.is_empty());
-        if !unit {
+        let result = matches!(&**ty, Type::Path(p)
+            if p.path.segments.last().is_some_and(|s| s.ident == "Result"));
+        if !unit && !result {
             push(syn::Error::new(
                 ty.span(),
-                "a kernel returns nothing: write results to device memory instead",
+                "a kernel returns nothing or `Result<(), DeviceError>`: write results to \
+                 device memory instead",
             ));
         }
     }

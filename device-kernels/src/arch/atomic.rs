@@ -60,6 +60,26 @@ pub fn fetch_add(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
     imp::fetch_add(a, v, order, scope)
 }
 
+/// Adds `v` to `a` with `order` (`Relaxed` or `Release`; others are treated as `Release`)
+/// at `scope`, returning nothing: a fire-and-forget reduction (`red` on the GPU), which needs
+/// no register for an old value and no round trip to memory.
+#[inline(always)]
+pub fn add(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) {
+    imp::add(a, v, order, scope)
+}
+
+/// Replaces `a` with `new` if it holds `current`, relaxed, at `scope`; returns the value
+/// found (`Ok` if it was `current` and was replaced).
+#[inline(always)]
+pub fn compare_exchange_relaxed(
+    a: &AtomicU64,
+    current: u64,
+    new: u64,
+    scope: Scope,
+) -> Result<u64, u64> {
+    imp::compare_exchange_relaxed(a, current, new, scope)
+}
+
 /// Sets the bits of `v` in `a` with `order` at `scope` and returns the previous value.
 #[inline(always)]
 pub fn fetch_or(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
@@ -75,9 +95,11 @@ pub fn fetch_and(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) -> u64 {
 /// Publishes a 128-bit pair `[w0, w1]` so that an observer that acquires `w1` at `scope` also
 /// sees `w0`.
 ///
-/// On the GPU this is one `st.release.sys.global.v2.u64`. On the host, where there is no
-/// 128-bit atomic, `w0` is stored relaxed and then `w1` with release; the reader must acquire
-/// `w1` before reading `w0` (pairs with the Acquire in the proxy's `Fifo::poll`).
+/// `w0` is stored relaxed, then `w1` with release, both at `scope`; the reader must acquire
+/// `w1` before reading `w0` (pairs with the Acquire in the proxy's `Fifo::poll`). On the GPU
+/// this is two stores, not one `st.release.v2`: the PTX memory model treats the elements of a
+/// vector access as separate accesses with no order between them, so a vector release store
+/// would not order `w0` before `w1` for the reader.
 #[inline(always)]
 pub fn publish_pair(pair: &[AtomicU64; 2], w0: u64, w1: u64, scope: Scope) {
     imp::publish_pair(pair, w0, w1, scope)
@@ -127,6 +149,21 @@ mod imp {
     #[inline(always)]
     pub fn fetch_add(a: &AtomicU64, v: u64, order: Ordering, _scope: Scope) -> u64 {
         a.fetch_add(v, order)
+    }
+
+    #[inline(always)]
+    pub fn add(a: &AtomicU64, v: u64, order: Ordering, _scope: Scope) {
+        a.fetch_add(v, store_order(order));
+    }
+
+    #[inline(always)]
+    pub fn compare_exchange_relaxed(
+        a: &AtomicU64,
+        current: u64,
+        new: u64,
+        _scope: Scope,
+    ) -> Result<u64, u64> {
+        a.compare_exchange(current, new, Ordering::Relaxed, Ordering::Relaxed)
     }
 
     #[inline(always)]
@@ -236,6 +273,38 @@ mod imp {
         old
     }
 
+    #[inline(always)]
+    pub fn add(a: &AtomicU64, v: u64, order: Ordering, scope: Scope) {
+        let p = a.as_ptr();
+        // SAFETY: as in `load`; `red.add` writes only the 8 bytes of the cell.
+        unsafe {
+            match order {
+                Ordering::Relaxed => scoped!(scope, "red.relaxed", ".global.add.u64 [{p}], {v};",
+                    v = in(reg64) v, p = in(reg64) p, options(nostack)),
+                _ => scoped!(scope, "red.release", ".global.add.u64 [{p}], {v};",
+                    v = in(reg64) v, p = in(reg64) p, options(nostack)),
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub fn compare_exchange_relaxed(
+        a: &AtomicU64,
+        current: u64,
+        new: u64,
+        scope: Scope,
+    ) -> Result<u64, u64> {
+        let p = a.as_ptr();
+        let old: u64;
+        // SAFETY: as in `fetch_add`; `atom.cas` reads and writes only the 8 bytes of the cell.
+        unsafe {
+            scoped!(scope, "atom.relaxed", ".global.cas.b64 {o}, [{p}], {c}, {n};",
+                o = out(reg64) old, c = in(reg64) current, n = in(reg64) new, p = in(reg64) p,
+                options(nostack))
+        }
+        if old == current { Ok(old) } else { Err(old) }
+    }
+
     /// `atom.<order>.<scope>.global.<op>.b64` for the bitwise RMWs.
     macro_rules! bitwise_rmw {
         ($name:ident, $op:literal) => {
@@ -262,13 +331,10 @@ mod imp {
 
     #[inline(always)]
     pub fn publish_pair(pair: &[AtomicU64; 2], w0: u64, w1: u64, scope: Scope) {
-        let p = pair.as_ptr() as *mut u64;
-        // SAFETY: `pair` is a live, 16-byte aligned pair of cells in global memory (the
-        // trigger slot type is `align(16)`); one vector release store writes both words.
-        unsafe {
-            scoped!(scope, "st.release", ".global.v2.u64 [{p}], {{{a}, {b}}};",
-                a = in(reg64) w0, b = in(reg64) w1, p = in(reg64) p, options(nostack))
-        }
+        // Relaxed: ordered before the reader's view of `w1` by the release store below.
+        store(&pair[0], w0, Ordering::Relaxed, scope);
+        // Release: pairs with the reader's Acquire load of `w1`.
+        store(&pair[1], w1, Ordering::Release, scope);
     }
 
     #[inline(always)]

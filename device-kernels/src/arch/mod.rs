@@ -190,6 +190,18 @@ pub fn prefetch_for_write(addr: *const u8) {
     imp::prefetch_for_write(addr)
 }
 
+/// Notes a failed device call of the calling thread (the emulator keeps it to report with
+/// the kernel's error; on the GPU the channel's abort record carries it instead).
+#[inline(always)]
+pub(crate) fn note_failure(
+    error: crate::DeviceError,
+    op: crate::error::DeviceOp,
+    site: u32,
+    detail: [u64; 3],
+) {
+    imp::note_failure(error, op, site, detail)
+}
+
 /// Stops the kernel at once (`trap`); on the host, panics the calling kernel thread.
 #[inline(always)]
 pub fn trap() -> ! {

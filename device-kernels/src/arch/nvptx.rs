@@ -120,3 +120,12 @@ pub(crate) fn ring_doorbell(_addr: u64, _proxy_asleep: bool) {}
 
 #[inline(always)]
 pub(crate) fn prefetch_for_write(_addr: *const u8) {}
+
+#[inline(always)]
+pub(crate) fn note_failure(
+    _error: crate::DeviceError,
+    _op: crate::error::DeviceOp,
+    _site: u32,
+    _detail: [u64; 3],
+) {
+}

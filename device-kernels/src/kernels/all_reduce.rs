@@ -1,50 +1,74 @@
 //! Ring all-reduce (sum of `f32`) over memory channels: a reduce-scatter of `n_ranks - 1`
 //! steps, then an all-gather of `n_ranks - 1` steps, each step one chunk per rank.
 //!
-//! Buffers of every rank: `input` (n elements; may be `output` itself for in-place), and a
-//! registered `work` buffer of `2 * n` elements: `output` is its first half, the second half
-//! receives the previous rank's partial sums. Each channel's `remote` is the next (`next`) or
-//! previous (`prev`) rank's `work`, its `local` our `work`.
+//! Buffers of every rank: `input` (`n` elements; may be `work` itself for in-place), and a
+//! registered `work` buffer of `2 * capacity` elements: the output is its first `n`
+//! elements, and the second half, from element `capacity` on, receives the previous rank's
+//! partial sums. Each channel's `remote` is the next (`next`) or previous (`prev`) rank's
+//! `work`, its `local` our `work`.
 //!
 //! Why no step reads a chunk another rank overwrites: in the reduce-scatter each rank
 //! receives every chunk index at most once, into its own scratch slot; in the all-gather
 //! the final value a peer writes into our chunk already includes our contribution, which
 //! we sent before that peer could compute it.
+//!
+//! **Back to back.** Calls may follow each other on the same buffers and channels with no
+//! host barrier, whatever their `n`: the scratch sits at the fixed offset `capacity`, never
+//! inside any call's output; and a rank that starts call `k + 1` has completed call `k`,
+//! which the ring of signals allows only once `next` (the rank whose scratch it writes) has
+//! signalled its first all-gather step of call `k`, after its last read of its scratch in
+//! call `k`. (With the scratch at offset `n`, a shrinking `n` let a rank one call ahead write
+//! into `next`'s output.)
 
+use super::block_agrees;
+use crate::KernelArg;
 use crate::arch;
 use crate::coop::contiguous_chunk;
 use crate::coop::{Block, Coop};
-use crate::error::DeviceError;
+use crate::error::{DeviceError, DeviceOp};
 use crate::kernel;
 use crate::memory_channel::MemoryChannelDeviceHandle;
 
 /// Arguments of [`ring_all_reduce_sum_f32`].
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct RingAllReduceArgs {
+#[derive(Clone, Copy, Debug, Default, KernelArg)]
+pub struct RingAllReduceArgs<'a> {
     /// Channel to the next rank (its `work` is the remote).
-    pub next: MemoryChannelDeviceHandle,
+    pub next: MemoryChannelDeviceHandle<'a>,
     /// Channel to the previous rank (it signals us on this one).
-    pub prev: MemoryChannelDeviceHandle,
+    pub prev: MemoryChannelDeviceHandle<'a>,
     /// Address of the `n` input elements (may equal `work` for in-place).
     pub input: u64,
-    /// Address of our `work` buffer (`2 * n` elements).
+    /// Address of our `work` buffer (`2 * capacity` elements).
     pub work: u64,
-    /// Elements to reduce.
+    /// Elements to reduce: at most `capacity`.
     pub n: u64,
+    /// Elements the `work` buffers were sized for (the same on every rank).
+    pub capacity: u64,
     /// This rank.
     pub rank: u32,
     /// Ranks in the ring.
     pub n_ranks: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<RingAllReduceArgs>() == 2 * 104 + 32);
+const _: () = assert!(core::mem::size_of::<RingAllReduceArgs<'static>>() == 2 * 104 + 40);
 
-/// Sums `n` `f32`s across the ring; every rank ends with the sum in the first half of its
-/// `work`. Launch one block (any number of threads) per rank.
-#[kernel]
-pub fn ring_all_reduce_sum_f32(args: RingAllReduceArgs) {
-    let _ = all_reduce(&args);
+/// Sums `n` `f32`s across the ring; every rank ends with the sum in the first `n` elements
+/// of its `work`. Launch one block (any number of threads) per rank.
+///
+/// # Errors
+/// [`DeviceError::InvalidArgument`] (recorded on `next`) if `n` exceeds `capacity` or
+/// `rank` is not below `n_ranks`; channel errors of any step.
+///
+/// # Safety
+/// `input` must hold `n` readable `f32`s and `work` `2 * capacity` writable ones (`work` is
+/// the registered buffer the channels' `local` names); until the kernel completes, nothing
+/// but this kernel and its peers' writes through the channels may touch them, and an
+/// out-of-place `input` must not overlap `work`.
+#[kernel(max_blocks = 1)]
+pub unsafe fn ring_all_reduce_sum_f32(args: RingAllReduceArgs<'_>) -> Result<(), DeviceError> {
+    // SAFETY: the caller's contract.
+    unsafe { all_reduce(&args) }
 }
 
 /// Elements of chunk `c` when `n` elements are split among `n_ranks` chunks.
@@ -53,29 +77,33 @@ fn chunk(c: u32, n_ranks: u32, n: u64) -> core::ops::Range<u64> {
     contiguous_chunk(c as u64, n_ranks as u64, n)
 }
 
-/// All threads meet; then thread 0 signals `next` and waits for `prev`; all meet again and
-/// stop together if the wait failed.
+/// All threads meet; then thread 0 signals `next` and waits for `prev`; all stop together
+/// if the wait failed.
 #[inline(always)]
-fn exchange_step(a: &RingAllReduceArgs) -> Result<(), DeviceError> {
+fn exchange_step(a: &RingAllReduceArgs<'_>) -> Result<(), DeviceError> {
     arch::sync_threads();
-    let mut failed = false;
-    if arch::thread_rank_in_block() == 0 {
-        a.next.signal();
-        failed = a.prev.wait().is_err();
-    }
-    if arch::sync_threads_or(failed) {
-        return Err(DeviceError::Aborted);
-    }
-    Ok(())
+    block_agrees(|| {
+        a.next.signal()?;
+        a.prev.wait()
+    })
 }
 
-fn all_reduce(a: &RingAllReduceArgs) -> Result<(), DeviceError> {
-    let (r, nr, n) = (a.rank, a.n_ranks, a.n);
+/// # Safety
+/// As [`ring_all_reduce_sum_f32`].
+unsafe fn all_reduce(a: &RingAllReduceArgs<'_>) -> Result<(), DeviceError> {
+    let (r, nr, n, cap) = (a.rank, a.n_ranks, a.n, a.capacity);
+    if n > cap || r >= nr {
+        return Err(a.next.semaphore().wait_policy().raise(
+            DeviceError::InvalidArgument,
+            DeviceOp::Kernel,
+            [n, cap, r as u64],
+        ));
+    }
     let out = a.work as usize as *mut f32;
-    let scratch_off = n * 4;
+    let scratch_off = cap * 4;
     if a.input != a.work {
-        // SAFETY: `input` holds `n` elements, `work` at least `n`, and they differ (out of
-        // place); each thread copies its own share.
+        // SAFETY: `input` holds `n` elements, `work` at least `n`, and they do not overlap
+        // (contract); each thread copies its own share.
         unsafe { crate::copy::copy(Block, a.work, a.input, n * 4) };
     }
     if nr <= 1 {
@@ -94,9 +122,9 @@ fn all_reduce(a: &RingAllReduceArgs) -> Result<(), DeviceError> {
         let len = recv.end - recv.start;
         for i in Block.split(len) {
             let e = (recv.start + i) as usize;
-            // SAFETY: `e < n`; element `e` of the output and of the scratch half are ours,
-            // and each thread touches only its share.
-            unsafe { *out.add(e) += *out.add(n as usize + e) };
+            // SAFETY: `e < n <= capacity`; element `e` of the output and element
+            // `capacity + e` (the scratch) are ours, and each thread touches only its share.
+            unsafe { *out.add(e) += *out.add(cap as usize + e) };
         }
         arch::sync_threads();
     }

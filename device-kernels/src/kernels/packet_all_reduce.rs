@@ -13,68 +13,99 @@
 //! the reduced chunks round. A step's packets go to a slot of their own in the receiver's
 //! scratch, so one flag serves a whole call.
 //!
-//! **Calls.** Every rank passes the same `flag` to the same call, different from the
-//! previous call's (a counter from 1, skipping 0). The scratch holds two sets of slots and
-//! a call uses the set of its flag's parity: a rank one call ahead of its neighbour writes
-//! the other set, and cannot get two calls ahead (its next call needs the neighbour's
-//! packets of the call in between). So calls may be launched back to back, with no
-//! barrier and no clearing of the scratch.
+//! **Calls.** Every rank passes the same `sequence` to the same call: a counter that grows
+//! by one per call on these channels. The call's packet flag is [`packet_flag`]`(sequence)`
+//! (never 0, so a zeroed scratch never reads as arrived) and its slot set is the parity of
+//! `sequence` itself, not of the flag, so the alternation survives the flag's wrap-around.
+//! The scratch holds two sets of slots, placed by the `capacity` the scratch was sized
+//! for, not by the call's `n`: a rank one call ahead of its neighbour writes the other set
+//! whatever the two calls' sizes, and it cannot get two calls ahead (its next call needs
+//! packets that the neighbour sends only from the call in between). So calls may be
+//! launched back to back, with changing `n`, no barrier and no clearing of the scratch. A
+//! stale packet could only be taken for a new one if its flag came round again: after
+//! `2^32 - 1` calls without that slot being rewritten.
 //!
 //! **Channels.** `next` writes the next rank's scratch (its `remote`); `prev` reads our
 //! scratch (its `packets`), which the previous rank writes. Each rank registers
-//! [`packet_scratch_bytes`] of scratch for the largest `n` it will reduce.
+//! [`packet_scratch_bytes`]`(capacity, n_ranks)` of scratch, zeroed, for calls of up to
+//! `capacity` elements.
 
+use crate::KernelArg;
 use crate::coop::{Block, Coop, contiguous_chunk};
-use crate::error::DeviceError;
+use crate::error::{DeviceError, DeviceOp};
 use crate::kernel;
 use crate::memory_channel::MemoryChannelDeviceHandle;
 use crate::packet::{Ll16Packet, Packet};
 
 /// Arguments of [`packet_all_reduce_sum_f32`].
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct PacketAllReduceArgs {
+#[derive(Clone, Copy, Debug, Default, KernelArg)]
+pub struct PacketAllReduceArgs<'a> {
     /// Channel whose `remote` is the next rank's scratch.
-    pub next: MemoryChannelDeviceHandle,
+    pub next: MemoryChannelDeviceHandle<'a>,
     /// Channel whose `packets` is our scratch (the previous rank writes it).
-    pub prev: MemoryChannelDeviceHandle,
+    pub prev: MemoryChannelDeviceHandle<'a>,
     /// Address of the `n` input elements.
     pub input: u64,
     /// Address of the `n` output elements (may equal `input`).
     pub output: u64,
-    /// Elements to reduce.
+    /// Elements to reduce: at most `capacity`.
     pub n: u64,
-    /// This call's packet flag: non-zero, the same on every rank, new for every call.
-    pub flag: u32,
+    /// Elements the scratch was sized for ([`packet_scratch_bytes`]), the same on every rank.
+    pub capacity: u64,
+    /// This call's number on these channels: the same on every rank, one more than the
+    /// previous call's.
+    pub sequence: u64,
     /// This rank.
     pub rank: u32,
     /// Ranks in the ring.
     pub n_ranks: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<PacketAllReduceArgs>() == 2 * 104 + 40);
-const _: () = assert!(core::mem::offset_of!(PacketAllReduceArgs, flag) == 232);
+const _: () = assert!(core::mem::size_of::<PacketAllReduceArgs<'static>>() == 2 * 104 + 48);
 
-/// Packets of one step's slot: a chunk of the `ceil(n / 2)` packets, rounded up.
-const fn slot_packets(n: u64, n_ranks: u32) -> u64 {
+/// The packet flag of call `sequence`: in `1..=u32::MAX`, and different from the flag of
+/// the call two before (the last one that used the same slot set).
+pub const fn packet_flag(sequence: u64) -> u32 {
+    (sequence % u32::MAX as u64) as u32 + 1
+}
+
+/// The slot set (0 or 1) of call `sequence`: the parity of the call's number, so two calls
+/// in a row never share a set, whatever their flags (which skip 0 when they wrap).
+pub const fn slot_set(sequence: u64) -> u64 {
+    sequence & 1
+}
+
+/// Packets of one step's slot: a chunk of the `ceil(capacity / 2)` packets, rounded up.
+const fn slot_packets(capacity: u64, n_ranks: u32) -> u64 {
     let ranks = if n_ranks == 0 { 1 } else { n_ranks as u64 };
-    n.div_ceil(2).div_ceil(ranks)
+    capacity.div_ceil(2).div_ceil(ranks)
 }
 
-/// Bytes of scratch each rank registers to reduce up to `n` elements over `n_ranks`
+/// Bytes of scratch each rank registers to reduce up to `capacity` elements over `n_ranks`
 /// ranks: two sets (call parities) of `2 * (n_ranks - 1)` step slots of 16-byte packets.
-pub const fn packet_scratch_bytes(n: u64, n_ranks: u32) -> u64 {
+pub const fn packet_scratch_bytes(capacity: u64, n_ranks: u32) -> u64 {
     let steps = 2 * n_ranks.saturating_sub(1) as u64;
-    2 * steps * slot_packets(n, n_ranks) * Ll16Packet::PACKET_BYTES
+    2 * steps * slot_packets(capacity, n_ranks) * Ll16Packet::PACKET_BYTES
 }
 
 /// Sums `n` `f32`s across the ring into every rank's `output`. Launch one block (any
-/// number of threads) per rank; see the module docs for `flag` and the channels.
-#[kernel]
-pub fn packet_all_reduce_sum_f32(args: PacketAllReduceArgs) {
-    let _ = all_reduce(&args);
+/// number of threads) per rank; see the module docs for `sequence`, `capacity` and the
+/// channels.
+///
+/// # Errors
+/// [`DeviceError::InvalidArgument`] (recorded on `next`) if `n` exceeds `capacity` or
+/// `rank` is not below `n_ranks`; channel errors (a short scratch is refused as out of
+/// bounds).
+///
+/// # Safety
+/// `input` must hold `n` readable `f32`s and `output` `n` writable ones (they may be the
+/// same buffer, or not overlap at all), untouched by anything else until the kernel
+/// completes.
+#[kernel(max_blocks = 1)]
+pub unsafe fn packet_all_reduce_sum_f32(args: PacketAllReduceArgs<'_>) -> Result<(), DeviceError> {
+    // SAFETY: the caller's contract.
+    unsafe { all_reduce(&args) }
 }
 
 /// Input packet `p`: elements `2p` and `2p + 1` (zero past `n`), as the bits of a payload.
@@ -124,8 +155,18 @@ fn add_pairs(a: u64, b: u64) -> u64 {
     lo.to_bits() as u64 | (hi.to_bits() as u64) << 32
 }
 
-fn all_reduce(a: &PacketAllReduceArgs) -> Result<(), DeviceError> {
-    let (r, nr, n, flag) = (a.rank, a.n_ranks, a.n, a.flag);
+/// # Safety
+/// As [`packet_all_reduce_sum_f32`].
+unsafe fn all_reduce(a: &PacketAllReduceArgs<'_>) -> Result<(), DeviceError> {
+    let (r, nr, n) = (a.rank, a.n_ranks, a.n);
+    if n > a.capacity || r >= nr {
+        return Err(a.next.semaphore().wait_policy().raise(
+            DeviceError::InvalidArgument,
+            DeviceOp::Kernel,
+            [n, a.capacity, r as u64],
+        ));
+    }
+    let flag = packet_flag(a.sequence);
     let packets = n.div_ceil(2);
     if nr <= 1 {
         if a.input != a.output {
@@ -137,10 +178,10 @@ fn all_reduce(a: &PacketAllReduceArgs) -> Result<(), DeviceError> {
         }
         return Ok(());
     }
-    let slot = slot_packets(n, nr);
+    let slot = slot_packets(a.capacity, nr);
     let steps = 2 * (nr as u64 - 1);
     // First packet of step `s`'s slot in this call's set.
-    let slot_start = |s: u64| ((flag & 1) as u64 * steps + s) * slot;
+    let slot_start = |s: u64| (slot_set(a.sequence) * steps + s) * slot;
     let chunk = |c: u32| contiguous_chunk(c as u64, nr as u64, packets);
     // Reduce-scatter: step `s` sends chunk `r - s`, plus what `prev` sent of it at `s - 1`.
     for s in 0..nr - 1 {
@@ -189,6 +230,34 @@ fn all_reduce(a: &PacketAllReduceArgs) -> Result<(), DeviceError> {
 #[cfg(all(test, not(oxccl_loom)))]
 mod tests {
     use super::*;
+
+    /// Guards against a flag of 0 (a zeroed scratch would read as arrived), and against two
+    /// calls that use the same slot set sharing a flag, across the flag's wrap-around.
+    #[test]
+    fn flags_never_zero_and_differ_two_calls_apart() {
+        let wrap = u32::MAX as u64;
+        for seq in (0..6)
+            .chain(wrap - 4..wrap + 4)
+            .chain(2 * wrap - 2..2 * wrap + 2)
+        {
+            assert_ne!(packet_flag(seq), 0, "sequence {seq}");
+            assert_ne!(packet_flag(seq), packet_flag(seq + 2), "sequence {seq}");
+        }
+        assert_eq!(packet_flag(0), 1);
+        assert_eq!(packet_flag(wrap - 1), u32::MAX);
+        assert_eq!(packet_flag(wrap), 1);
+    }
+
+    /// Guards against two calls in a row using the same slot set (a rank one call ahead
+    /// would overwrite packets its neighbour has not read), across the flag's wrap-around:
+    /// the flags `u32::MAX` and 1 that follow each other there are both odd.
+    #[test]
+    fn slot_sets_alternate_across_the_flag_wrap() {
+        let wrap = u32::MAX as u64;
+        for seq in (0..6).chain(wrap - 4..wrap + 4) {
+            assert_ne!(slot_set(seq), slot_set(seq + 1), "sequence {seq}");
+        }
+    }
 
     /// Guards against scratch too small for the slots a call writes (two sets, every
     /// step, the largest chunk), which the channel would refuse mid-call.

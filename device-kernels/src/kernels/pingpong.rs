@@ -1,6 +1,6 @@
 //! Ping-pong between two ranks: round-trip latency of a channel. The initiator sends and
 //! waits for the answer `iters` times; the other side waits and answers. With `bytes == 0`
-//! only signals travel.
+//! only signals travel. Thread 0 of the grid runs it (any launch shape).
 
 use crate::arch;
 use crate::error::DeviceError;
@@ -8,20 +8,17 @@ use crate::kernel;
 use crate::memory_channel::MemoryChannelDeviceHandle;
 use crate::port_channel::PortChannelDeviceHandle;
 
-/// Ping-pong over a port channel (thread 0 of the grid runs it).
+/// Ping-pong over a port channel.
 #[kernel]
-pub fn port_pingpong(chan: PortChannelDeviceHandle, iters: u32, initiator: u32, bytes: u64) {
-    if arch::thread_rank_in_grid() == 0 {
-        let _ = port_rounds(&chan, iters, initiator != 0, bytes);
-    }
-}
-
-fn port_rounds(
-    chan: &PortChannelDeviceHandle,
+pub fn port_pingpong(
+    chan: PortChannelDeviceHandle<'_>,
     iters: u32,
-    initiator: bool,
+    initiator: u32,
     bytes: u64,
 ) -> Result<(), DeviceError> {
+    if arch::thread_rank_in_grid() != 0 {
+        return Ok(());
+    }
     let send = || {
         if bytes == 0 {
             chan.signal()
@@ -30,7 +27,7 @@ fn port_rounds(
         }
     };
     for _ in 0..iters {
-        if initiator {
+        if initiator != 0 {
             send()?;
             chan.wait()?;
         } else {
@@ -41,30 +38,25 @@ fn port_rounds(
     chan.flush()
 }
 
-/// Ping-pong over a memory channel (thread 0 of the grid runs it; `bytes` are stored with
-/// `write` before each signal).
+/// Ping-pong over a memory channel (`bytes` are stored with `write` before each signal).
 #[kernel]
-pub fn memory_pingpong(chan: MemoryChannelDeviceHandle, iters: u32, initiator: u32, bytes: u64) {
-    if arch::thread_rank_in_grid() == 0 {
-        let _ = memory_rounds(&chan, iters, initiator != 0, bytes);
-    }
-}
-
-fn memory_rounds(
-    chan: &MemoryChannelDeviceHandle,
+pub fn memory_pingpong(
+    chan: MemoryChannelDeviceHandle<'_>,
     iters: u32,
-    initiator: bool,
+    initiator: u32,
     bytes: u64,
 ) -> Result<(), DeviceError> {
+    if arch::thread_rank_in_grid() != 0 {
+        return Ok(());
+    }
     let send = |round: u32| -> Result<(), DeviceError> {
         for i in 0..bytes / 8 {
             chan.write::<u64>(i, round as u64)?;
         }
-        chan.signal();
-        Ok(())
+        chan.signal()
     };
     for round in 0..iters {
-        if initiator {
+        if initiator != 0 {
             send(round)?;
             chan.wait()?;
         } else {

@@ -1,7 +1,13 @@
 //! Ring all-gather: each rank starts with its own chunk at `rank * chunk_bytes` of its
 //! buffer and ends with every rank's chunk at the same place, after `n_ranks - 1` steps of
 //! "forward what arrived last step to the next rank".
+//!
+//! Launch again right away, on the same channels and buffer: each launch begins with the
+//! ring's ready handshake ([`super::ready_handshake`]), so a rank never writes into `next`'s
+//! buffer before `next` has finished the previous launch (and whatever its stream ran
+//! after it, such as a kernel that reads the result).
 
+use super::{block_agrees, ready_handshake};
 use crate::arch;
 use crate::coop::Block;
 use crate::error::DeviceError;
@@ -15,28 +21,21 @@ fn chunk_at_step(rank: u32, step: u32, n_ranks: u32, chunk_bytes: u64) -> u64 {
     ((rank + n_ranks - step % n_ranks) % n_ranks) as u64 * chunk_bytes
 }
 
-/// Ring all-gather over port channels: the proxy copies, thread 0 drives.
-/// `next` writes into the next rank's buffer; `prev` is raised by the previous rank.
+/// Ring all-gather over port channels: the proxy copies, thread 0 of the grid drives (any
+/// launch shape). `next` writes into the next rank's buffer; `prev` is raised by the
+/// previous rank.
 #[kernel]
 pub fn port_ring_exchange(
-    next: PortChannelDeviceHandle,
-    prev: PortChannelDeviceHandle,
-    rank: u32,
-    n_ranks: u32,
-    chunk_bytes: u64,
-) {
-    if arch::thread_rank_in_grid() == 0 {
-        let _ = port_ring(&next, &prev, rank, n_ranks, chunk_bytes);
-    }
-}
-
-fn port_ring(
-    next: &PortChannelDeviceHandle,
-    prev: &PortChannelDeviceHandle,
+    next: PortChannelDeviceHandle<'_>,
+    prev: PortChannelDeviceHandle<'_>,
     rank: u32,
     n_ranks: u32,
     chunk_bytes: u64,
 ) -> Result<(), DeviceError> {
+    if arch::thread_rank_in_grid() != 0 {
+        return Ok(());
+    }
+    ready_handshake(|| prev.signal(), || next.wait())?;
     for step in 0..n_ranks.saturating_sub(1) {
         let off = chunk_at_step(rank, step, n_ranks, chunk_bytes);
         next.put_with_signal(off, off, chunk_bytes)?;
@@ -48,30 +47,25 @@ fn port_ring(
 }
 
 /// Ring all-gather over memory channels: every thread of the block copies its share, then
-/// thread 0 signals the next rank and waits for the previous one. Launch one block.
-#[kernel]
+/// thread 0 signals the next rank and waits for the previous one.
+#[kernel(max_blocks = 1)]
 pub fn memory_ring_exchange(
-    next: MemoryChannelDeviceHandle,
-    prev: MemoryChannelDeviceHandle,
+    next: MemoryChannelDeviceHandle<'_>,
+    prev: MemoryChannelDeviceHandle<'_>,
     rank: u32,
     n_ranks: u32,
     chunk_bytes: u64,
-) {
+) -> Result<(), DeviceError> {
+    block_agrees(|| ready_handshake(|| prev.signal(), || next.wait()))?;
     for step in 0..n_ranks.saturating_sub(1) {
         let off = chunk_at_step(rank, step, n_ranks, chunk_bytes);
-        if next.put(Block, off, off, chunk_bytes).is_err() {
-            return;
-        }
+        next.put(Block, off, off, chunk_bytes)?;
+        // Every thread's share is written before thread 0 signals.
         arch::sync_threads();
-        let mut failed = false;
-        if arch::thread_rank_in_block() == 0 {
-            next.signal();
-            failed = prev.wait().is_err();
-        }
-        // One decision for the whole block: a thread that stopped alone would leave the
-        // others waiting at the next barrier.
-        if arch::sync_threads_or(failed) {
-            return;
-        }
+        block_agrees(|| {
+            next.signal()?;
+            prev.wait()
+        })?;
     }
+    Ok(())
 }

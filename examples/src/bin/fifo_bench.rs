@@ -1,20 +1,38 @@
-//! Trigger FIFO throughput: one producer thread pushes triggers through the device-side
-//! `push`, one consumer thread pops them as the proxy thread does (drain, then pace after a
-//! stream: `oxccl_proxy::consumer_pacing`); the same threads then move the same number of
-//! triggers through `crossbeam::queue::ArrayQueue` of the same capacity, with its consumer
-//! polling tightly and, separately, paced like ours; the faster of the two is the baseline.
+//! Trigger FIFO cost, in two measurements:
+//!
+//! - Throughput (default): one producer thread pushes triggers through the device-side
+//!   `push`, one consumer thread pops them as the proxy thread does (drain, then pace after
+//!   a stream: `oxccl_proxy::consumer_pacing`); the same threads then move the same number of
+//!   triggers through `crossbeam::queue::ArrayQueue` of the same capacity, with its consumer
+//!   polling tightly and, separately, paced like ours; the faster of the two is the baseline.
+//! - Round trip (`--round-trip`): a kernel thread pushes a signal trigger for a semaphore of
+//!   its own and waits until the proxy thread (a real `ProxyService`, without assist, so the
+//!   proxy thread executes every trigger) has raised it; against a two-thread atomic
+//!   ping-pong timed in the same run.
 //!
 //! ```text
 //! cargo run --release -p oxccl-examples --bin fifo_bench
 //! fifo items=<N> push_pop_ns=<x> crossbeam_ns=<y> ratio=<x/y>
+//! cargo run --release -p oxccl-examples --bin fifo_bench -- --round-trip
+//! fifo_rtt items=<N> trigger_rtt_ns=<x> baseline_atomic_ns=<y> ratio=<x/y>
 //! ```
 
 use clap::Parser;
 use crossbeam::queue::ArrayQueue;
+use oxccl::host_ipc_connection::HostIpcConnection;
+use oxccl_device::abort::AbortRecord;
 use oxccl_device::fifo::{ProxyTrigger, TriggerFields, trigger_type};
+use oxccl_device::port_channel::{PortChannelDeviceHandle, PortChannelIds};
+use oxccl_device::semaphore::{Host2DeviceSemaphoreDeviceHandle, SemaphoreRawParts};
 use oxccl_device::wait::WaitPolicy;
-use oxccl_proxy::{Fifo, consumer_pacing};
+use oxccl_examples::atomic_pingpong;
+use oxccl_proxy::{Fifo, MemoryRegion, ProxyConfig, ProxyService, consumer_pacing};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
+
+/// Limit of every wait of the benchmark: long enough never to be reached by a working FIFO.
+const WAIT: WaitPolicy<'static> = WaitPolicy::with_timeout_ns(60_000_000_000);
 
 /// Measures push→pop cost per trigger against crossbeam's bounded queue.
 #[derive(Parser, Debug)]
@@ -28,6 +46,9 @@ struct Args {
     /// Best of this many runs of each.
     #[arg(long, default_value_t = 3)]
     runs: u32,
+    /// Measure a trigger's round trip through the proxy thread instead of throughput.
+    #[arg(long)]
+    round_trip: bool,
 }
 
 fn trigger(i: u64) -> ProxyTrigger {
@@ -41,35 +62,38 @@ fn trigger(i: u64) -> ProxyTrigger {
 
 fn oxccl_fifo(items: u64, capacity: u32) -> Result<Duration, oxccl_proxy::ProxyError> {
     let mut fifo = Fifo::new(capacity)?;
-    let handle = fifo.device_handle(WaitPolicy::UNBOUNDED);
-    let _cells = fifo.cells();
-    let start = Instant::now();
-    let producer = std::thread::spawn(move || {
-        for i in 0..items {
-            handle
-                .push(trigger(i))
-                .expect("unbounded push cannot time out");
-        }
-    });
+    let cells = fifo.cells();
+    let handle = cells.device_handle(WAIT);
     let mut sum = 0u64;
-    let mut taken = 0;
-    // The proxy thread's loop: drain what is published, then pace or poll again.
-    while taken < items {
-        let mut drained = 0;
-        while let Some(t) = fifo.poll() {
-            sum = sum.wrapping_add(t.decode().dst_offset);
-            fifo.pop();
-            drained += 1;
+    let elapsed = std::thread::scope(|scope| {
+        let start = Instant::now();
+        let producer = scope.spawn(move || {
+            for i in 0..items {
+                handle
+                    .push(trigger(i))
+                    .expect("a working FIFO never times out");
+            }
+        });
+        let mut taken = 0;
+        // The proxy thread's loop: drain what is published, then pace or poll again.
+        while taken < items {
+            let mut drained = 0;
+            while let Some(t) = fifo.poll() {
+                sum = sum.wrapping_add(t.decode().dst_offset);
+                fifo.pop();
+                drained += 1;
+            }
+            taken += drained;
+            if drained == 0 {
+                std::hint::spin_loop();
+            } else {
+                consumer_pacing::after_drain(drained);
+            }
         }
-        taken += drained;
-        if drained == 0 {
-            std::hint::spin_loop();
-        } else {
-            consumer_pacing::after_drain(drained);
-        }
-    }
-    let elapsed = start.elapsed();
-    producer.join().expect("producer thread");
+        let elapsed = start.elapsed();
+        producer.join().expect("producer thread");
+        elapsed
+    });
     assert_eq!(
         sum,
         (0..items).map(|i| i & 0xffff_ffff).sum::<u64>(),
@@ -114,8 +138,60 @@ fn crossbeam_queue(items: u64, capacity: u32, paced: bool) -> Duration {
     elapsed
 }
 
+/// `items` round trips of a signal trigger through a proxy thread to a semaphore of the
+/// pushing thread's own: push, then wait until the proxy has raised it.
+fn trigger_round_trip(items: u64, capacity: u32) -> Result<Duration, Box<dyn std::error::Error>> {
+    let mut proxy = ProxyService::new(ProxyConfig {
+        rank: 0,
+        fifo_size: capacity,
+        wait_timeout: Duration::from_secs(60),
+        assist: false,
+    })?;
+    // The semaphore: inbound (raised by the proxy) and expected (ours), 128 bytes apart as
+    // in `SemaphoreCells`, so the waiter's count does not share a line with the signal.
+    let counters: Arc<[AtomicU64; 17]> = Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
+    let inbound =
+        MemoryRegion::new(0, counters[0].as_ptr() as u64, 8).with_keep_alive(counters.clone());
+    let record = Arc::new(AbortRecord::new());
+    let id = proxy.add_channel(Arc::new(HostIpcConnection::new(0)), inbound, record.clone())?;
+    proxy.start()?;
+    let stop = proxy.stop_word();
+    let cells = proxy.fifo_cells();
+    // SAFETY: the record and the stop word are held above until the end of the function.
+    let wait = unsafe { WaitPolicy::from_raw_parts(&*record, &*stop, 60_000_000_000, id.0) };
+    let raw = SemaphoreRawParts {
+        inbound: counters[0].as_ptr() as u64,
+        expected: counters[16].as_ptr() as u64,
+        remote_inbound: 0,
+    };
+    // SAFETY: the counters are held above; the proxy raises `inbound`, only this thread
+    // touches `expected`.
+    let semaphore = unsafe { Host2DeviceSemaphoreDeviceHandle::from_raw_parts(raw, wait) };
+    let ids = PortChannelIds {
+        semaphore_id: id.0,
+        ..Default::default()
+    };
+    let chan = PortChannelDeviceHandle::new(cells.device_handle(wait), semaphore, ids);
+    let round_trip = |n: u64| -> Result<Duration, oxccl_device::DeviceError> {
+        let start = Instant::now();
+        for _ in 0..n {
+            chan.signal()?;
+            chan.wait()?;
+        }
+        Ok(start.elapsed())
+    };
+    round_trip((items / 10).clamp(1, 10_000))?;
+    let elapsed = round_trip(items)?;
+    proxy.stop()?;
+    proxy.check()?;
+    Ok(elapsed)
+}
+
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if args.round_trip {
+        return round_trip_main(&args);
+    }
     let items = args.items.max(1);
     let mut best = (Duration::MAX, Duration::MAX);
     for _ in 0..args.runs.max(1) {
@@ -134,6 +210,29 @@ fn main() -> std::process::ExitCode {
     let (ours, theirs) = (per(best.0), per(best.1));
     println!(
         "fifo items={items} push_pop_ns={ours:.1} crossbeam_ns={theirs:.1} ratio={:.2}",
+        ours / theirs
+    );
+    std::process::ExitCode::SUCCESS
+}
+
+/// `--round-trip`: best of `--runs` for the trigger round trip and for the atomic baseline.
+fn round_trip_main(args: &Args) -> std::process::ExitCode {
+    let items = args.items.clamp(1, 1_000_000);
+    let mut best = (Duration::MAX, Duration::MAX);
+    for _ in 0..args.runs.max(1) {
+        match trigger_round_trip(items, args.capacity) {
+            Ok(d) => best.0 = best.0.min(d),
+            Err(e) => {
+                eprintln!("fifo_bench: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+        best.1 = best.1.min(atomic_pingpong(items) * items as u32);
+    }
+    let per = |d: Duration| d.as_secs_f64() * 1e9 / items as f64;
+    let (ours, theirs) = (per(best.0), per(best.1));
+    println!(
+        "fifo_rtt items={items} trigger_rtt_ns={ours:.1} baseline_atomic_ns={theirs:.1} ratio={:.2}",
         ours / theirs
     );
     std::process::ExitCode::SUCCESS

@@ -5,16 +5,19 @@
 //! running count); read by the stream when the last thread reports done.
 
 use super::stream::CpuStream;
+use oxccl_device::DeviceError;
 use oxccl_device::arch::Dim3;
-use oxccl_device::arch::host::{BlockBarrier, ThreadContext, enter};
+use oxccl_device::arch::host::{
+    BlockBarrier, LastFailure, ThreadContext, enter, take_last_failure,
+};
 use oxccl_device::launch::{KernelInfo, LaunchConfig};
+use parking_lot::Mutex;
 use std::alloc::Layout;
-use std::any::Any;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 
 /// A launch in flight or queued on a stream.
 pub(crate) struct Launch {
@@ -33,8 +36,17 @@ pub(crate) struct Launch {
 
 #[derive(Default)]
 struct Failure {
-    first: Option<String>,
+    first: Option<(FailureKind, String)>,
     failed_threads: u32,
+}
+
+/// How a kernel thread failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FailureKind {
+    /// It panicked (or trapped).
+    Panicked,
+    /// It returned this error.
+    Returned(DeviceError),
 }
 
 impl Launch {
@@ -53,6 +65,7 @@ impl Launch {
         params: &[*const c_void],
         stream: Arc<CpuStream>,
     ) -> crate::Result<Self> {
+        super::quiet_kernel_panics();
         // SAFETY: forwarded contract.
         let params = unsafe { ParamBlock::copy(kernel, params)? };
         let threads_per_block = config.block.volume() as u32;
@@ -83,7 +96,10 @@ impl Launch {
     /// Runs kernel thread `index` (linear in the grid) on the calling worker.
     ///
     /// A panic of the kernel body is caught and recorded, and poisons the thread's block
-    /// barrier so that the rest of the block does not wait for it in `sync_threads`.
+    /// barrier so that the rest of the block does not wait for it in `sync_threads`; an
+    /// error the kernel returns is recorded with the failed call's details. Either way the
+    /// thread counts as exited for its block's barrier, so threads waiting for it there
+    /// fail instead of hanging.
     pub(crate) fn run_thread(&self, index: u32) {
         let threads_per_block = self.config.block.volume() as u32;
         let block = index / threads_per_block;
@@ -103,17 +119,31 @@ impl Launch {
         // for and pointing to a copy of a valid value of that parameter's type
         // (`ParamBlock::copy`), alive as long as `self`.
         let outcome = catch_unwind(AssertUnwindSafe(|| unsafe { entry(params) }));
+        let last_failure = take_last_failure();
         drop(guard);
-        if let Err(payload) = outcome {
-            // Record before poisoning: the threads the poison wakes fail too, and the
-            // first message must be the cause, not "barrier poisoned".
-            self.record_failure(index, &payload);
-            barrier.poison();
-            // A payload whose drop panics must not take the worker down with it.
-            if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-                std::mem::forget(again);
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                let message = returned_message(error, last_failure);
+                self.record_failure(index, FailureKind::Returned(error), &message);
+            }
+            Err(payload) => {
+                // Record before poisoning: the threads the poison wakes fail too, and the
+                // first message must be the cause, not "barrier poisoned".
+                let message = crate::error::panic_message(payload.as_ref()).to_string();
+                self.record_failure(
+                    index,
+                    FailureKind::Panicked,
+                    &format!("panicked: {message}"),
+                );
+                barrier.poison();
+                // A payload whose drop panics must not take the worker down with it.
+                if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+                    std::mem::forget(again);
+                }
             }
         }
+        barrier.thread_exited();
     }
 
     /// Reports one thread done; the last one completes the launch on its stream (which may
@@ -127,30 +157,48 @@ impl Launch {
         }
     }
 
-    /// What went wrong, if a thread failed: the first thread's message and a count.
-    pub(crate) fn failure(&self) -> Option<String> {
-        let failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
-        let first = failure.first.as_ref()?;
-        Some(match failure.failed_threads {
-            0 | 1 => first.clone(),
-            n => format!("{first} ({} more threads failed after it)", n - 1),
-        })
+    /// What went wrong, if a thread failed: how the first thread failed, its message, and
+    /// a count of the others.
+    pub(crate) fn failure(&self) -> Option<(FailureKind, String)> {
+        let failure = self.failure.lock();
+        let (kind, first) = failure.first.as_ref()?;
+        Some((
+            *kind,
+            match failure.failed_threads {
+                0 | 1 => first.clone(),
+                n => format!("{first} ({} more threads failed after it)", n - 1),
+            },
+        ))
     }
 
-    fn record_failure(&self, index: u32, payload: &Box<dyn Any + Send>) {
-        let message = crate::error::panic_message(payload.as_ref());
+    fn record_failure(&self, index: u32, kind: FailureKind, message: &str) {
         let threads_per_block = self.config.block.volume() as u32;
         let (block, thread) = (index / threads_per_block, index % threads_per_block);
-        let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut failure = self.failure.lock();
         failure.failed_threads += 1;
         if failure.first.is_none() {
             let t = delinearize(thread, self.config.block);
             let b = delinearize(block, self.config.grid);
-            failure.first = Some(format!(
-                "thread ({}, {}, {}) of block ({}, {}, {}) panicked: {message}",
-                t.x, t.y, t.z, b.x, b.y, b.z
+            failure.first = Some((
+                kind,
+                format!(
+                    "thread ({}, {}, {}) of block ({}, {}, {}) {message}",
+                    t.x, t.y, t.z, b.x, b.y, b.z
+                ),
             ));
         }
+    }
+}
+
+/// How a thread that returned `error` got there: its first failed device call, if the
+/// device code recorded one.
+fn returned_message(error: DeviceError, last: Option<LastFailure>) -> String {
+    match last {
+        Some(f) if f.error == error || error == DeviceError::Aborted => format!(
+            "returned the error of {} ({}; details {:?}, site {})",
+            f.op, f.error, f.detail, f.site
+        ),
+        _ => format!("returned `{error}`"),
     }
 }
 

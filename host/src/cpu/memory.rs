@@ -1,19 +1,41 @@
-//! Emulated device memory: page-aligned, zeroed, and shareable with other processes.
+//! Emulated device memory: page-aligned, shareable with other processes, and never freed
+//! under a running kernel.
 //!
-//! Every allocation of the CPU backend is an anonymous shared-memory object (`memfd`)
-//! mapped `MAP_SHARED`: to kernels it is ordinary memory, and a rank in another process on
-//! the same node can map the very same pages from its [`HostIpcHandle`], as a CUDA IPC
-//! handle maps a peer GPU's memory. The handle travels through the bootstrap inside a
-//! registered memory.
+//! Every allocation of the CPU backend is an anonymous shared-memory object (`memfd`) mapped
+//! `MAP_SHARED`: to kernels it is ordinary memory, and a rank in another process on the
+//! same node can map the very same pages from its [`HostIpcHandle`], as a CUDA IPC handle
+//! maps a peer GPU's memory. The handle travels through the bootstrap inside a registered
+//! memory. The object is sealed against growing and shrinking, so a peer that maps it can
+//! trust its size (a shrunk object would fault the peer's accesses).
+//!
+//! Like `cudaMalloc`, an allocation is not zeroed unless asked: it is filled with
+//! [`UNINITIALIZED_BYTE`], so code that relies on zeroed memory (a flag read as "not yet
+//! arrived") fails on the emulator as it would on a GPU.
 
-use crate::host_ipc::{HostIpcHandle, map_shared};
+use super::CpuDevice;
+use crate::host_ipc::{HostIpcHandle, MEMFD_NAME, map_shared};
 use rustix::fd::{AsRawFd, OwnedFd};
-use rustix::fs::MemfdFlags;
+use rustix::fs::{MemfdFlags, SealFlags};
 use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Alignment (and granularity) of every emulated device allocation: one page, like
 /// `cuMemAlloc`'s guarantee of at least 256 bytes and the page alignment `mmap` gives.
 pub(crate) const PAGE: usize = 4096;
+
+/// What fresh, not explicitly zeroed device memory holds on the CPU backend: every byte
+/// `0xff`, so `f32`/`f64` read as NaN, counters as their maximum, flags as non-zero.
+pub const UNINITIALIZED_BYTE: u8 = 0xff;
+
+/// How a new allocation starts out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fill {
+    /// Every byte zero.
+    Zero,
+    /// Every byte [`UNINITIALIZED_BYTE`], as memory a GPU hands out may hold anything.
+    Uninitialized,
+}
 
 /// Why an allocation failed.
 #[derive(Debug)]
@@ -24,10 +46,10 @@ pub(crate) enum AllocError {
     System(std::io::Error),
 }
 
-/// One zeroed, page-aligned, shareable allocation, unmapped on drop.
+/// One page-aligned, shareable allocation, unmapped on drop.
 ///
-/// Invariants: `ptr..ptr+len` is a `MAP_SHARED` mapping of the whole of `fd` (a memfd of
-/// `len` bytes), unmapped only by `Drop`; `len` is a non-zero multiple of [`PAGE`].
+/// Invariants: `ptr..ptr+len` is a `MAP_SHARED` mapping of the whole of `fd` (a sealed memfd
+/// of `len` bytes), unmapped only by `Drop`; `len` is a non-zero multiple of [`PAGE`].
 #[derive(Debug)]
 pub(crate) struct HostMemory {
     ptr: NonNull<u8>,
@@ -44,9 +66,9 @@ unsafe impl Send for HostMemory {}
 unsafe impl Sync for HostMemory {}
 
 impl HostMemory {
-    /// Allocates at least `bytes` zeroed bytes (a whole number of pages, at least one, so
-    /// that even an empty buffer has a distinct, valid address).
-    pub(crate) fn zeroed(bytes: usize) -> Result<Self, AllocError> {
+    /// Allocates at least `bytes` bytes (a whole number of pages, at least one, so that
+    /// even an empty buffer has a distinct, valid address), filled as `fill` says.
+    pub(crate) fn new(bytes: usize, fill: Fill) -> Result<Self, AllocError> {
         let len = bytes
             .max(1)
             .checked_next_multiple_of(PAGE)
@@ -54,21 +76,30 @@ impl HostMemory {
             .ok_or(AllocError::TooLarge)?;
         let system = |e: rustix::io::Errno| AllocError::System(e.into());
         let fd =
-            rustix::fs::memfd_create("oxccl-device-memory", MemfdFlags::CLOEXEC).map_err(system)?;
-        // A new memfd reads as zeros up to its length: the buffer is zeroed for free.
+            rustix::fs::memfd_create(MEMFD_NAME, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+                .map_err(system)?;
+        // A new memfd reads as zeros up to its length.
         rustix::fs::ftruncate(&fd, len as u64).map_err(system)?;
+        // Sealed at its size: a process that maps it may rely on every page staying there.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(system)?;
         let inode = rustix::fs::fstat(&fd).map_err(system)?.st_ino;
         // SAFETY: the memfd was just sized to `len`; the mapping is owned by the value built
         // below and unmapped by its `Drop`.
         let raw = unsafe { map_shared(&fd, len) }.map_err(system)?;
         let ptr = NonNull::new(raw.cast::<u8>())
             .ok_or(AllocError::System(std::io::ErrorKind::OutOfMemory.into()))?;
-        Ok(Self {
+        let memory = Self {
             ptr,
             len,
             fd,
             inode,
-        })
+        };
+        if fill == Fill::Uninitialized {
+            // SAFETY: the mapping holds `len` writable bytes, and nothing else uses it yet.
+            unsafe { std::ptr::write_bytes(memory.ptr.as_ptr(), UNINITIALIZED_BYTE, len) };
+        }
+        Ok(memory)
     }
 
     /// The first byte.
@@ -77,7 +108,6 @@ impl HostMemory {
     }
 
     /// Bytes reserved (the requested size rounded up to pages).
-    #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
         self.len
     }
@@ -97,23 +127,80 @@ impl Drop for HostMemory {
     }
 }
 
+/// Device memory of one emulated device, shared by everything that may still use it: the
+/// buffer it was allocated as, the registered memories and channels built on it, the proxy
+/// regions that name it. The last one to let go frees it, and not under a running kernel:
+/// the drop first waits (bounded) until no launch of the device is queued or running, and
+/// leaks the memory if the device stays busy.
+#[derive(Debug)]
+pub(crate) struct DeviceMemory {
+    /// `None` only once `Drop` has leaked it.
+    memory: Option<HostMemory>,
+    device: Arc<CpuDevice>,
+    /// How long the drop waits for the device.
+    drop_wait: Duration,
+}
+
+impl DeviceMemory {
+    pub(crate) fn new(memory: HostMemory, device: Arc<CpuDevice>, drop_wait: Duration) -> Self {
+        DeviceMemory {
+            memory: Some(memory),
+            device,
+            drop_wait,
+        }
+    }
+
+    /// The first byte (null only after `Drop` leaked the memory, when nobody can ask).
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.memory
+            .as_ref()
+            .map_or(std::ptr::null_mut(), HostMemory::as_ptr)
+    }
+
+    /// What a process on this node needs to map the same pages.
+    pub(crate) fn ipc_handle(&self) -> Option<HostIpcHandle> {
+        self.memory.as_ref().map(HostMemory::ipc_handle)
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        if self.device.is_idle() {
+            return;
+        }
+        // A kernel still running may use this memory: wait for the device (bounded), and
+        // leak the memory if it does not go idle rather than free it under the kernel.
+        if !self.device.wait_idle(self.drop_wait) {
+            let memory = self.memory.take();
+            tracing::warn!(
+                device = self.device.ordinal,
+                bytes = memory.as_ref().map_or(0, HostMemory::capacity),
+                "device memory released while kernels of its device still run; leaking it"
+            );
+            std::mem::forget(memory);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Guards against allocations that are not page-aligned or not zeroed (kernels and
-    /// protocols rely on zeroed memory reading as "empty"), and against an empty buffer
-    /// getting a null or shared address.
+    /// Guards against allocations that are not page-aligned, not zeroed when asked, or
+    /// zeroed when not asked (code relying on zeroed memory must fail here as on a GPU), and
+    /// against an empty buffer getting a null or shared address.
     #[test]
-    fn zeroed_page_aligned_and_never_empty() {
-        for bytes in [0, 1, 4095, 4096, 4097, 1 << 20] {
-            let mem = HostMemory::zeroed(bytes).unwrap();
-            assert_eq!(mem.as_ptr() as usize % PAGE, 0);
-            assert!(mem.capacity() >= bytes.max(1));
-            assert_eq!(mem.capacity() % PAGE, 0);
-            // SAFETY: the allocation holds `capacity()` initialized (zeroed) bytes.
-            let all = unsafe { std::slice::from_raw_parts(mem.as_ptr(), mem.capacity()) };
-            assert!(all.iter().all(|&b| b == 0));
+    fn page_aligned_filled_as_asked_and_never_empty() {
+        for (fill, byte) in [(Fill::Zero, 0u8), (Fill::Uninitialized, UNINITIALIZED_BYTE)] {
+            for bytes in [0, 1, 4095, 4096, 4097, 1 << 20] {
+                let mem = HostMemory::new(bytes, fill).unwrap();
+                assert_eq!(mem.as_ptr() as usize % PAGE, 0);
+                assert!(mem.capacity() >= bytes.max(1));
+                assert_eq!(mem.capacity() % PAGE, 0);
+                // SAFETY: the allocation holds `capacity()` initialized bytes.
+                let all = unsafe { std::slice::from_raw_parts(mem.as_ptr(), mem.capacity()) };
+                assert!(all.iter().all(|&b| b == byte), "{fill:?}");
+            }
         }
     }
 
@@ -121,7 +208,7 @@ mod tests {
     /// would write into a copy), and against a handle accepted for another object or node.
     #[test]
     fn handle_maps_the_same_pages() {
-        let mem = HostMemory::zeroed(3 * PAGE).unwrap();
+        let mem = HostMemory::new(3 * PAGE, Fill::Zero).unwrap();
         let handle = mem.ipc_handle();
         assert!(handle.is_local());
         let mapping = handle.map().unwrap();
@@ -136,34 +223,24 @@ mod tests {
                 7
             );
         }
-        let wrong_inode = HostIpcHandle {
-            inode: handle.inode + 1,
-            ..handle.clone()
-        };
-        assert!(matches!(
-            wrong_inode.map(),
-            Err(crate::Error::System { .. })
-        ));
-        let too_long = HostIpcHandle {
-            len: handle.len + PAGE as u64,
-            ..handle.clone()
-        };
-        assert!(too_long.map().is_err());
-        let elsewhere = HostIpcHandle {
-            node: "another-node".into(),
-            ..handle
-        };
-        assert!(matches!(
-            elsewhere.map(),
-            Err(crate::Error::InvalidUsage(_))
-        ));
+    }
+
+    /// Guards against an object a peer maps being resized under it (a shrink would fault the
+    /// peer's accesses): it is sealed at its size.
+    #[test]
+    fn allocations_are_sealed_at_their_size() {
+        let mem = HostMemory::new(PAGE, Fill::Zero).unwrap();
+        assert!(rustix::fs::ftruncate(&mem.fd, 0).is_err());
+        assert!(rustix::fs::ftruncate(&mem.fd, 2 * PAGE as u64).is_err());
+        let seals = rustix::fs::fcntl_get_seals(&mem.fd).unwrap();
+        assert!(seals.contains(SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL));
     }
 
     /// Guards against a size overflow turning into a tiny allocation.
     #[test]
     fn absurd_sizes_fail_cleanly() {
         assert!(matches!(
-            HostMemory::zeroed(usize::MAX),
+            HostMemory::new(usize::MAX, Fill::Zero),
             Err(AllocError::TooLarge)
         ));
     }

@@ -16,9 +16,25 @@ pub(crate) mod memory;
 pub(crate) mod pool;
 pub(crate) mod stream;
 
+use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
-use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+/// Keeps the default panic hook quiet for emulated kernel threads: a kernel whose threads
+/// panic is reported once, by its launch (the first thread's message and a count of the
+/// others), not as one backtrace per thread. Other threads' panics print as before.
+/// Installed once per process, by the first launch.
+pub(crate) fn quiet_kernel_panics() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !oxccl_device::arch::host::in_kernel() {
+                previous(info);
+            }
+        }));
+    });
+}
 
 /// The most kernel threads one launch may start on the CPU backend: each is an OS thread,
 /// and all of a launch's threads run at once.
@@ -150,7 +166,7 @@ impl Signal {
         if self.sleepers.load(Ordering::SeqCst) > 0
             && progress >= self.wake_at.load(Ordering::SeqCst)
         {
-            let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+            let _guard = self.lock.lock();
             self.wake_at.store(u64::MAX, Ordering::SeqCst);
             self.cond.notify_all();
         }
@@ -187,7 +203,7 @@ impl Signal {
         }
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        let mut guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = self.lock.lock();
         let finished = loop {
             // Under the lock, so a notifier's reset cannot erase it unseen; again after
             // every wake-up, which reset it.
@@ -202,11 +218,7 @@ impl Signal {
                     _ => break false,
                 },
             };
-            guard = self
-                .cond
-                .wait_timeout(guard, wait)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            self.cond.wait_for(&mut guard, wait);
         };
         drop(guard);
         self.sleepers.fetch_sub(1, Ordering::SeqCst);

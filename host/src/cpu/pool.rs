@@ -15,8 +15,9 @@
 //! spawning another.
 
 use super::launch::Launch;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
@@ -74,7 +75,7 @@ impl Pool {
     pub(crate) fn dispatch(&'static self, launch: &Arc<Launch>) -> std::io::Result<()> {
         let threads = launch.total_threads() as usize;
         let mut workers = {
-            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut idle = self.idle.lock();
             let keep = idle.len().saturating_sub(threads);
             idle.split_off(keep)
         };
@@ -82,10 +83,7 @@ impl Pool {
             match self.spawn() {
                 Ok(worker) => workers.push(worker),
                 Err(err) => {
-                    self.idle
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .append(&mut workers);
+                    self.idle.lock().append(&mut workers);
                     return Err(err);
                 }
             }
@@ -124,16 +122,13 @@ impl Pool {
     }
 
     fn put_back(&self, worker: Arc<Worker>) {
-        self.idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(worker);
+        self.idle.lock().push(worker);
     }
 }
 
 impl Worker {
     fn post(&self, task: Task) {
-        *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+        *self.slot.lock() = Some(task);
         // Release: pairs with the Acquire poll in `next_task`; the slot's mutex orders the
         // task itself.
         self.posted.store(true, Ordering::Release);
@@ -158,11 +153,7 @@ impl Worker {
         loop {
             // Acquire: pairs with the Release in `post`.
             if self.posted.swap(false, Ordering::Acquire)
-                && let Some(task) = self
-                    .slot
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take()
+                && let Some(task) = self.slot.lock().take()
             {
                 return task;
             }

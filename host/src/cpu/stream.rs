@@ -9,15 +9,16 @@
 //! writes; read with Acquire by `synchronize`). Failures are kept in `error` until the
 //! next `synchronize` takes them.
 
-use super::launch::Launch;
+use super::launch::{FailureKind, Launch};
 use super::pool::pool;
 use super::{CpuDevice, Signal};
 use crate::Error;
 use oxccl_device::launch::{KernelInfo, LaunchConfig};
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::ffi::c_void;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The shared state of one stream.
@@ -74,7 +75,7 @@ impl CpuStream {
         let launch = Arc::new(unsafe { Launch::new(kernel, config, params, self.clone())? });
         self.device.launch_enqueued();
         let start_now = {
-            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut queue = self.queue.lock();
             self.submitted.fetch_add(1, Ordering::Relaxed);
             if queue.running.is_none() {
                 queue.running = Some(launch.clone());
@@ -114,12 +115,7 @@ impl CpuStream {
                 after: started.elapsed(),
             });
         }
-        match self
-            .error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+        match self.error.lock().take() {
             Some(err) => Err(err),
             None => Ok(()),
         }
@@ -152,14 +148,25 @@ impl CpuStream {
 
     /// Marks `launch` (the running one) complete; returns the next launch, now running.
     fn finish(&self, launch: &Launch) -> Option<Arc<Launch>> {
-        if let Some(message) = launch.failure() {
-            self.record(Error::KernelFailed {
-                kernel: launch.kernel.name,
-                message,
-            });
+        if let Some((kind, message)) = launch.failure() {
+            let error = match kind {
+                FailureKind::Panicked => Error::KernelFailed {
+                    kernel: launch.kernel.name,
+                    message,
+                },
+                FailureKind::Returned(error) => Error::KernelError {
+                    kernel: launch.kernel.name,
+                    error,
+                    message,
+                },
+            };
+            // One line per failed launch, however many of its threads failed (their panics
+            // print nothing: see `super::quiet_kernel_panics`).
+            tracing::error!(stream = self.id, device = self.device.ordinal, %error, "launch failed");
+            self.record(error);
         }
         let next = {
-            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut queue = self.queue.lock();
             let next = queue.pending.pop_front();
             queue.running = next.clone();
             next
@@ -173,7 +180,7 @@ impl CpuStream {
     }
 
     fn record(&self, err: Error) {
-        let mut slot = self.error.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self.error.lock();
         if slot.is_none() {
             *slot = Some(err);
         }
@@ -181,7 +188,7 @@ impl CpuStream {
 
     /// Names what a timed-out `synchronize` was waiting for.
     fn describe_stuck(&self) -> String {
-        let queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        let queue = self.queue.lock();
         let head = format!("stream {} of cpu device {}", self.id, self.device.ordinal);
         match &queue.running {
             Some(launch) => {

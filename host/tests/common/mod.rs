@@ -1,0 +1,144 @@
+//! What the channel and collective tests share: job settings, data patterns, ring buffers,
+//! and kernels that fill and check buffers on the device, in stream order, so a test can
+//! check every launch of a back-to-back sequence without a host barrier between them.
+#![allow(dead_code, missing_docs)]
+
+use oxccl::in_process::InProcessConfig;
+use oxccl::{Communicator, CommunicatorConfig, DeviceBuffer, RegisteredMemory, Result};
+use oxccl_device::arch::atomic::{self, Ordering, Scope};
+use oxccl_device::coop::{Block, Coop};
+use oxccl_device::{DevicePtr, DeviceSlice, kernel};
+use std::time::Duration;
+
+/// Settings of a test job. Proxy assist is off unless a test is about it: with it, a put
+/// completes before `put` returns, which hides a missing flush.
+pub fn config() -> InProcessConfig {
+    config_with_assist(false)
+}
+
+pub fn config_with_assist(proxy_assist: bool) -> InProcessConfig {
+    InProcessConfig {
+        communicator: CommunicatorConfig {
+            wait_timeout: Duration::from_secs(20),
+            proxy_assist,
+            ..Default::default()
+        },
+        exchange_timeout: Duration::from_secs(20),
+    }
+}
+
+/// The value rank `rank` puts at element `i` of its own chunk in round `round`.
+pub const fn pattern(rank: u32, i: u64, round: u32) -> u32 {
+    rank.wrapping_mul(0x9e37_79b9)
+        ^ (i as u32).wrapping_mul(2_654_435_761)
+        ^ round.wrapping_mul(0x85eb_ca6b)
+        ^ 0x5bd1_e995
+}
+
+/// Next and previous rank of the ring.
+pub fn neighbours(comm: &Communicator) -> (u32, u32) {
+    let (rank, n) = (comm.rank(), comm.size());
+    ((rank + 1) % n, (rank + n - 1) % n)
+}
+
+/// A buffer of `ranks * chunk` elements holding this rank's chunk of round 0 (the rest
+/// filled with garbage), and its registration on every rank.
+pub fn ring_buffer(
+    comm: &Communicator,
+    chunk: usize,
+) -> Result<(DeviceBuffer<u32>, Vec<RegisteredMemory>)> {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let mut host = vec![0xdead_beef_u32; chunk * ranks as usize];
+    for i in 0..chunk {
+        host[rank as usize * chunk + i] = pattern(rank, i as u64, 0);
+    }
+    let buf = comm.device().alloc_from(&host)?;
+    let all = comm.all_gather_memory(&comm.register(&buf))?;
+    Ok((buf, all))
+}
+
+/// Checks, on the host, that `buf` holds every rank's chunk of round `round`.
+pub fn assert_all_gathered(comm: &Communicator, buf: &DeviceBuffer<u32>, chunk: usize, round: u32) {
+    let got = buf.to_vec().unwrap();
+    for r in 0..comm.size() {
+        for i in 0..chunk {
+            assert_eq!(
+                got[r as usize * chunk + i],
+                pattern(r, i as u64, round),
+                "rank {}: element {i} of rank {r}'s chunk, round {round}",
+                comm.rank()
+            );
+        }
+    }
+}
+
+/// Writes rank `rank`'s chunk of round `round` at element `first` of `buf` (`count`
+/// elements), split among the block.
+///
+/// # Safety
+/// `buf` must hold `first + count` writable elements nobody else touches meanwhile.
+#[kernel(max_blocks = 1)]
+pub unsafe fn fill_chunk(buf: DeviceSlice<u32>, first: u64, count: u64, rank: u32, round: u32) {
+    for i in Block.split(count) {
+        // SAFETY: `first + i < first + count`, inside the buffer (contract).
+        unsafe { buf.write(first + i, pattern(rank, i, round)) };
+    }
+}
+
+/// Counts, into `errors`, the elements of `buf` that differ from the chunks of `ranks`
+/// ranks of round `round` (`chunk` elements each, rank `r`'s at `r * chunk`).
+///
+/// # Safety
+/// `buf` must hold `ranks * chunk` readable elements, `errors` one `u64` only accessed
+/// atomically, until the launch completes.
+#[kernel(max_blocks = 1)]
+pub unsafe fn count_wrong(
+    buf: DeviceSlice<u32>,
+    chunk: u64,
+    ranks: u32,
+    round: u32,
+    errors: DevicePtr<u64>,
+) {
+    let mut wrong = 0;
+    for e in Block.split(chunk * ranks as u64) {
+        let (r, i) = ((e / chunk) as u32, e % chunk);
+        // SAFETY: `e < ranks * chunk` (contract).
+        let have = unsafe { buf.read(e) }.unwrap_or(0);
+        if have != pattern(r, i, round) {
+            wrong += 1;
+        }
+    }
+    if wrong > 0 {
+        // SAFETY: `errors` is a live u64 only accessed atomically (contract).
+        let cell = unsafe { atomic::cell(errors.addr()) };
+        atomic::fetch_add(cell, wrong, Ordering::Relaxed, Scope::System);
+    }
+}
+
+/// Counts, into `errors`, the elements of `buf` at `first..first + count` that differ from
+/// rank `rank`'s chunk of round `round`.
+///
+/// # Safety
+/// As [`count_wrong`], for `first + count` elements.
+#[kernel(max_blocks = 1)]
+pub unsafe fn count_wrong_chunk(
+    buf: DeviceSlice<u32>,
+    first: u64,
+    count: u64,
+    rank: u32,
+    round: u32,
+    errors: DevicePtr<u64>,
+) {
+    let mut wrong = 0;
+    for i in Block.split(count) {
+        // SAFETY: inside the buffer (contract).
+        if unsafe { buf.read(first + i) }.unwrap_or(0) != pattern(rank, i, round) {
+            wrong += 1;
+        }
+    }
+    if wrong > 0 {
+        // SAFETY: as in `count_wrong`.
+        let cell = unsafe { atomic::cell(errors.addr()) };
+        atomic::fetch_add(cell, wrong, Ordering::Relaxed, Scope::System);
+    }
+}

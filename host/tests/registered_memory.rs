@@ -1,0 +1,131 @@
+//! What a peer sends as registered memory is checked before anything is mapped. (Its own
+//! test binary: it counts this process's mappings.)
+#![allow(missing_docs)]
+
+mod common;
+
+use common::config;
+use oxccl::host_ipc::{HostIpcHandle, mapped_objects};
+use oxccl::in_process;
+use oxccl::transport::Transport;
+use oxccl::{Error, RegisteredMemory};
+use serde::{Deserialize, Serialize};
+
+/// What a registered memory is on the wire after its layout version: a hostile peer can
+/// send any of it.
+#[derive(Clone, Serialize, Deserialize)]
+struct Wire {
+    rank: u32,
+    addr: u64,
+    size: u64,
+    transports: Vec<Transport>,
+    node: String,
+    process_id: u32,
+    host_ipc: Option<(HostIpcHandle, u64)>,
+}
+
+fn decode(memory: &RegisteredMemory) -> (u32, Wire) {
+    let bytes = memory.to_bytes().unwrap();
+    let (version, rest) = postcard::take_from_bytes::<u32>(&bytes).unwrap();
+    (version, postcard::from_bytes(rest).unwrap())
+}
+
+fn encode(version: u32, wire: &Wire) -> Vec<u8> {
+    let mut out = postcard::to_stdvec(&version).unwrap();
+    out.extend(postcard::to_stdvec(wire).unwrap());
+    out
+}
+
+/// Guards against a peer's registered memory being trusted: a handle forged to name
+/// another file of the owner (any descriptor of any process would do), a size or offset
+/// that does not fit the object, a misaligned offset, another layout version, a handle
+/// without its transport. Each is refused with an error saying why, and nothing is mapped.
+#[test]
+fn registered_memory_rejects_bad_handle() {
+    in_process::run(2, config(), |comm| {
+        let buf = comm.alloc::<u64>(1024)?;
+        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        if comm.rank() == 0 {
+            let file = tempfile::tempfile().unwrap();
+            let (version, good) = decode(&all[1]);
+            let (handle, offset) = good.host_ipc.clone().unwrap();
+            let forge = |f: &dyn Fn(&mut Wire)| {
+                let mut w = good.clone();
+                f(&mut w);
+                w
+            };
+            let before = mapped_objects();
+            // (bytes, what the error must say)
+            let cases: Vec<(Vec<u8>, &str)> = vec![
+                (
+                    encode(
+                        version,
+                        &forge(&|w| {
+                            w.host_ipc = Some((
+                                HostIpcHandle {
+                                    fd: rustix::fd::AsRawFd::as_raw_fd(&file),
+                                    ..handle.clone()
+                                },
+                                offset,
+                            ))
+                        }),
+                    ),
+                    "not an oxccl device-memory object",
+                ),
+                (
+                    encode(
+                        version,
+                        &forge(&|w| {
+                            w.host_ipc = Some((
+                                HostIpcHandle {
+                                    len: handle.len * 2,
+                                    ..handle.clone()
+                                },
+                                offset,
+                            ))
+                        }),
+                    ),
+                    "holds",
+                ),
+                (
+                    encode(version, &forge(&|w| w.size = handle.len + 1)),
+                    "do not fit",
+                ),
+                (
+                    encode(
+                        version,
+                        &forge(&|w| w.host_ipc = Some((handle.clone(), handle.len))),
+                    ),
+                    "do not fit",
+                ),
+                (
+                    encode(version, &forge(&|w| w.host_ipc = Some((handle.clone(), 8)))),
+                    "not a multiple of 16",
+                ),
+                (encode(version + 1, &good), "layout version"),
+                (
+                    encode(
+                        version,
+                        &forge(&|w| w.transports = vec![Transport::Ethernet]),
+                    ),
+                    "host-ipc",
+                ),
+                (b"\x01garbage".to_vec(), "malformed"),
+            ];
+            for (bytes, why) in cases {
+                let refused =
+                    RegisteredMemory::from_bytes(&bytes).and_then(|memory| comm.reach(&memory));
+                match refused {
+                    Err(Error::InvalidUsage(msg)) => assert!(msg.contains(why), "{why}: {msg}"),
+                    other => panic!("{why}: expected a refusal, got {other:?}"),
+                }
+            }
+            assert_eq!(mapped_objects(), before, "a refused handle left a mapping");
+            // The genuine one maps.
+            let region = comm.reach(&RegisteredMemory::from_bytes(&encode(version, &good))?)?;
+            assert_eq!(region.size, 8192);
+        }
+        comm.barrier()
+    })
+    .unwrap();
+}
