@@ -3,8 +3,12 @@
 //!
 //! ```text
 //! cargo run --release -p oxccl-examples --bin pingpong -- --channel port --iters 10000
-//! pingpong channel=port ranks=2 iters=10000 round_trip_us=<x> baseline_atomic_us=<y> ratio=<x/y>
+//! pingpong channel=port assist=on ranks=2 iters=10000 round_trip_us=<x> baseline_atomic_us=<y> ratio=<x/y>
 //! ```
+//!
+//! On a port channel, `--assist on` (the default, as in `CommunicatorConfig`) lets the
+//! pushing kernel thread execute its own trigger when the proxy thread is not busy;
+//! `--assist off` has the proxy thread execute every trigger, as on a GPU.
 
 use clap::{Parser, ValueEnum};
 use oxccl::Result;
@@ -13,6 +17,15 @@ use oxccl_device::kernels::pingpong::{memory_pingpong, port_pingpong};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_examples::{atomic_pingpong, micros};
 use std::time::{Duration, Instant};
+
+/// Whether pushing kernel threads may execute proxy work themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Assist {
+    /// Proxy assist on (the CPU backend's default).
+    On,
+    /// The proxy thread executes every trigger.
+    Off,
+}
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Channel {
@@ -38,6 +51,10 @@ struct Args {
     /// run disturbed by the OS scheduler does not decide the figure.
     #[arg(long, default_value_t = 5)]
     runs: u32,
+    /// Proxy assist (port channels): `on` lets the pushing kernel thread execute its own
+    /// trigger when the proxy thread is idle; `off` leaves every trigger to the proxy thread.
+    #[arg(long, value_enum, default_value = "on")]
+    assist: Assist,
 }
 
 fn main() -> std::process::ExitCode {
@@ -57,7 +74,9 @@ fn main() -> std::process::ExitCode {
 fn run(args: &Args) -> Result<String> {
     let iters = args.iters.max(1);
     let warmup = (iters / 10).clamp(1, 1000);
-    let times = in_process::run(2, InProcessConfig::default(), |comm| {
+    let mut config = InProcessConfig::default();
+    config.communicator.proxy_assist = args.assist == Assist::On;
+    let times = in_process::run(2, config, |comm| {
         let buf = comm.alloc::<u8>(args.bytes.max(8) as usize)?;
         let all = comm.all_gather_memory(&comm.register(&buf))?;
         let (rank, peer) = (comm.rank(), 1 - comm.rank());
@@ -116,8 +135,12 @@ fn run(args: &Args) -> Result<String> {
         Channel::Port => "port",
         Channel::Memory => "memory",
     };
+    let assist = match args.assist {
+        Assist::On => "on",
+        Assist::Off => "off",
+    };
     Ok(format!(
-        "pingpong channel={channel} ranks=2 iters={iters} round_trip_us={} baseline_atomic_us={} ratio={ratio:.2}",
+        "pingpong channel={channel} assist={assist} ranks=2 iters={iters} round_trip_us={} baseline_atomic_us={} ratio={ratio:.2}",
         micros(round_trip),
         micros(baseline)
     ))
