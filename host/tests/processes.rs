@@ -5,7 +5,10 @@
 //! The parent test re-runs this test binary once per rank with `child_rank` selected.
 #![allow(missing_docs)]
 
-use oxccl::{Communicator, CommunicatorConfig, DeviceBuffer, RegisteredMemory, Result};
+mod common;
+
+use common::{assert_all_gathered, ring_buffer};
+use oxccl::{Communicator, CommunicatorConfig, Result};
 use oxccl_device::kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
 use oxccl_device::kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
 use oxccl_device::launch::LaunchConfig;
@@ -14,46 +17,6 @@ use std::time::Duration;
 
 /// Longest a whole job may take before its children are killed.
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
-
-fn pattern(rank: u32, i: usize) -> u32 {
-    rank.wrapping_mul(0x9e37_79b9) ^ (i as u32).wrapping_mul(2_654_435_761)
-}
-
-/// A buffer holding this rank's chunk at its place, registered and gathered.
-fn ring_buffer(
-    comm: &Communicator,
-    chunk: usize,
-) -> Result<(DeviceBuffer<u32>, Vec<RegisteredMemory>)> {
-    let (rank, ranks) = (comm.rank() as usize, comm.size() as usize);
-    let mut host = vec![0u32; chunk * ranks];
-    for i in 0..chunk {
-        host[rank * chunk + i] = pattern(rank as u32, i);
-    }
-    let buf = comm.device().alloc_from(&host)?;
-    let all = comm.all_gather_memory(&comm.register(&buf))?;
-    Ok((buf, all))
-}
-
-fn assert_gathered(
-    comm: &Communicator,
-    buf: &DeviceBuffer<u32>,
-    chunk: usize,
-    what: &str,
-) -> Result<()> {
-    let got = buf.to_vec()?;
-    for r in 0..comm.size() {
-        for i in 0..chunk {
-            let have = got[r as usize * chunk + i];
-            assert_eq!(
-                have,
-                pattern(r, i),
-                "{what}: rank {} element {i} of rank {r}'s chunk",
-                comm.rank()
-            );
-        }
-    }
-    Ok(())
-}
 
 fn run_rank() -> Result<u32> {
     let mut comm = Communicator::from_env(CommunicatorConfig {
@@ -76,9 +39,9 @@ fn run_rank() -> Result<u32> {
         (chunk * 4) as u64,
     );
     port_ring_exchange::launch(&stream, LaunchConfig::grid(1).block(1), args)?;
+    // Complete once our own kernel is: no barrier, so a missing signal order would show.
     comm.synchronize(&stream)?;
-    comm.barrier()?;
-    assert_gathered(&comm, &buf, chunk, "port ring")?;
+    assert_all_gathered(&comm, &buf, chunk, 0);
 
     // Memory channels: kernel threads store into the peer process's memory directly.
     let (buf, all) = ring_buffer(&comm, chunk)?;
@@ -91,9 +54,9 @@ fn run_rank() -> Result<u32> {
         (chunk * 4) as u64,
     );
     memory_ring_exchange::launch(&stream, LaunchConfig::grid(1).block(2), args)?;
+    // Complete once our own kernel is: no barrier, so a missing signal order would show.
     comm.synchronize(&stream)?;
-    comm.barrier()?;
-    assert_gathered(&comm, &buf, chunk, "memory ring")?;
+    assert_all_gathered(&comm, &buf, chunk, 0);
 
     // All-reduce across processes.
     let n = 10_007usize;
@@ -118,12 +81,12 @@ fn run_rank() -> Result<u32> {
     // SAFETY: `work` holds `2 * n` elements and is only touched through the channels.
     unsafe { ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1).block(2), (args,))? };
     comm.synchronize(&stream)?;
-    comm.barrier()?;
     let got = work.to_vec()?;
     for (i, &have) in got.iter().take(n).enumerate() {
         let want: f32 = (0..ranks).map(|r| value(r, i)).sum();
         assert_eq!(have, want, "all-reduce: rank {rank} element {i}");
     }
+    comm.barrier()?;
     Ok(rank)
 }
 

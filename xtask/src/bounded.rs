@@ -19,7 +19,8 @@ use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex, PoisonError};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often the supervisor looks at the command, its deadline and the signals.
@@ -255,7 +256,6 @@ impl Drain {
                     let _ = out.flush();
                 }
                 kept.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
                     .extend_from_slice(&chunk[..n]);
             }
             let _ = tx.send(());
@@ -267,7 +267,7 @@ impl Drain {
     fn finish(self) -> Vec<u8> {
         // Ended, or still held open by a process the command left behind: either way, go on.
         let _ = self.done.recv_timeout(DRAIN_GRACE);
-        std::mem::take(&mut *self.buf.lock().unwrap_or_else(PoisonError::into_inner))
+        std::mem::take(&mut *self.buf.lock())
     }
 }
 

@@ -19,7 +19,8 @@ use anyhow::{Context, Result};
 use rustix::process::Signal;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use parking_lot::Mutex;
+use std::sync::OnceLock;
 
 /// The signals xtask passes on to the running command.
 const FORWARDED: &[i32] = &[SIGINT, SIGTERM, SIGHUP];
@@ -52,7 +53,7 @@ impl InFlight {
             .clone()
             .map_err(anyhow::Error::msg)
             .context("installing the handlers that pass SIGINT and SIGTERM on to commands")?;
-        let mut n = IN_FLIGHT.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut n = IN_FLIGHT.lock();
         *n += 1;
         IDLE.store(false, Ordering::SeqCst);
         Ok(InFlight(()))
@@ -61,7 +62,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let mut n = IN_FLIGHT.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut n = IN_FLIGHT.lock();
         *n -= 1;
         if *n == 0 {
             IDLE.store(true, Ordering::SeqCst);

@@ -187,14 +187,13 @@ impl Signal {
         deadline: Option<Instant>,
     ) -> bool {
         let start = Instant::now();
-        let mut polls = 0u32;
+        let backoff = crossbeam_utils::Backoff::new();
         loop {
             if done() {
                 return true;
             }
-            polls += 1;
-            if !polls.is_multiple_of(32) {
-                std::hint::spin_loop();
+            if !backoff.is_completed() {
+                backoff.snooze();
             } else if start.elapsed() < HOST_POLL {
                 std::thread::yield_now();
             } else {

@@ -15,6 +15,7 @@
 //! spawning another.
 
 use super::launch::Launch;
+use crossbeam_utils::Backoff;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -25,9 +26,6 @@ use std::time::{Duration, Instant};
 /// catch the next launch of a loop of short kernels, short enough that idle workers leave
 /// the cores to ranks and proxies that have work.
 const IDLE_POLL: Duration = Duration::from_micros(50);
-
-/// Polls between two looks at the clock while a worker is idle.
-const POLLS_PER_CLOCK_READ: u32 = 32;
 
 /// Stack of a kernel thread. Kernels are small; the default (2 MiB) is kept so a deep
 /// debug-build kernel still fits.
@@ -148,8 +146,8 @@ impl Worker {
     }
 
     fn next_task(&self) -> Task {
-        let mut polls = 0u32;
-        let mut idle_since: Option<Instant> = None;
+        let backoff = Backoff::new();
+        let idle_since = Instant::now();
         loop {
             // Acquire: pairs with the Release in `post`.
             if self.posted.swap(false, Ordering::Acquire)
@@ -157,13 +155,9 @@ impl Worker {
             {
                 return task;
             }
-            polls = polls.wrapping_add(1);
-            if !polls.is_multiple_of(POLLS_PER_CLOCK_READ) {
-                std::hint::spin_loop();
-                continue;
-            }
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < IDLE_POLL {
+            if !backoff.is_completed() {
+                backoff.snooze();
+            } else if idle_since.elapsed() < IDLE_POLL {
                 std::thread::yield_now();
             } else {
                 // `post` unparks after raising `posted`: a wake-up is never lost, and a
