@@ -3,10 +3,9 @@
 
 mod common;
 
-use common::config;
+use common::{add_errors, config};
 use oxccl::Error;
 use oxccl::in_process;
-use oxccl_device::arch::atomic::{self, Ordering, Scope};
 use oxccl_device::coop::{Block, Coop};
 use oxccl_device::kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
 use oxccl_device::launch::LaunchConfig;
@@ -40,11 +39,8 @@ unsafe fn count_wrong_sums(
             wrong += 1;
         }
     }
-    if wrong > 0 {
-        // SAFETY: a live u64 only accessed atomically (contract).
-        let cell = unsafe { atomic::cell(errors.addr()) };
-        atomic::fetch_add(cell, wrong, Ordering::Relaxed, Scope::System);
-    }
+    // SAFETY: a live u64 only accessed atomically (contract).
+    unsafe { add_errors(errors, wrong) };
 }
 
 /// All-reduces of the sizes `ns`, launched back to back on the same buffers and channels

@@ -5,8 +5,8 @@
 mod common;
 
 use common::{
-    assert_all_gathered, config, config_with_assist, count_wrong, count_wrong_chunk, fill_chunk,
-    neighbours, ring_buffer,
+    assert_all_gathered, config, config_with_assist, count_wrong, fill_chunk, neighbours,
+    ring_buffer,
 };
 use oxccl::in_process;
 use oxccl::{Communicator, MemoryChannel, PortChannel, Result, Stream};
@@ -148,8 +148,10 @@ fn ring_back_to_back(
                 one,
                 (
                     buf.device_slice(),
+                    0,
                     chunk as u64,
                     ranks,
+                    0,
                     round,
                     errors.device_ptr(),
                 ),
@@ -204,13 +206,14 @@ fn packets_back_to_back(
         }
         // SAFETY: the received half of `data`; `errors` one u64.
         unsafe {
-            count_wrong_chunk::launch(
+            count_wrong::launch(
                 &stream,
                 one,
                 (
                     data.device_slice(),
                     words as u64,
                     words as u64,
+                    1,
                     prev,
                     round,
                     errors.device_ptr(),

@@ -85,59 +85,43 @@ pub unsafe fn fill_chunk(buf: DeviceSlice<u32>, first: u64, count: u64, rank: u3
     }
 }
 
-/// Counts, into `errors`, the elements of `buf` that differ from the chunks of `ranks`
-/// ranks of round `round` (`chunk` elements each, rank `r`'s at `r * chunk`).
+/// Counts, into `errors`, the elements of `buf` from element `first` on that differ from
+/// `ranks` consecutive chunks of round `round`, `chunk` elements each, of the ranks
+/// `first_rank`, `first_rank + 1`, ...: every rank's chunk after an all-gather
+/// (`first` 0, `first_rank` 0), or one rank's chunk where it was received.
 ///
 /// # Safety
-/// `buf` must hold `ranks * chunk` readable elements, `errors` one `u64` only accessed
-/// atomically, until the launch completes.
+/// `buf` must hold `first + ranks * chunk` readable elements, and `errors` be one `u64` only
+/// accessed atomically, until the launch completes.
 #[kernel(max_blocks = 1)]
 pub unsafe fn count_wrong(
     buf: DeviceSlice<u32>,
+    first: u64,
     chunk: u64,
     ranks: u32,
+    first_rank: u32,
     round: u32,
     errors: DevicePtr<u64>,
 ) {
     let mut wrong = 0;
     for e in Block.split(chunk * ranks as u64) {
-        let (r, i) = ((e / chunk) as u32, e % chunk);
-        // SAFETY: `e < ranks * chunk` (contract).
-        let have = unsafe { buf.read(e) }.unwrap_or(0);
-        if have != pattern(r, i, round) {
+        let (r, i) = (first_rank + (e / chunk) as u32, e % chunk);
+        // SAFETY: `first + e < first + ranks * chunk` (contract).
+        if unsafe { buf.read(first + e) } != Some(pattern(r, i, round)) {
             wrong += 1;
         }
     }
-    if wrong > 0 {
-        // SAFETY: `errors` is a live u64 only accessed atomically (contract).
-        let cell = unsafe { atomic::cell(errors.addr()) };
-        atomic::fetch_add(cell, wrong, Ordering::Relaxed, Scope::System);
-    }
+    // SAFETY: the contract.
+    unsafe { add_errors(errors, wrong) };
 }
 
-/// Counts, into `errors`, the elements of `buf` at `first..first + count` that differ from
-/// rank `rank`'s chunk of round `round`.
+/// Adds `wrong` to the error count at `errors` (nothing if 0).
 ///
 /// # Safety
-/// As [`count_wrong`], for `first + count` elements.
-#[kernel(max_blocks = 1)]
-pub unsafe fn count_wrong_chunk(
-    buf: DeviceSlice<u32>,
-    first: u64,
-    count: u64,
-    rank: u32,
-    round: u32,
-    errors: DevicePtr<u64>,
-) {
-    let mut wrong = 0;
-    for i in Block.split(count) {
-        // SAFETY: inside the buffer (contract).
-        if unsafe { buf.read(first + i) }.unwrap_or(0) != pattern(rank, i, round) {
-            wrong += 1;
-        }
-    }
+/// `errors` must point to a live `u64` only accessed atomically.
+pub unsafe fn add_errors(errors: DevicePtr<u64>, wrong: u64) {
     if wrong > 0 {
-        // SAFETY: as in `count_wrong`.
+        // SAFETY: the caller's contract.
         let cell = unsafe { atomic::cell(errors.addr()) };
         atomic::fetch_add(cell, wrong, Ordering::Relaxed, Scope::System);
     }
