@@ -53,8 +53,11 @@
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
+    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, link_llvm_intrinsics)
 )]
+// `link_llvm_intrinsics` is internal to rustc; `arch::nvptx` needs it for the one convergent
+// barrier core does not offer (`__syncthreads_or`).
+#![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;

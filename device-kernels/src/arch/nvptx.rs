@@ -63,22 +63,23 @@ pub(crate) fn sync_threads() {
 
 #[inline(always)]
 pub(crate) fn sync_threads_or(predicate: bool) -> bool {
-    let any: u32;
-    // SAFETY: `bar.red.or.pred` on barrier 0 is `__syncthreads_or`: the block-wide barrier
-    // plus an OR of one predicate per thread; the contract of `arch::sync_threads_or`
-    // requires every thread of the block to reach it.
-    unsafe {
-        asm!(
-            "{{ .reg .pred %p_in, %p_out;",
-            "setp.ne.u32 %p_in, {x}, 0;",
-            "bar.red.or.pred %p_out, 0, %p_in;",
-            "selp.u32 {r}, 1, 0, %p_out; }}",
-            x = in(reg32) predicate as u32,
-            r = out(reg32) any,
-            options(nostack)
-        )
-    };
-    any != 0
+    // SAFETY: barrier 0 of the block with an OR of one predicate per thread
+    // (`__syncthreads_or`); the contract of `arch::sync_threads_or` requires every thread of
+    // the block to reach it.
+    unsafe { barrier_cta_red_or(0, predicate) }
+}
+
+unsafe extern "C" {
+    /// `barrier.cta.red.or.aligned.all` (`bar.red.or.pred`): waits at barrier `barrier` for
+    /// every thread of the block and returns whether any passed `predicate` true.
+    ///
+    /// An LLVM intrinsic rather than inline PTX so that LLVM knows the call is convergent:
+    /// it never duplicates it into the arms of a branch nor sinks it under one, which would
+    /// leave threads of the block waiting at different barriers. (An `asm!` block is opaque
+    /// to LLVM, which may move or copy it like any other call.) LLVM 21 replaced the older
+    /// `llvm.nvvm.barrier0.or` with this one.
+    #[link_name = "llvm.nvvm.barrier.cta.red.or.aligned.all"]
+    fn barrier_cta_red_or(barrier: i32, predicate: bool) -> bool;
 }
 
 #[inline(always)]
