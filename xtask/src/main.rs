@@ -13,6 +13,7 @@ mod interrupt;
 mod kernels;
 mod libtest;
 mod ptx;
+mod ptx_cfg;
 mod ptx_rules;
 mod ptxas;
 mod util;

@@ -1,10 +1,11 @@
 //! A small reader for the PTX that LLVM's NVPTX backend emits: the module's functions
 //! (`.entry` kernels and `.func` device functions), each body as a list of instructions with
-//! their line numbers, and the call graph between them.
+//! their line numbers, predicate guards and labels, and the call graph between them.
 //!
 //! It is not a PTX parser: it knows just enough of the syntax (comments, strings, `{ }`
 //! scopes inside bodies, vector operands in braces, labels and predicates) to let
-//! [`crate::ptx_rules`] ask "which instructions can this kernel execute?".
+//! [`crate::ptx_rules`] ask "which instructions can this kernel execute?", and
+//! [`crate::ptx_cfg`] and [`crate::ptx_flow`] follow its branches and registers.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -26,6 +27,9 @@ pub struct Function {
     pub line: usize,
     /// Statements of the body, directives (`.reg`, `.local`, ...) included.
     pub instructions: Vec<Instruction>,
+    /// Each label of the body and the index in `instructions` of the statement it names
+    /// (`instructions.len()` for a label at the very end).
+    pub labels: HashMap<String, usize>,
 }
 
 /// One statement of a function body, without its label and predicate guard.
@@ -33,6 +37,8 @@ pub struct Function {
 pub struct Instruction {
     /// 1-based line where the statement starts.
     pub line: usize,
+    /// The predicate guard without its `@`, e.g. `%p1` or `!%p1`; `None` if unguarded.
+    pub guard: Option<String>,
     /// The opcode with its modifiers, e.g. `st.release.sys.global.v2.u64`, or a directive
     /// such as `.reg`.
     pub opcode: String,
@@ -195,12 +201,13 @@ impl<'t> Parser<'t> {
                 '}' if init_depth > 0 => init_depth -= 1,
                 '{' => match function_header(&header) {
                     Some((name, is_entry)) => {
-                        let instructions = self.body();
+                        let (instructions, labels) = self.body();
                         self.module.functions.push(Function {
                             name,
                             is_entry,
                             line: header_line,
                             instructions,
+                            labels,
                         });
                         header.clear();
                     }
@@ -229,9 +236,10 @@ impl<'t> Parser<'t> {
         }
     }
 
-    /// Reads a function body after its opening `{`, up to the matching `}`.
-    fn body(&mut self) -> Vec<Instruction> {
-        let mut out = Vec::new();
+    /// Reads a function body after its opening `{`, up to the matching `}`: its statements,
+    /// and where each label points.
+    fn body(&mut self) -> (Vec<Instruction>, HashMap<String, usize>) {
+        let mut out = Body::default();
         let mut stmt = String::new();
         let mut stmt_line = self.line;
         let mut scope_depth = 1usize;
@@ -246,7 +254,7 @@ impl<'t> Parser<'t> {
                 '"' => self.skip_string(&mut stmt),
                 '{' if empty => {
                     // A nested scope, as LLVM emits around call sequences.
-                    push_statement(&mut out, &stmt, stmt_line);
+                    out.push_statement(&stmt, stmt_line);
                     stmt.clear();
                     scope_depth += 1;
                 }
@@ -259,15 +267,15 @@ impl<'t> Parser<'t> {
                     stmt.push(c);
                 }
                 '}' => {
-                    push_statement(&mut out, &stmt, stmt_line);
+                    out.push_statement(&stmt, stmt_line);
                     stmt.clear();
                     scope_depth -= 1;
                     if scope_depth == 0 {
-                        return out;
+                        return out.finish();
                     }
                 }
                 ';' => {
-                    push_statement(&mut out, &stmt, stmt_line);
+                    out.push_statement(&stmt, stmt_line);
                     stmt.clear();
                     operand_braces = 0;
                 }
@@ -280,8 +288,58 @@ impl<'t> Parser<'t> {
                 }
             }
         }
-        push_statement(&mut out, &stmt, stmt_line);
-        out
+        out.push_statement(&stmt, stmt_line);
+        out.finish()
+    }
+}
+
+/// A body being read: its statements, and labels waiting for the statement they name.
+#[derive(Default)]
+struct Body {
+    instructions: Vec<Instruction>,
+    labels: HashMap<String, usize>,
+}
+
+impl Body {
+    /// Adds `stmt` (which starts on line `line`); its labels name the next statement added,
+    /// which is this one unless it holds nothing but labels.
+    fn push_statement(&mut self, stmt: &str, line: usize) {
+        let start = stmt.trim_start();
+        let mut s = start;
+        while let Some((label, after)) = split_label(s) {
+            self.labels
+                .insert(label.to_string(), self.instructions.len());
+            s = after.trim_start();
+        }
+        // A predicate guard: `@%p1 bra ...` or `@!%p1 ...`.
+        let mut guard = None;
+        if let Some(guarded) = s.strip_prefix('@') {
+            let (g, rest) = guarded
+                .split_once(char::is_whitespace)
+                .unwrap_or((guarded, ""));
+            guard = Some(g.to_string());
+            s = rest.trim_start();
+        }
+        // A label on its own line moves the instruction to a later line.
+        let line = line + start[..start.len() - s.len()].matches('\n').count();
+        let s = s.trim_end();
+        if s.is_empty() {
+            return;
+        }
+        let (opcode, operands) = match s.split_once(char::is_whitespace) {
+            Some((op, rest)) => (op, split_operands(rest)),
+            None => (s, Vec::new()),
+        };
+        self.instructions.push(Instruction {
+            line,
+            guard,
+            opcode: opcode.to_string(),
+            operands,
+        });
+    }
+
+    fn finish(self) -> (Vec<Instruction>, HashMap<String, usize>) {
+        (self.instructions, self.labels)
     }
 }
 
@@ -312,50 +370,21 @@ fn is_ident_char(c: char) -> bool {
 /// Whether `stmt` holds only labels (`$L__BB0_1:`), which belong to the next statement.
 fn is_only_labels(stmt: &str) -> bool {
     let mut rest = stmt.trim();
-    while let Some(after) = strip_label(rest) {
+    while let Some((_, after)) = split_label(rest) {
         rest = after.trim_start();
     }
     rest.is_empty()
 }
 
-/// Removes one leading label `name:` (not `::`, as in `.shared::cta`).
-fn strip_label(s: &str) -> Option<&str> {
+/// Splits one leading label `name:` (not `::`, as in `.shared::cta`) from `s`: the label's
+/// name and what follows its colon.
+fn split_label(s: &str) -> Option<(&str, &str)> {
     let end = s.find(|c: char| !is_ident_char(c))?;
     if end == 0 {
         return None;
     }
     let after = &s[end..];
-    (after.starts_with(':') && !after.starts_with("::")).then(|| &after[1..])
-}
-
-/// Adds `stmt` (which starts on line `line`) to `out`, unless it holds nothing but labels.
-fn push_statement(out: &mut Vec<Instruction>, stmt: &str, line: usize) {
-    let start = stmt.trim_start();
-    let mut s = start;
-    while let Some(after) = strip_label(s) {
-        s = after.trim_start();
-    }
-    // A predicate guard: `@%p1 bra ...` or `@!%p1 ...`.
-    if let Some(guarded) = s.strip_prefix('@') {
-        s = guarded
-            .split_once(char::is_whitespace)
-            .map_or("", |(_, rest)| rest.trim_start());
-    }
-    // A label on its own line moves the instruction to a later line.
-    let line = line + start[..start.len() - s.len()].matches('\n').count();
-    let s = s.trim_end();
-    if s.is_empty() {
-        return;
-    }
-    let (opcode, operands) = match s.split_once(char::is_whitespace) {
-        Some((op, rest)) => (op, split_operands(rest)),
-        None => (s, Vec::new()),
-    };
-    out.push(Instruction {
-        line,
-        opcode: opcode.to_string(),
-        operands,
-    });
+    (after.starts_with(':') && !after.starts_with("::")).then(|| (&s[..end], &after[1..]))
 }
 
 /// Splits operands at commas that are not inside `[]`, `{}` or `()`.
@@ -485,6 +514,31 @@ $L__BB0_1:
         assert!(atom.has("gpu") && atom.has("add") && !atom.has("sys"));
         // The body ended at its own closing brace, not at the call sequence's.
         assert_eq!(f.instructions.last().unwrap().opcode, "ret");
+    }
+
+    /// Guards against branches that cannot be followed: each label must name the statement
+    /// after it (also across a call sequence's scope and at the end of a body), and a
+    /// guarded branch must keep its predicate.
+    #[test]
+    fn labels_name_statements_and_guards_are_kept() {
+        let m = Module::parse(SAMPLE);
+        let f = m.function("port_push").unwrap();
+        let at = f.labels["$L__BB0_1"];
+        assert_eq!(f.instructions[at].opcode, "atom.relaxed.gpu.global.add.u64");
+        let bra = f.instructions.iter().find(|i| i.op() == "bra").unwrap();
+        assert_eq!(bra.guard.as_deref(), Some("%p1"));
+        assert_eq!(bra.operands, ["$L__BB0_1"]);
+        assert_eq!(f.instructions[at].guard, None);
+
+        let m = Module::parse(
+            ".entry k()\n{\n@!%p2 bra $L__BB1_3;\n$L__BB1_2:\n{ // callseq\n\
+             call.uni f, ();\n}\n$L__BB1_3: $L__BB1_4:\n}\n",
+        );
+        let f = &m.functions[0];
+        assert_eq!(f.instructions[0].guard.as_deref(), Some("!%p2"));
+        assert_eq!(f.instructions[f.labels["$L__BB1_2"]].op(), "call");
+        assert_eq!(f.labels["$L__BB1_3"], f.instructions.len());
+        assert_eq!(f.labels["$L__BB1_4"], f.instructions.len());
     }
 
     #[test]

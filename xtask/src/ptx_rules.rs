@@ -628,6 +628,7 @@ mod tests {
     fn element_widths() {
         let i = |op: &str| Instruction {
             line: 1,
+            guard: None,
             opcode: op.into(),
             operands: vec![],
         };
