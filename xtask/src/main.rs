@@ -14,6 +14,7 @@ mod kernels;
 mod libtest;
 mod ptx;
 mod ptx_cfg;
+mod ptx_flow;
 mod ptx_rules;
 mod ptxas;
 mod util;
