@@ -14,13 +14,13 @@
 use crate::interrupt::{self, InFlight};
 use crate::util::{fmt_duration, show};
 use anyhow::{Context, Result, bail};
+use parking_lot::Mutex;
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::mpsc::Receiver;
-use parking_lot::Mutex;
 use std::sync::Arc;
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 /// How often the supervisor looks at the command, its deadline and the signals.
@@ -255,8 +255,7 @@ impl Drain {
                     let _ = out.write_all(&chunk[..n]);
                     let _ = out.flush();
                 }
-                kept.lock()
-                    .extend_from_slice(&chunk[..n]);
+                kept.lock().extend_from_slice(&chunk[..n]);
             }
             let _ = tx.send(());
         });

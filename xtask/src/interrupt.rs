@@ -16,11 +16,11 @@
 //! CI runner that uses it stops the whole process tree anyway.
 
 use anyhow::{Context, Result};
+use parking_lot::Mutex;
 use rustix::process::Signal;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use parking_lot::Mutex;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// The signals xtask passes on to the running command.
 const FORWARDED: &[i32] = &[SIGINT, SIGTERM, SIGHUP];
