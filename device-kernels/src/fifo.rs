@@ -257,6 +257,13 @@ pub struct FifoDeviceHandle<'a> {
 const _: () = assert!(core::mem::size_of::<FifoDeviceHandle<'static>>() == 80);
 const _: () = assert!(core::mem::offset_of!(FifoDeviceHandle<'static>, wait) == 48);
 
+/// Byte offsets of the handle's parts, for tools that read a kernel's machine code: `cargo xtask build-ptx --check` finds the
+/// protocol's cells among a kernel's parameters through them.
+impl FifoDeviceHandle<'_> {
+    /// Byte offset of the cells' addresses ([`FifoRawParts`]).
+    pub const RAW_OFFSET: usize = core::mem::offset_of!(Self, raw);
+}
+
 // SAFETY: every value safe code can hold is either built by `from_raw_parts`, whose contract
 // keeps its cells live for 'a, or zeroed, which `push` and `sync` refuse before touching
 // memory; the type has no drop glue.

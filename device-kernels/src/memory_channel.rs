@@ -58,6 +58,15 @@ pub struct MemoryChannelDeviceHandle<'a> {
 const _: () = assert!(core::mem::size_of::<MemoryChannelDeviceHandle<'static>>() == 104);
 const _: () = assert!(core::mem::offset_of!(MemoryChannelDeviceHandle<'static>, buffers) == 56);
 
+/// Byte offsets of the handle's parts, for tools that read a kernel's machine code: `cargo xtask build-ptx --check` finds the
+/// protocol's cells among a kernel's parameters through them.
+impl MemoryChannelDeviceHandle<'_> {
+    /// Byte offset of the semaphore's handle.
+    pub const SEMAPHORE_OFFSET: usize = core::mem::offset_of!(Self, semaphore);
+    /// Byte offset of the buffers' addresses and sizes ([`MemoryChannelBuffers`]).
+    pub const BUFFERS_OFFSET: usize = core::mem::offset_of!(Self, buffers);
+}
+
 // SAFETY: values safe code can hold are built by `from_raw_parts` (buffers live for 'a) or
 // zeroed, whose sizes of 0 make every bounds check fail before memory is touched; no drop
 // glue.

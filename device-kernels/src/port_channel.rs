@@ -45,6 +45,15 @@ const _: () = assert!(core::mem::size_of::<PortChannelDeviceHandle<'static>>() =
 const _: () = assert!(core::mem::offset_of!(PortChannelDeviceHandle<'static>, semaphore) == 80);
 const _: () = assert!(core::mem::offset_of!(PortChannelDeviceHandle<'static>, ids) == 136);
 
+/// Byte offsets of the handle's parts, for tools that read a kernel's machine code: `cargo xtask build-ptx --check` finds the
+/// protocol's cells among a kernel's parameters through them.
+impl PortChannelDeviceHandle<'_> {
+    /// Byte offset of the FIFO's handle.
+    pub const FIFO_OFFSET: usize = core::mem::offset_of!(Self, fifo);
+    /// Byte offset of the semaphore's handle.
+    pub const SEMAPHORE_OFFSET: usize = core::mem::offset_of!(Self, semaphore);
+}
+
 // SAFETY: made of handles that are themselves `KernelArg` and of ids the proxy checks; no
 // drop glue.
 unsafe impl crate::launch::KernelArg for PortChannelDeviceHandle<'_> {}

@@ -56,6 +56,20 @@ const _: () = assert!(core::mem::size_of::<Device2DeviceSemaphoreDeviceHandle<'s
 const _: () =
     assert!(core::mem::offset_of!(Device2DeviceSemaphoreDeviceHandle<'static>, wait) == 24);
 
+/// Byte offsets of the handle's parts, for tools that read a kernel's machine code: `cargo xtask build-ptx --check` finds the
+/// protocol's cells among a kernel's parameters through them.
+impl Host2DeviceSemaphoreDeviceHandle<'_> {
+    /// Byte offset of the counters' addresses ([`SemaphoreRawParts`]).
+    pub const RAW_OFFSET: usize = core::mem::offset_of!(Self, raw);
+}
+
+/// Byte offsets of the handle's parts, for tools that read a kernel's machine code: `cargo xtask build-ptx --check` finds the
+/// protocol's cells among a kernel's parameters through them.
+impl Device2DeviceSemaphoreDeviceHandle<'_> {
+    /// Byte offset of the counters' addresses ([`SemaphoreRawParts`]).
+    pub const RAW_OFFSET: usize = core::mem::offset_of!(Self, raw);
+}
+
 // SAFETY: values safe code can hold are built by `from_raw_parts` (counters live for 'a) or
 // zeroed, which every method refuses before touching memory; no drop glue.
 unsafe impl crate::launch::KernelArg for Host2DeviceSemaphoreDeviceHandle<'_> {}

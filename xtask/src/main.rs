@@ -11,6 +11,7 @@ mod build_ptx;
 mod ci;
 mod interrupt;
 mod kernels;
+mod layouts;
 mod libtest;
 mod ptx;
 mod ptx_cfg;
