@@ -428,6 +428,7 @@ mod tests {
         KernelFn {
             name: name.into(),
             file: PathBuf::from("src/kernels/x.rs"),
+            ..Default::default()
         }
     }
 

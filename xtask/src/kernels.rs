@@ -1,48 +1,80 @@
-//! Finding the `#[kernel]` functions of a crate in its sources, to check that each one
-//! became a `.entry` in the PTX.
+//! Finding the `#[kernel]` functions of a crate in its sources: to check that each one
+//! became a `.entry` in the PTX, and to tell the PTX rules what each kernel's parameters
+//! are and how many block barriers its source has.
 //!
 //! Sources are parsed with `syn`, so a `#[kernel]` inside a comment or a doc example does not
 //! count, and any path ending in `kernel` does (`#[kernel]`, `#[oxccl_device::kernel]`,
 //! `#[kernel(...)]`). Every `.rs` file under the crate's `src/` is read, whether or not a
 //! `mod` includes it.
 
+use crate::barrier_sites::CallGraph;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use syn::visit::Visit;
 
 /// A `#[kernel]` function found in the sources.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelFn {
     /// The function's name.
     pub name: String,
     /// The file it is defined in.
     pub file: PathBuf,
+    /// Its parameters, in order (the PTX names parameter `i` `<name>_param_<i>`).
+    pub params: Vec<KernelParam>,
+    /// Block barrier sites its source reaches (see [`crate::barrier_sites`]).
+    pub barrier_sites: usize,
 }
 
-/// All `#[kernel]` functions in the `.rs` files under `src_dir`, sorted by file then name.
+/// One parameter of a kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelParam {
+    /// Its name.
+    pub name: String,
+    /// Its type: the last segment of the type's path, without generics
+    /// (`PortChannelDeviceHandle` for `oxccl_device::PortChannelDeviceHandle<'_>`).
+    pub ty: String,
+}
+
+/// All `#[kernel]` functions in the `.rs` files under `src_dir`, sorted by file then name,
+/// with their barrier sites counted through every function of those files.
 pub fn scan_dir(src_dir: &Path) -> Result<Vec<KernelFn>> {
+    let mut paths = Vec::new();
+    collect_rs_files(src_dir, &mut paths)?;
+    paths.sort();
     let mut files = Vec::new();
-    collect_rs_files(src_dir, &mut files)?;
-    files.sort();
+    for path in paths {
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let file = syn::parse_file(&text).with_context(|| format!("parsing {}", path.display()))?;
+        files.push((path, file));
+    }
+    let graph = CallGraph::new(&files);
     let mut out = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading {}", file.display()))?;
-        let names = scan_source(&text).with_context(|| format!("parsing {}", file.display()))?;
-        out.extend(names.into_iter().map(|name| KernelFn {
-            name,
-            file: file.clone(),
-        }));
+    for (path, file) in &files {
+        let mut v = KernelVisitor::default();
+        v.visit_file(file);
+        for (name, params) in v.kernels {
+            let barrier_sites = graph
+                .sites(&name, path)
+                .with_context(|| format!("counting the barriers of kernel `{name}`"))?;
+            out.push(KernelFn {
+                name,
+                file: path.clone(),
+                params,
+                barrier_sites,
+            });
+        }
     }
     Ok(out)
 }
 
 /// Names of the `#[kernel]` functions in one Rust source file, in source order.
+#[cfg(test)]
 pub fn scan_source(text: &str) -> Result<Vec<String>> {
     let file = syn::parse_file(text)?;
     let mut v = KernelVisitor::default();
     v.visit_file(&file);
-    Ok(v.names)
+    Ok(v.kernels.into_iter().map(|(name, _)| name).collect())
 }
 
 /// Whether a PTX entry named `entry` is the one `#[kernel] fn kernel` produced: the same name
@@ -70,7 +102,27 @@ fn collect_rs_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 
 #[derive(Default)]
 struct KernelVisitor {
-    names: Vec<String>,
+    kernels: Vec<(String, Vec<KernelParam>)>,
+}
+
+fn param(arg: &syn::FnArg) -> Option<KernelParam> {
+    let syn::FnArg::Typed(t) = arg else {
+        return None;
+    };
+    let name = match &*t.pat {
+        syn::Pat::Ident(p) => p.ident.to_string(),
+        _ => String::new(),
+    };
+    let ty = match &*t.ty {
+        syn::Type::Path(p) => p
+            .path
+            .segments
+            .last()
+            .map(|s| s.ident.to_string())
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    Some(KernelParam { name, ty })
 }
 
 impl<'ast> Visit<'ast> for KernelVisitor {
@@ -82,7 +134,8 @@ impl<'ast> Visit<'ast> for KernelVisitor {
                 .is_some_and(|s| s.ident == "kernel")
         });
         if is_kernel {
-            self.names.push(f.sig.ident.to_string());
+            let params = f.sig.inputs.iter().filter_map(param).collect();
+            self.kernels.push((f.sig.ident.to_string(), params));
         }
         syn::visit::visit_item_fn(self, f);
     }
@@ -154,15 +207,29 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("xtask-kernels-{}", std::process::id()));
         let sub = dir.join("kernels");
         std::fs::create_dir_all(&sub).unwrap();
-        std::fs::write(dir.join("lib.rs"), "#[kernel] fn a() {}").unwrap();
-        std::fs::write(sub.join("b.rs"), "#[kernel] fn b() {} #[kernel] fn c() {}").unwrap();
+        std::fs::write(
+            dir.join("lib.rs"),
+            "#[kernel] fn a(chan: oxccl_device::PortChannelDeviceHandle<'_>, flag: u32) {}\n\
+             pub fn agree() { arch::sync_threads_or(true); }",
+        )
+        .unwrap();
+        std::fs::write(
+            sub.join("b.rs"),
+            "#[kernel] fn b() { agree(); arch::sync_threads(); } #[kernel] fn c() {}",
+        )
+        .unwrap();
         std::fs::write(sub.join("notes.txt"), "#[kernel] fn d() {}").unwrap();
-        let found: Vec<_> = scan_dir(&dir)
-            .unwrap()
-            .into_iter()
-            .map(|k| k.name)
-            .collect();
+        let found = scan_dir(&dir).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(found, ["b", "c", "a"]);
+        let names: Vec<_> = found.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["b", "c", "a"]);
+        let sites: Vec<_> = found.iter().map(|k| k.barrier_sites).collect();
+        assert_eq!(sites, [2, 0, 0]);
+        let a = &found[2].params;
+        assert_eq!(
+            (a[0].name.as_str(), a[0].ty.as_str()),
+            ("chan", "PortChannelDeviceHandle")
+        );
+        assert_eq!((a[1].name.as_str(), a[1].ty.as_str()), ("flag", "u32"));
     }
 }

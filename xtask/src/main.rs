@@ -6,6 +6,7 @@
 //! - `loom`: model-checks the FIFO and semaphore protocols (see [`ci::run_loom`]).
 //! - `ci`: everything CI checks, in order (see [`ci`]).
 
+mod barrier_sites;
 mod bounded;
 mod build_ptx;
 mod ci;
