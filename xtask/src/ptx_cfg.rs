@@ -7,9 +7,15 @@
 //! guarded, also falls through); `ret`, `exit` and `trap` end a path (a guarded one also falls
 //! through); `brx.idx` goes to every label of its `.branchtargets` table. A `call` returns to
 //! the next statement. Directives (`.reg`, `.param`, ...) are statements that do nothing.
+//!
+//! Path queries follow predicates that hold constants: LLVM often keeps a branch's outcome
+//! in a predicate (`mov.pred %p93, -1;` on one way in, `0` on the other) and branches on it
+//! in a block both ways share. A path that set `%p93` to true cannot fall through
+//! `@%p93 bra`, and [`Cfg::path_avoiding`] does not pretend it can.
 
 use crate::ptx::{Function, Instruction};
-use std::collections::BTreeSet;
+use crate::ptx_flow::{dests, immediate};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 /// One basic block: statements `start..end` of the function, and the blocks control may
 /// pass to when it leaves this one.
@@ -21,6 +27,32 @@ pub struct Block {
     pub end: usize,
     /// Indices (in [`Cfg::blocks`]) of the blocks that may run next.
     pub succs: Vec<usize>,
+    /// The predicate its last statement branches on, if it is a guarded branch.
+    cond: Option<Cond>,
+}
+
+/// A guarded branch's predicate, and where each outcome goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Cond {
+    /// The predicate register, without `!`.
+    pred: String,
+    /// Whether the guard is `@!%p`.
+    negated: bool,
+    /// Blocks when the guard holds.
+    taken: Vec<usize>,
+    /// Blocks when it does not.
+    not_taken: Vec<usize>,
+}
+
+/// What a statement does to predicate registers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PredWrite {
+    /// Nothing.
+    None,
+    /// Sets one to a constant (`mov.pred %p1, -1;`).
+    Const(String, bool),
+    /// Sets these to values not known here.
+    Unknown(Vec<String>),
 }
 
 /// The control-flow graph of a function. Block 0 is the entry.
@@ -32,6 +64,8 @@ pub struct Cfg {
     block_of: Vec<usize>,
     /// For each block, the blocks reachable from it through at least one edge.
     reach: Vec<BTreeSet<usize>>,
+    /// For each statement, what it does to predicates.
+    pred_writes: Vec<PredWrite>,
 }
 
 impl Cfg {
@@ -63,6 +97,7 @@ impl Cfg {
                 start,
                 end,
                 succs: Vec::new(),
+                cond: None,
             });
         }
         let block_at = |at: usize| -> Option<usize> {
@@ -72,33 +107,46 @@ impl Cfg {
                 starts.iter().position(|&s| s == n)
             }
         };
-        for b in 0..blocks.len() {
-            let (start, end) = (blocks[b].start, blocks[b].end);
+        for block in &mut blocks {
+            let (start, end) = (block.start, block.end);
             let last = (start < end).then(|| &f.instructions[end - 1]);
-            let mut succs = Vec::new();
+            let mut taken = Vec::new();
             let falls_through = match last {
                 None => true,
                 Some(ins) => {
                     for target in branch_targets(f, ins) {
-                        succs.extend(f.labels.get(target).and_then(|&at| block_at(at)));
+                        taken.extend(f.labels.get(target).and_then(|&at| block_at(at)));
                     }
                     !ends_block(ins) || ins.guard.is_some()
                 }
             };
+            let mut next = Vec::new();
             if falls_through && end < n {
-                succs.push(block_of[end]);
+                next.push(block_of[end]);
             } else if falls_through && end == n && start < n {
-                succs.extend(block_at(n));
+                next.extend(block_at(n));
             }
+            let guard = last
+                .filter(|i| ends_block(i))
+                .and_then(|i| i.guard.as_deref());
+            block.cond = guard.map(|g| Cond {
+                pred: g.trim_start_matches('!').to_string(),
+                negated: g.starts_with('!'),
+                taken: taken.clone(),
+                not_taken: next.clone(),
+            });
+            let mut succs: Vec<usize> = taken.into_iter().chain(next).collect();
             succs.sort_unstable();
             succs.dedup();
-            blocks[b].succs = succs;
+            block.succs = succs;
         }
         let reach = (0..blocks.len()).map(|b| reachable(&blocks, b)).collect();
+        let pred_writes = f.instructions.iter().map(pred_write).collect();
         Cfg {
             blocks,
             block_of,
             reach,
+            pred_writes,
         }
     }
 
@@ -128,15 +176,17 @@ impl Cfg {
         if self.blocks.is_empty() {
             return false;
         }
-        let mut entered = vec![false; self.blocks.len()];
-        let mut work: Vec<(usize, usize)> = match from {
-            Some(i) => vec![(self.block_of[i], i + 1)],
+        // A state is where a path is and the predicates it has set to constants on the way.
+        type Known = BTreeMap<String, bool>;
+        let mut entered: HashSet<(usize, Known)> = HashSet::new();
+        let mut work: Vec<(usize, usize, Known)> = match from {
+            Some(i) => vec![(self.block_of[i], i + 1, Known::new())],
             None => {
-                entered[0] = true;
-                vec![(0, self.blocks[0].start)]
+                entered.insert((0, Known::new()));
+                vec![(0, self.blocks[0].start, Known::new())]
             }
         };
-        while let Some((b, first)) = work.pop() {
+        while let Some((b, first, mut known)) = work.pop() {
             let block = &self.blocks[b];
             let mut open = true;
             for i in first..block.end {
@@ -147,18 +197,65 @@ impl Cfg {
                     open = false;
                     break;
                 }
-            }
-            if open {
-                for &s in &block.succs {
-                    if !entered[s] {
-                        entered[s] = true;
-                        work.push((s, self.blocks[s].start));
+                match &self.pred_writes[i] {
+                    PredWrite::None => {}
+                    PredWrite::Const(p, v) => {
+                        known.insert(p.clone(), *v);
                     }
+                    PredWrite::Unknown(ps) => {
+                        for p in ps {
+                            known.remove(p);
+                        }
+                    }
+                }
+            }
+            if !open {
+                continue;
+            }
+            let succs = match &block.cond {
+                Some(c) => match known.get(&c.pred) {
+                    Some(&v) if v != c.negated => &c.taken,
+                    Some(_) => &c.not_taken,
+                    None => &block.succs,
+                },
+                None => &block.succs,
+            };
+            for &s in succs {
+                // Past this many states the graph is explored without predicates: a path
+                // found then may be one no execution takes, never the other way round.
+                let state = if entered.len() < 100_000 {
+                    known.clone()
+                } else {
+                    Known::new()
+                };
+                if entered.insert((s, state.clone())) {
+                    work.push((s, self.blocks[s].start, state));
                 }
             }
         }
         false
     }
+}
+
+/// What `ins` does to predicate registers.
+fn pred_write(ins: &Instruction) -> PredWrite {
+    let preds: Vec<String> = dests(ins)
+        .into_iter()
+        .filter(|d| d.starts_with("%p"))
+        .map(str::to_string)
+        .collect();
+    if preds.is_empty() {
+        return PredWrite::None;
+    }
+    if ins.guard.is_none()
+        && ins.op() == "mov"
+        && ins.has("pred")
+        && preds.len() == 1
+        && let Some(v) = ins.operands.get(1).and_then(|o| immediate(o))
+    {
+        return PredWrite::Const(preds[0].clone(), v != 0);
+    }
+    PredWrite::Unknown(preds)
 }
 
 /// Whether `ins` ends a basic block: a branch, a return or an exit.
@@ -280,6 +377,50 @@ mod tests {
         assert!(cfg.path_avoiding(Some(setp), load, |i| i == store));
         // Nothing follows `ret`.
         assert!(!cfg.path_avoiding(Some(store), load, |_| false));
+    }
+
+    /// Guards against a path that no execution takes: a predicate set to a constant decides
+    /// the branch on it, as when LLVM merges two ways into one block and branches apart
+    /// again on a flag (here: the error way never reaches the store).
+    #[test]
+    fn constant_predicates_decide_their_branches() {
+        let f = function(
+            "@%p1 bra $L__ERR;\n\
+             st.relaxed.sys.global.u64 [%rd1], %rd2;\n\
+             mov.pred %p9, 0;\n\
+             bra.uni $L__JOIN;\n\
+             $L__ERR:\n\
+             mov.pred %p9, -1;\n\
+             $L__JOIN:\n\
+             @%p9 bra $L__OUT;\n\
+             ld.acquire.sys.global.u64 %rd3, [%rd4];\n\
+             $L__OUT:\n\
+             ret;",
+        );
+        let cfg = Cfg::new(&f);
+        let (store, load) = (at(&f, "st."), at(&f, "ld.acquire"));
+        // Every path to the load passes the store: the other way in set %p9.
+        assert!(!cfg.path_avoiding(None, load, |i| i == store));
+        // Without the constant it would not.
+        let unknown = function(&f_text_without_constant());
+        let cfg = Cfg::new(&unknown);
+        let (store, load) = (at(&unknown, "st."), at(&unknown, "ld.acquire"));
+        assert!(cfg.path_avoiding(None, load, |i| i == store));
+    }
+
+    fn f_text_without_constant() -> String {
+        "@%p1 bra $L__ERR;\n\
+         st.relaxed.sys.global.u64 [%rd1], %rd2;\n\
+         mov.pred %p9, 0;\n\
+         bra.uni $L__JOIN;\n\
+         $L__ERR:\n\
+         setp.ne.b32 %p9, %r1, 0;\n\
+         $L__JOIN:\n\
+         @%p9 bra $L__OUT;\n\
+         ld.acquire.sys.global.u64 %rd3, [%rd4];\n\
+         $L__OUT:\n\
+         ret;"
+            .to_string()
     }
 
     /// Guards against jump tables and labels at the end of a body being dropped.
