@@ -1,6 +1,6 @@
 //! Data flow in one PTX function: where a register's value comes from (which kernel
-//! parameter words, which loads or atomics), and where it goes (which registers and
-//! predicates are computed from it).
+//! parameter words, which loads or atomics), where an address points, and what a branch's
+//! condition is computed from.
 //!
 //! LLVM's PTX is close to SSA: a virtual register is written once, except for the copies
 //! that stand for phi nodes, which write it once per incoming edge. The analysis here is
@@ -50,15 +50,12 @@ pub struct Flow<'f> {
     f: &'f Function,
     /// For each register, the statements that write it.
     defs: HashMap<&'f str, Vec<usize>>,
-    /// For each register, the statements that read it (as a value or in an address).
-    uses: HashMap<&'f str, Vec<usize>>,
 }
 
 impl<'f> Flow<'f> {
-    /// Indexes the writes and reads of every register of `f`.
+    /// Indexes the writes of every register of `f`.
     pub fn new(f: &'f Function) -> Flow<'f> {
         let mut defs: HashMap<&str, Vec<usize>> = HashMap::new();
-        let mut uses: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, ins) in f.instructions.iter().enumerate() {
             if ins.is_directive() {
                 continue;
@@ -66,11 +63,8 @@ impl<'f> Flow<'f> {
             for d in dests(ins) {
                 defs.entry(d).or_default().push(i);
             }
-            for s in source_operands(ins).iter().flat_map(|o| registers(o)) {
-                uses.entry(s).or_default().push(i);
-            }
         }
-        Flow { f, defs, uses }
+        Flow { f, defs }
     }
 
     /// The statement at index `i`.
@@ -192,6 +186,7 @@ impl<'f> Flow<'f> {
     /// What register `reg`'s value is computed from: parameter words and memory reads,
     /// through any arithmetic (predicates excepted: a value chosen under a condition is not
     /// computed from what the condition tested).
+    #[cfg(test)]
     pub fn sources(&self, reg: &str) -> Sources {
         let mut out = Sources::default();
         let mut seen = BTreeSet::new();
@@ -231,32 +226,31 @@ impl<'f> Flow<'f> {
         }
     }
 
-    /// Registers and predicates computed from the values that statements `from` write,
-    /// through any instruction but memory accesses (the written registers included).
-    pub fn derived_from(&self, from: &[usize]) -> BTreeSet<&'f str> {
-        let mut set: BTreeSet<&str> = BTreeSet::new();
-        let mut work: Vec<&str> = Vec::new();
-        for &i in from {
-            for d in dests(self.ins(i)) {
-                if set.insert(d) {
-                    work.push(d);
-                }
+    /// What the condition in predicate `pred` is computed from: the [`Sources`] of the
+    /// values compared (by `setp`, through `and`/`or`/`not` of predicates and predicate
+    /// moves), e.g. the load and the flag of `setp.eq.b32 %p1, %r8, %r26`.
+    pub fn condition_sources(&self, pred: &str) -> Sources {
+        let mut out = Sources::default();
+        let mut seen_preds = BTreeSet::new();
+        let mut seen = BTreeSet::new();
+        let mut work = vec![pred.trim_start_matches('!')];
+        while let Some(p) = work.pop() {
+            if !seen_preds.insert(p) {
+                continue;
             }
-        }
-        while let Some(r) = work.pop() {
-            for &u in self.uses.get(r).into_iter().flatten() {
-                let ins = self.ins(u);
-                if matches!(ins.op(), "ld" | "st" | "atom" | "red" | "call") {
-                    continue;
-                }
-                for d in dests(ins) {
-                    if set.insert(d) {
-                        work.push(d);
+            for &d in self.defs.get(p).into_iter().flatten() {
+                for o in &self.ins(d).operands[1..] {
+                    for r in registers(o) {
+                        if is_predicate(r) {
+                            work.push(r);
+                        } else {
+                            self.sources_of(r, &mut seen, &mut out);
+                        }
                     }
                 }
             }
         }
-        set
+        out
     }
 
     /// The parameter word statement `d` (an `ld.param`) writes into `reg`.
@@ -327,16 +321,6 @@ fn writes_first_operand(ins: &Instruction) -> bool {
         .operands
         .first()
         .is_some_and(|o| !o.starts_with('[') && !o.starts_with('('))
-}
-
-/// The operands an instruction reads: all of them for a store or a reduction, all but the
-/// destination otherwise.
-fn source_operands(ins: &Instruction) -> &[String] {
-    if writes_first_operand(ins) {
-        &ins.operands[1..]
-    } else {
-        &ins.operands
-    }
 }
 
 /// Register names (`%...`) an operand mentions, `%SP`-style frame registers included.
@@ -512,27 +496,29 @@ mod tests {
         );
     }
 
-    /// Guards against a branch missed as depending on a load (through unpacking and a
-    /// comparison), or a store taken for a use that carries the value on.
+    /// Guards against a branch missed as depending on a load (through unpacking, a
+    /// comparison and predicate logic), or credited to a value that was only stored.
     #[test]
-    fn derived_registers_reach_branch_predicates() {
+    fn conditions_reach_back_to_loads_and_parameters() {
         let f = function(
-            "ld.relaxed.sys.global.u64 %rd1, [%rd9];\n\
+            "ld.param.b32 %r7, [k_param_0+96];\n\
+             ld.relaxed.sys.global.u64 %rd1, [%rd9];\n\
              mov.b64 {_, %r1}, %rd1;\n\
              setp.eq.b32 %p1|%p2, %r1, %r7;\n\
              st.b32 [%rd8], %r1;\n\
              ld.b32 %r2, [%rd8];\n\
-             @%p1 bra $L__BB0_1;\n\
+             setp.ne.b32 %p3, %r2, 0;\n\
+             and.pred %p4, %p1, %p3;\n\
+             @!%p4 bra $L__BB0_1;\n\
              $L__BB0_1:\n\
              ret;",
         );
         let flow = Flow::new(&f);
-        let d = flow.derived_from(&[0]);
-        assert!(
-            d.contains("%r1") && d.contains("%p1") && d.contains("%p2"),
-            "{d:?}"
-        );
-        assert!(!d.contains("%r2"), "{d:?}");
+        let c = flow.condition_sources("!%p4");
+        assert_eq!(c.params.into_iter().collect::<Vec<_>>(), [word(96)]);
+        let reads: Vec<_> = c.reads.into_iter().collect();
+        assert_eq!(reads, [1, 5]);
+        assert_eq!(flow.condition_sources("%p1").reads.len(), 1);
     }
 
     #[test]
