@@ -18,6 +18,7 @@ pub mod all_reduce;
 pub mod packet_all_reduce;
 pub mod packet_exchange;
 pub mod pingpong;
+pub mod probes;
 pub mod ring_exchange;
 
 use crate::arch;
