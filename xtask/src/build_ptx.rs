@@ -96,6 +96,8 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
     }
 
     let mut failures = Vec::new();
+    // Per output: the kernels of its sources, own and inherited, for the PTX rules.
+    let mut sources: Vec<Vec<KernelFn>> = Vec::new();
     for out in &outputs {
         let own = scan_kernels(&out.pkg)?;
         let text = std::fs::read_to_string(&out.ptx)
@@ -109,12 +111,13 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
         if let Err(e) = check_entries(&module, &own, inherited) {
             failures.push(format!("{} {}: {e}", out.arch, out.lib()));
         }
+        sources.push(own.iter().chain(inherited).cloned().collect());
     }
 
     if opts.check {
         let ptxas = ptxas::ensure(&ws.target_dir)?;
         let mut rows = Vec::new();
-        for out in &outputs {
+        for (out, kernels) in outputs.iter().zip(&sources) {
             let cubin = cubin_path(&ws.target_dir, &out.arch, out.lib());
             let assembled =
                 ptxas::assemble(&ptxas, &out.arch, &out.ptx, &cubin, ptxas::RUN_TIME_LIMIT);
@@ -151,7 +154,7 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
 
             let text = std::fs::read_to_string(&out.ptx)
                 .with_context(|| format!("reading {}", out.ptx.display()))?;
-            let report = ptx_rules::check(&Module::parse(&text), ptx_rules::EXPECTATIONS);
+            let report = ptx_rules::check(&Module::parse(&text), kernels, ptx_rules::EXPECTATIONS);
             for v in &report.violations {
                 failures.push(format!("{} {}: {v}", out.arch, out.lib()));
             }

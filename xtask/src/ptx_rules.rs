@@ -10,93 +10,124 @@
 //! - `fence-sc`: no `fence.sc` (nor `membar`, its synonym): a release or acquire is meant;
 //! - `local-atomic`: no `atom` / `red` on local memory, whether through `.local` or through a
 //!   generic address computed from the stack frame (rust#146686);
-//! - `publish-scope`: a 128-bit release store (a FIFO publish) is at system scope.
+//! - `vector-release`: no release vector store: the PTX memory model orders no element of a
+//!   vector access before another, so a reader that acquires one element may miss the rest.
 //!
-//! Rules on every kernel, over the code it can execute (its body and the device functions
-//! it calls):
-//! - `publish-needs-head-add`: a kernel that publishes a trigger also claims its slot with a
-//!   device-scope (`.gpu`) add on the FIFO head;
-//! - each [`Need`] that [`EXPECTATIONS`] lists for the kernel's name is present. This is
-//!   the one place that says which kernels push, signal and wait: a `port_*` kernel that
-//!   publishes nothing fails here, instead of passing because there is nothing to check.
+//! Rules on every kernel, bound to the protocols' own accesses: each is found through the
+//! kernel's parameters (a handle's words at the byte offsets [`crate::layouts`] takes from
+//! the device crate), by data flow ([`crate::ptx_flow`]) to the address it touches, and
+//! checked for order on the control-flow graph ([`crate::ptx_cfg`]):
+//! - `fifo-publish`: every store into a FIFO's slots is half of a publish: a relaxed
+//!   system-scope 64-bit store of the first word, then, on every path, a release system-scope
+//!   64-bit store of the second word (the commit bit) at slot + 8, into the slot claimed by a
+//!   device-scope `atom.add` on the FIFO's head that every path passes first;
+//! - `signal`: a semaphore signal is a system-scope atomic add on the peer's inbound counter
+//!   (a store of a count loses concurrent signals);
+//! - `barrier-count`: as many block barriers as the kernel's source has barrier sites (see
+//!   [`crate::barrier_sites`]); more means one was duplicated (rust-lang/rust#137086).
+//!
+//! Each [`Need`] that [`EXPECTATIONS`] lists for a kernel must be present, and is found the
+//! same way (a semaphore wait is an acquire poll of an `inbound` counter, not any acquire
+//! load); an expectation that matches no kernel fails the check.
+//!
+//! The protocol accesses are looked for in the kernel's own body, where `#[inline(always)]`
+//! puts them; the device functions it calls out of line (the cold failure paths) are only
+//! under the module-wide rules, and count for `barrier-count`.
 
+use crate::kernels::KernelFn;
+use crate::layouts::{self, Field, Word};
 use crate::ptx::{Function, Instruction, Module, names_in};
+use crate::ptx_cfg::Cfg;
+use crate::ptx_flow::{Base, Flow, ParamWord, Sources, elem_bits};
 use std::collections::BTreeSet;
 use std::fmt;
 
-/// A protocol step whose instruction a kernel must contain.
+/// A protocol step a kernel must contain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Need {
-    /// Publishes a FIFO trigger: one 128-bit release store at system scope
-    /// (`st.release.sys.global.v2.u64`), read by the host proxy.
+    /// Publishes a FIFO trigger: the pair of stores of the `fifo-publish` rule.
     FifoPublish,
-    /// Claims a FIFO slot: an atomic add on the head at device scope
-    /// (`atom.relaxed.gpu.global.add.u64`); only kernel threads contend on it.
-    HeadAdd,
-    /// Waits on a semaphore: an acquire load at system scope (`ld.acquire.sys.global.u64`),
-    /// since the proxy or a peer GPU raises it.
-    AcquireWait,
-    /// Signals a peer's semaphore: a release store at system scope
-    /// (`st.release.sys.global.u64`), or a release RMW at system scope.
+    /// Waits for the proxy to execute a pushed trigger (`sync`, a flush): an acquire
+    /// system-scope poll of the FIFO's `tail` that every path reaches through a publish.
+    FifoSync,
+    /// Waits on a semaphore: an acquire system-scope 64-bit load of a semaphore's `inbound`
+    /// counter, polled (a branch of a loop around it depends on the value).
+    SemaphoreWait,
+    /// Signals a peer with release: `red.release.sys.global.add.u64` (or a release or
+    /// acq_rel `atom`) on a semaphore's `remote_inbound` counter.
     ReleaseSignal,
-    /// Writes an LL8 packet: data and flag in one 8-byte volatile or relaxed store
-    /// (`st.volatile.global.v2.u32`, or a scalar 64-bit store).
+    /// Signals a peer without ordering: a relaxed system-scope add on `remote_inbound`.
+    RelaxedSignal,
+    /// A memory channel `put`: a store into the `remote` buffer of a value loaded from the
+    /// `local` one.
+    MemoryPut,
+    /// A memory channel `get`: a store into the `local` buffer of a value loaded from the
+    /// `remote` one.
+    MemoryGet,
+    /// Writes LL8 packets: every store of the flag into a `remote` buffer is one relaxed
+    /// system-scope or volatile 8-byte store whose high word is the flag (`st.relaxed.sys`
+    /// `.global.u64`, `st.volatile.global.v2.u32`), and there is at least one.
     Ll8Store,
-    /// Writes an LL16 packet: data and flags in one 16-byte volatile or relaxed store
-    /// (`st.volatile.global.v2.u64` or `.v4.u32`).
+    /// Writes LL16 packets: as [`Need::Ll8Store`] with one 16-byte store whose two halves
+    /// each carry the flag (`st.volatile.global.v2.u64`).
     Ll16Store,
+    /// Reads LL8 packets: an 8-byte relaxed system-scope or volatile load of a `packets`
+    /// buffer, polled until its flag equals the kernel's flag.
+    Ll8Poll,
+    /// Reads LL16 packets: as [`Need::Ll8Poll`] with a 16-byte load.
+    Ll16Poll,
+    /// Publishes a block's copy: every path from a store into a `remote` buffer to a
+    /// release signal passes a block barrier, so the signalling thread's release covers
+    /// every thread's share.
+    BarrierBeforeSignal,
 }
 
 impl Need {
-    /// Whether `ins` is an instruction that satisfies this need.
-    pub fn satisfied_by(self, ins: &Instruction) -> bool {
-        match self {
-            Need::FifoPublish => is_fifo_publish(ins),
-            Need::HeadAdd => is_head_add(ins),
-            Need::AcquireWait => {
-                ins.op() == "ld"
-                    && ins.has("acquire")
-                    && ins.has("sys")
-                    && !is_vector(ins)
-                    && elem_bits(ins) == Some(64)
-                    && in_global_or_generic(ins)
-            }
-            Need::ReleaseSignal => {
-                let store = ins.op() == "st"
-                    && ins.has("release")
-                    && !is_vector(ins)
-                    && elem_bits(ins) == Some(64);
-                let rmw = matches!(ins.op(), "atom" | "red")
-                    && (ins.has("release") || ins.has("acq_rel"));
-                (store || rmw) && ins.has("sys") && in_global_or_generic(ins)
-            }
-            Need::Ll8Store => {
-                ins.op() == "st"
-                    && is_unbuffered(ins)
-                    && in_global_or_generic(ins)
-                    && matches!(
-                        (vector_width(ins), elem_bits(ins)),
-                        (1, Some(64)) | (2, Some(32))
-                    )
-            }
-            Need::Ll16Store => {
-                ins.op() == "st"
-                    && is_unbuffered(ins)
-                    && in_global_or_generic(ins)
-                    && is_128_bit(ins)
-            }
-        }
-    }
-
-    /// What the instruction looks like, for messages.
+    /// What the step looks like, for messages.
     pub fn describe(self) -> &'static str {
         match self {
-            Need::FifoPublish => "a FIFO publish (`st.release.sys.global.v2.u64`)",
-            Need::HeadAdd => "a device-scope FIFO head add (`atom.relaxed.gpu.global.add.u64`)",
-            Need::AcquireWait => "a system-scope acquire load (`ld.acquire.sys.global.u64`)",
-            Need::ReleaseSignal => "a system-scope release store (`st.release.sys.global.u64`)",
-            Need::Ll8Store => "an 8-byte packet store (`st.volatile.global.v2.u32`)",
-            Need::Ll16Store => "a 16-byte packet store (`st.volatile.global.v2.u64`)",
+            Need::FifoPublish => {
+                "a FIFO publish (`st.relaxed.sys.global.u64` [slot], then \
+                 `st.release.sys.global.u64` [slot+8], after the head's `atom.add`)"
+            }
+            Need::FifoSync => {
+                "a FIFO sync (`ld.acquire.sys.global.u64` of the FIFO's `tail` in a polling loop, \
+                 after the publish)"
+            }
+            Need::SemaphoreWait => {
+                "a semaphore wait (`ld.acquire.sys.global.u64` of a semaphore's `inbound` in a \
+                 polling loop)"
+            }
+            Need::ReleaseSignal => {
+                "a release signal (`red.release.sys.global.add.u64` on a semaphore's \
+                 `remote_inbound`)"
+            }
+            Need::RelaxedSignal => {
+                "a relaxed signal (`red.relaxed.sys.global.add.u64` on a semaphore's \
+                 `remote_inbound`)"
+            }
+            Need::MemoryPut => "a put (a store into a `remote` buffer of data loaded from `local`)",
+            Need::MemoryGet => "a get (a store into a `local` buffer of data loaded from `remote`)",
+            Need::Ll8Store => {
+                "an 8-byte packet store with the flag (`st.relaxed.sys.global.u64` or \
+                 `st.volatile.global.v2.u32` into a `remote` buffer)"
+            }
+            Need::Ll16Store => {
+                "a 16-byte packet store with a flag in each half (`st.volatile.global.v2.u64` \
+                 into a `remote` buffer)"
+            }
+            Need::Ll8Poll => {
+                "an 8-byte packet poll (`ld.relaxed.sys.global.u64` of a `packets` buffer in a \
+                 loop that compares the flag)"
+            }
+            Need::Ll16Poll => {
+                "a 16-byte packet poll (`ld.volatile.global.v2.u64` of a `packets` buffer in a \
+                 loop that compares the flag)"
+            }
+            Need::BarrierBeforeSignal => {
+                "a block barrier on every path from the data stores into a `remote` buffer to \
+                 the release signal"
+            }
         }
     }
 }
@@ -114,34 +145,134 @@ pub struct Expectation {
 /// The kernels shipped in `oxccl-device` and what each must contain. Port-channel kernels
 /// signal through the FIFO (the proxy raises the peer's semaphore), memory-channel kernels
 /// raise the peer's semaphore themselves, LL kernels signal with the flag inside each packet.
+/// The probes (`kernels::probes`) hold one primitive each.
 pub const EXPECTATIONS: &[Expectation] = &[
-    // port_ring_exchange, port_pingpong, and any later PortChannel kernel.
+    // port_ring_exchange, port_pingpong: they end with a flush.
     Expectation {
         kernels: "port_*",
-        needs: &[Need::FifoPublish, Need::HeadAdd, Need::AcquireWait],
+        needs: &[Need::FifoPublish, Need::FifoSync, Need::SemaphoreWait],
     },
-    // memory_ring_exchange, memory_pingpong.
+    // Threads of the block copy, thread 0 signals.
+    Expectation {
+        kernels: "memory_ring_exchange",
+        needs: &[
+            Need::MemoryPut,
+            Need::ReleaseSignal,
+            Need::SemaphoreWait,
+            Need::BarrierBeforeSignal,
+        ],
+    },
+    // memory_pingpong: one thread writes, then signals.
     Expectation {
         kernels: "memory_*",
-        needs: &[Need::ReleaseSignal, Need::AcquireWait],
+        needs: &[Need::ReleaseSignal, Need::SemaphoreWait],
     },
     // ring_all_reduce_sum_f32 and its siblings: collectives over memory channels.
     Expectation {
         kernels: "ring_all_reduce_*",
-        needs: &[Need::ReleaseSignal, Need::AcquireWait],
+        needs: &[
+            Need::MemoryPut,
+            Need::ReleaseSignal,
+            Need::SemaphoreWait,
+            Need::BarrierBeforeSignal,
+        ],
     },
     Expectation {
         kernels: "ll8_*",
-        needs: &[Need::Ll8Store],
+        needs: &[Need::Ll8Store, Need::Ll8Poll],
     },
     Expectation {
         kernels: "ll16_*",
-        needs: &[Need::Ll16Store],
+        needs: &[Need::Ll16Store, Need::Ll16Poll],
     },
     // packet_all_reduce_sum_f32: every value travels as an LL16 packet.
     Expectation {
         kernels: "packet_all_reduce_*",
+        needs: &[Need::Ll16Store, Need::Ll16Poll],
+    },
+    Expectation {
+        kernels: "probe_fifo_push",
+        needs: &[Need::FifoPublish],
+    },
+    Expectation {
+        kernels: "probe_fifo_push_sync",
+        needs: &[Need::FifoPublish, Need::FifoSync],
+    },
+    Expectation {
+        kernels: "probe_port_put",
+        needs: &[Need::FifoPublish],
+    },
+    Expectation {
+        kernels: "probe_port_signal",
+        needs: &[Need::FifoPublish],
+    },
+    Expectation {
+        kernels: "probe_port_put_with_signal",
+        needs: &[Need::FifoPublish],
+    },
+    Expectation {
+        kernels: "probe_port_put_with_signal_and_flush",
+        needs: &[Need::FifoPublish, Need::FifoSync],
+    },
+    Expectation {
+        kernels: "probe_port_flush",
+        needs: &[Need::FifoPublish, Need::FifoSync],
+    },
+    Expectation {
+        kernels: "probe_port_wait",
+        needs: &[Need::SemaphoreWait],
+    },
+    Expectation {
+        kernels: "probe_semaphore_wait",
+        needs: &[Need::SemaphoreWait],
+    },
+    Expectation {
+        kernels: "probe_memory_put",
+        needs: &[Need::MemoryPut],
+    },
+    Expectation {
+        kernels: "probe_memory_get",
+        needs: &[Need::MemoryGet],
+    },
+    Expectation {
+        kernels: "probe_memory_signal",
+        needs: &[Need::ReleaseSignal],
+    },
+    Expectation {
+        kernels: "probe_memory_relaxed_signal",
+        needs: &[Need::RelaxedSignal],
+    },
+    Expectation {
+        kernels: "probe_memory_wait",
+        needs: &[Need::SemaphoreWait],
+    },
+    Expectation {
+        kernels: "probe_ll8_put_packets",
+        needs: &[Need::Ll8Store],
+    },
+    Expectation {
+        kernels: "probe_ll8_unpack_packets",
+        needs: &[Need::Ll8Poll],
+    },
+    Expectation {
+        kernels: "probe_ll8_read",
+        needs: &[Need::Ll8Poll],
+    },
+    Expectation {
+        kernels: "probe_ll16_put_packets",
         needs: &[Need::Ll16Store],
+    },
+    Expectation {
+        kernels: "probe_ll16_unpack_packets",
+        needs: &[Need::Ll16Poll],
+    },
+    Expectation {
+        kernels: "probe_ll16_write",
+        needs: &[Need::Ll16Store],
+    },
+    Expectation {
+        kernels: "probe_ll16_read",
+        needs: &[Need::Ll16Poll],
     },
 ];
 
@@ -173,36 +304,45 @@ impl fmt::Display for Violation {
 pub struct Report {
     /// Broken rules; empty if the module passes.
     pub violations: Vec<Violation>,
-    /// Informational lines, e.g. expectations that matched no kernel yet.
+    /// Informational lines, e.g. kernels that no expectation names.
     pub notes: Vec<String>,
 }
 
-/// Checks `module` against the module-wide rules and `expectations`.
-pub fn check(module: &Module, expectations: &[Expectation]) -> Report {
+/// Checks `module` against the module-wide rules, the kernel rules and `expectations`.
+/// `kernels` are the kernels of its sources (their parameters and barrier sites); a kernel
+/// of the module that is not among them has no protocol words, so none of its needs can be
+/// found.
+pub fn check(module: &Module, kernels: &[KernelFn], expectations: &[Expectation]) -> Report {
     let mut report = Report::default();
     for f in &module.functions {
         check_function(f, &mut report.violations);
     }
     for entry in module.entries() {
-        check_entry(module, entry, expectations, &mut report.violations);
-    }
-    for k in module.entries() {
-        if !expectations
+        let source = kernels.iter().find(|k| k.name == entry.name);
+        let k = Kernel::new(module, entry, source);
+        let exp = expectations
             .iter()
-            .any(|e| name_matches(e.kernels, &k.name))
-        {
+            .find(|e| name_matches(e.kernels, &entry.name));
+        k.check(exp, &mut report.violations);
+        if exp.is_none() {
             report.notes.push(format!(
-                "kernel `{}` matches no line of EXPECTATIONS: only the module-wide rules apply",
-                k.name
+                "kernel `{}` matches no line of EXPECTATIONS: only the rules on every kernel apply",
+                entry.name
             ));
         }
     }
     for e in expectations {
         if !module.entries().any(|k| name_matches(e.kernels, &k.name)) {
-            report.notes.push(format!(
-                "no kernel matches `{}` yet: its required steps are not checked",
-                e.kernels
-            ));
+            report.violations.push(Violation {
+                rule: "unmatched-expectation",
+                function: e.kernels.to_string(),
+                line: 0,
+                message: format!(
+                    "no kernel matches `{}`: a renamed or removed kernel would go unchecked; \
+                     update EXPECTATIONS",
+                    e.kernels
+                ),
+            });
         }
     }
     report
@@ -255,12 +395,14 @@ fn check_function(f: &Function, out: &mut Vec<Violation>) {
                 );
             }
         }
-        if ins.op() == "st" && ins.has("release") && is_128_bit(ins) && !ins.has("sys") {
+        if ins.op() == "st" && ins.has("release") && is_vector(ins) {
             flag(
-                "publish-scope",
+                "vector-release",
                 format!(
-                    "`{}` publishes 128 bits below system scope: the host proxy is not ordered \
-                     by it; a FIFO publish is `st.release.sys.global.v2.u64`",
+                    "`{}` is a release vector store: the PTX memory model orders no element of \
+                     a vector access before another, so a reader that acquires one element may \
+                     not see the others; store the other words relaxed, then the word the \
+                     reader acquires with release (`arch::atomic::publish_pair`)",
                     ins.text()
                 ),
             );
@@ -268,48 +410,759 @@ fn check_function(f: &Function, out: &mut Vec<Violation>) {
     }
 }
 
-fn check_entry(module: &Module, entry: &Function, exp: &[Expectation], out: &mut Vec<Violation>) {
-    let reach = module.reachable_from(entry);
-    let all = || reach.iter().flat_map(|f| f.instructions.iter());
-    let has = |need: Need| all().any(|i| need.satisfied_by(i));
+/// A kernel under check: its body's control flow and data flow, and where its parameters'
+/// protocol words are.
+struct Kernel<'m> {
+    module: &'m Module,
+    f: &'m Function,
+    source: Option<&'m KernelFn>,
+    cfg: Cfg,
+    flow: Flow<'m>,
+    /// Protocol words of parameter `i`.
+    words: Vec<Vec<Word>>,
+}
 
-    if has(Need::FifoPublish) && !has(Need::HeadAdd) {
-        let other_scope: Vec<String> = all()
-            .filter(|i| i.op() == "atom" && i.has("add") && elem_bits(i) == Some(64))
-            .map(|i| format!("`{}` (line {})", i.text(), i.line))
-            .collect();
-        let found = if other_scope.is_empty() {
-            String::new()
-        } else {
-            format!("; found only {}", other_scope.join(", "))
-        };
-        out.push(Violation {
-            rule: "publish-needs-head-add",
-            function: entry.name.clone(),
-            line: entry.line,
-            message: format!(
-                "publishes a FIFO trigger but claims no slot with {}{found}",
-                Need::HeadAdd.describe()
-            ),
-        });
+/// What the search for one protocol step found: the accesses that fit it, violations of
+/// the rule that governs it, and near misses to explain an absence.
+#[derive(Default)]
+struct Found {
+    fits: Vec<usize>,
+    violations: Vec<Violation>,
+    near: Vec<String>,
+}
+
+impl<'m> Kernel<'m> {
+    fn new(module: &'m Module, f: &'m Function, source: Option<&'m KernelFn>) -> Kernel<'m> {
+        let words = source
+            .map(|k| {
+                k.params
+                    .iter()
+                    .map(|p| layouts::param_words(&p.name, &p.ty))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Kernel {
+            module,
+            f,
+            source,
+            cfg: Cfg::new(f),
+            flow: Flow::new(f),
+            words,
+        }
     }
 
-    if let Some(e) = exp.iter().find(|e| name_matches(e.kernels, &entry.name)) {
-        for &need in e.needs {
-            if !has(need) {
+    fn ins(&self, i: usize) -> &'m Instruction {
+        &self.f.instructions[i]
+    }
+
+    /// Statements that are instructions, with their indices.
+    fn instructions(&self) -> impl Iterator<Item = (usize, &'m Instruction)> + 'm {
+        self.f
+            .instructions
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| !i.is_directive())
+    }
+
+    /// The protocol word parameter word `w` is, if any.
+    fn word(&self, w: &ParamWord) -> Option<&Word> {
+        let prefix = format!("{}_param_", self.f.name);
+        let i: usize = w.param.strip_prefix(&prefix)?.parse().ok()?;
+        self.words.get(i)?.iter().find(|x| x.offset == w.offset)
+    }
+
+    /// The fields an address operand is computed from (a pointer from a handle, plus any
+    /// offsets): `RemoteBuffer` for `[remote + i * 16]`.
+    fn fields_at(&self, operand: &str) -> BTreeSet<Field> {
+        self.flow
+            .address_origins(operand)
+            .iter()
+            .filter_map(|w| self.word(w).map(|x| x.field))
+            .collect()
+    }
+
+    /// The cell an address operand is exactly (the pointer held by one kind of protocol
+    /// word, at offset 0), and where that word is.
+    fn cell_at(&self, operand: &str) -> Option<(Field, String)> {
+        let mut cell: Option<(Field, String)> = None;
+        for (base, off) in self.flow.pointer(operand) {
+            let (Base::Param(w), 0) = (base, off) else {
+                return None;
+            };
+            let word = self.word(&w)?;
+            match &cell {
+                Some((f, _)) if *f != word.field => return None,
+                Some(_) => {}
+                None => cell = Some((word.field, word.path.clone())),
+            }
+        }
+        cell
+    }
+
+    /// The flag words of the kernel's parameters.
+    fn flags(&self) -> Vec<ParamWord> {
+        let mut out = Vec::new();
+        for (i, words) in self.words.iter().enumerate() {
+            for w in words.iter().filter(|w| w.field == Field::Flag) {
+                out.push(ParamWord {
+                    param: format!("{}_param_{i}", self.f.name),
+                    offset: w.offset,
+                });
+            }
+        }
+        out
+    }
+
+    /// Whether load `i` is polled: a conditional branch on a cycle through the load's block
+    /// depends on the loaded value (and, with `flags`, compares it with one of them).
+    fn polled(&self, i: usize, flags: Option<&[ParamWord]>) -> bool {
+        let at = self.cfg.block_of(i);
+        self.instructions().any(|(j, b)| {
+            let Some(guard) = (b.op() == "bra").then_some(b.guard.as_deref()).flatten() else {
+                return false;
+            };
+            if !self.cfg.same_cycle(at, self.cfg.block_of(j)) {
+                return false;
+            }
+            let cond = self.flow.condition_sources(guard);
+            cond.reads.contains(&i)
+                && flags.is_none_or(|f| f.iter().any(|w| cond.params.contains(w)))
+        })
+    }
+
+    fn violation(&self, rule: &'static str, i: usize, message: String) -> Violation {
+        Violation {
+            rule,
+            function: self.f.name.clone(),
+            line: self.ins(i).line,
+            message,
+        }
+    }
+
+    fn check(&self, exp: Option<&Expectation>, out: &mut Vec<Violation>) {
+        let publish = self.fifo_publishes();
+        let signals = self.signals();
+        out.extend(publish.violations.iter().cloned());
+        out.extend(signals.violations.iter().cloned());
+        self.barrier_count(out);
+        let Some(exp) = exp else {
+            return;
+        };
+        for &need in exp.needs {
+            let found = match need {
+                Need::FifoPublish => Found {
+                    fits: publish.fits.clone(),
+                    near: publish.near.clone(),
+                    ..Found::default()
+                },
+                Need::FifoSync => self.fifo_sync(&publish.fits),
+                Need::SemaphoreWait => self.acquire_polls(Field::SemaphoreInbound, "inbound"),
+                Need::ReleaseSignal | Need::RelaxedSignal => {
+                    self.signal_kind(need == Need::ReleaseSignal)
+                }
+                Need::MemoryPut => self.copies(Field::RemoteBuffer, Field::LocalBuffer),
+                Need::MemoryGet => self.copies(Field::LocalBuffer, Field::RemoteBuffer),
+                Need::Ll8Store => self.packet_stores(Packet::Ll8),
+                Need::Ll16Store => self.packet_stores(Packet::Ll16),
+                Need::Ll8Poll => self.packet_polls(Packet::Ll8),
+                Need::Ll16Poll => self.packet_polls(Packet::Ll16),
+                Need::BarrierBeforeSignal => self.barrier_before_signal(),
+            };
+            out.extend(found.violations);
+            if found.fits.is_empty() {
+                let why = if self.source.is_none() {
+                    " (no `#[kernel]` source describes its parameters)".to_string()
+                } else if found.near.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", found.near.join("; "))
+                };
                 out.push(Violation {
                     rule: "expected-step",
-                    function: entry.name.clone(),
-                    line: entry.line,
+                    function: self.f.name.clone(),
+                    line: self.f.line,
                     message: format!(
-                        "kernels matching `{}` must contain {}, and this one does not",
-                        e.kernels,
+                        "kernels matching `{}` must contain {}, and this one does not{why}",
+                        exp.kernels,
                         need.describe()
                     ),
                 });
             }
         }
     }
+
+    /// The `fifo-publish` rule: every store into a FIFO's slots; `fits` are the release
+    /// stores of well-formed publishes.
+    fn fifo_publishes(&self) -> Found {
+        let mut found = Found::default();
+        let slot_stores: Vec<usize> = self
+            .instructions()
+            .filter(|(_, ins)| ins.op() == "st" && in_global_or_generic(ins))
+            .filter(|(_, ins)| {
+                self.fields_at(&ins.operands[0])
+                    .contains(&Field::FifoTriggers)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let head_rmws: Vec<usize> = self
+            .instructions()
+            .filter(|(_, ins)| matches!(ins.op(), "atom" | "red") && ins.has("add"))
+            .filter(|(_, ins)| {
+                let address = ins.operands.iter().find(|o| o.starts_with('['));
+                address.and_then(|a| self.cell_at(a)).map(|c| c.0) == Some(Field::FifoHead)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let head_adds: Vec<usize> = head_rmws
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let ins = self.ins(i);
+                ins.op() == "atom" && !ins.has("sys") && !ins.has("cta")
+            })
+            .collect();
+        for &i in head_rmws.iter().filter(|i| !head_adds.contains(i)) {
+            found.violations.push(self.violation(
+                "fifo-publish",
+                i,
+                format!(
+                    "`{}` claims a FIFO slot outside device scope; only kernel threads contend \
+                     on the head, so claim it with `atom.relaxed.gpu.global.add.u64` (a \
+                     system-scope RMW costs every push a round trip to the host's coherence)",
+                    self.ins(i).text()
+                ),
+            ));
+        }
+        let word = |i: usize, order: &str| {
+            let ins = self.ins(i);
+            ins.has(order) && ins.has("sys") && !is_vector(ins) && elem_bits(ins) == Some(64)
+        };
+        let at = |i: usize, shift: i64| -> BTreeSet<(Base, i64)> {
+            self.flow
+                .pointer(&self.ins(i).operands[0])
+                .into_iter()
+                .map(|(b, o)| (b, o + shift))
+                .collect()
+        };
+        let seconds: Vec<usize> = slot_stores
+            .iter()
+            .copied()
+            .filter(|&i| word(i, "release"))
+            .collect();
+        let firsts: Vec<usize> = slot_stores
+            .iter()
+            .copied()
+            .filter(|&i| word(i, "relaxed"))
+            .collect();
+        for &i in &slot_stores {
+            let text = self.ins(i).text();
+            if seconds.contains(&i) {
+                let own: Vec<usize> = firsts
+                    .iter()
+                    .copied()
+                    .filter(|&j| at(j, 8) == at(i, 0))
+                    .collect();
+                if own.is_empty() {
+                    found.violations.push(self.violation(
+                        "fifo-publish",
+                        i,
+                        format!(
+                            "`{text}` releases a FIFO slot's second word, but no relaxed \
+                             store of its first word at slot+8 - 8 exists: a publish is \
+                             `st.relaxed.sys.global.u64` [slot], then \
+                             `st.release.sys.global.u64` [slot+8]"
+                        ),
+                    ));
+                } else if self.cfg.path_avoiding(None, i, |x| own.contains(&x)) {
+                    found.violations.push(self.violation(
+                        "fifo-publish",
+                        i,
+                        format!(
+                            "a path reaches `{text}` (the commit word) without storing the \
+                             first word before it: the proxy may take the slot and read a \
+                             stale first word"
+                        ),
+                    ));
+                } else {
+                    found.fits.push(i);
+                }
+            } else if firsts.contains(&i) {
+                let problem = if !seconds.iter().any(|&j| at(i, 8) == at(j, 0)) {
+                    Some(format!(
+                        "`{text}` stores a FIFO slot's first word, but no release store of the \
+                         second word follows at slot+8: the trigger is never committed"
+                    ))
+                } else if head_adds.is_empty() {
+                    Some(format!(
+                        "`{text}` publishes into a FIFO slot, but the kernel never claims one \
+                         with a device-scope `atom.add` on the FIFO's head"
+                    ))
+                } else if self.cfg.path_avoiding(None, i, |x| head_adds.contains(&x)) {
+                    Some(format!(
+                        "a path reaches `{text}` without claiming the slot first (an \
+                         `atom.add` on the FIFO's head)"
+                    ))
+                } else if !self
+                    .flow
+                    .operand_sources(&self.ins(i).operands[0])
+                    .reads
+                    .iter()
+                    .any(|r| head_adds.contains(r))
+                {
+                    Some(format!(
+                        "`{text}` writes a slot whose address is not computed from the claimed \
+                         position (the head add's result): another pusher may own it"
+                    ))
+                } else {
+                    None
+                };
+                if let Some(p) = problem {
+                    found.violations.push(self.violation("fifo-publish", i, p));
+                }
+            } else {
+                let why = if is_vector(self.ins(i)) {
+                    "a vector store's elements are unordered in the PTX memory model, so the \
+                     proxy may see the commit bit before the first word"
+                } else {
+                    "the host proxy is ordered only by system-scope stores"
+                };
+                found.violations.push(self.violation(
+                    "fifo-publish",
+                    i,
+                    format!(
+                        "`{text}` writes a FIFO slot, but a publish is a relaxed system-scope \
+                         store of the first word, then a release system-scope store of the \
+                         second word at slot+8 (`arch::atomic::publish_pair`): {why}"
+                    ),
+                ));
+            }
+        }
+        if slot_stores.is_empty() {
+            found
+                .near
+                .push("nothing stores into a FIFO's `triggers`".to_string());
+        }
+        // A publish with a broken half fits nothing.
+        if found.violations.iter().any(|v| v.rule == "fifo-publish") {
+            found.fits.clear();
+            found
+                .near
+                .push("its publish breaks the `fifo-publish` rule".into());
+        }
+        found
+    }
+
+    /// `FifoSync`: acquire polls of the tail that every path reaches through a publish.
+    fn fifo_sync(&self, publishes: &[usize]) -> Found {
+        let mut polls = self.acquire_polls(Field::FifoTail, "tail");
+        let (after, before): (Vec<usize>, Vec<usize>) = polls
+            .fits
+            .iter()
+            .partition(|&&i| !self.cfg.path_avoiding(None, i, |x| publishes.contains(&x)));
+        for i in before {
+            polls.near.push(format!(
+                "the poll of the `tail` at line {} can run before any publish (a push's wait \
+                 for room, not a sync)",
+                self.ins(i).line
+            ));
+        }
+        polls.fits = after;
+        polls
+    }
+
+    /// Acquire polls of the cell of kind `field` (named `name` in messages).
+    fn acquire_polls(&self, field: Field, name: &str) -> Found {
+        let mut found = Found::default();
+        for (i, ins) in self.instructions().filter(|(_, i)| i.op() == "ld") {
+            let Some((f, path)) = ins.operands.get(1).and_then(|a| self.cell_at(a)) else {
+                continue;
+            };
+            if f != field {
+                continue;
+            }
+            let shape = ins.has("acquire")
+                && ins.has("sys")
+                && !is_vector(ins)
+                && elem_bits(ins) == Some(64)
+                && in_global_or_generic(ins);
+            if !shape {
+                found.near.push(format!(
+                    "`{}` (line {}) reads `{path}` but is not an acquire at system scope",
+                    ins.text(),
+                    ins.line
+                ));
+            } else if !self.polled(i, None) {
+                found.near.push(format!(
+                    "`{}` (line {}) reads `{path}` but is not polled: no branch of a loop around \
+                     it depends on its value",
+                    ins.text(),
+                    ins.line
+                ));
+            } else {
+                found.fits.push(i);
+            }
+        }
+        if found.fits.is_empty() && found.near.is_empty() {
+            found.near.push(format!("no load of a `{name}` counter"));
+        }
+        found
+    }
+
+    /// The `signal` rule: every access to a `remote_inbound` counter. `fits` are unused.
+    fn signals(&self) -> Found {
+        let mut found = Found::default();
+        for (i, ins) in self.instructions() {
+            let address = ins.operands.iter().find(|o| o.starts_with('['));
+            let Some((Field::SemaphoreRemoteInbound, path)) = address.and_then(|a| self.cell_at(a))
+            else {
+                continue;
+            };
+            let message = match ins.op() {
+                "st" => format!(
+                    "`{}` stores into `{path}`: a signal must be an atomic add (`red.add`), since \
+                     a stored count moves backwards under concurrent signallers",
+                    ins.text()
+                ),
+                "red" | "atom" if !ins.has("sys") => format!(
+                    "`{}` signals `{path}` below system scope: the peer's wait is not ordered \
+                     by it",
+                    ins.text()
+                ),
+                _ => continue,
+            };
+            found.violations.push(self.violation("signal", i, message));
+        }
+        found
+    }
+
+    /// Release (or relaxed) system-scope adds on a `remote_inbound` counter.
+    fn signal_kind(&self, release: bool) -> Found {
+        let mut found = Found::default();
+        for (i, ins) in self.instructions() {
+            if !matches!(ins.op(), "red" | "atom") || !ins.has("add") || elem_bits(ins) != Some(64)
+            {
+                continue;
+            }
+            let address = ins.operands.iter().find(|o| o.starts_with('['));
+            let cell = address.and_then(|a| self.cell_at(a));
+            let is_release = ins.has("release") || ins.has("acq_rel");
+            match cell {
+                Some((Field::SemaphoreRemoteInbound, path)) if ins.has("sys") => {
+                    if is_release == release {
+                        found.fits.push(i);
+                    } else {
+                        found.near.push(format!(
+                            "`{}` (line {}) adds to `{path}` {}",
+                            ins.text(),
+                            ins.line,
+                            if release {
+                                "without release"
+                            } else {
+                                "with release"
+                            }
+                        ));
+                    }
+                }
+                Some((_, path)) => found.near.push(format!(
+                    "`{}` (line {}) adds to `{path}`, not to a semaphore's `remote_inbound`",
+                    ins.text(),
+                    ins.line
+                )),
+                None => {}
+            }
+        }
+        if found.fits.is_empty() && found.near.is_empty() {
+            found
+                .near
+                .push("no add on a semaphore's `remote_inbound`".into());
+        }
+        found
+    }
+
+    /// Stores into a buffer of kind `dst` of values loaded from a buffer of kind `src`.
+    fn copies(&self, dst: Field, src: Field) -> Found {
+        let mut found = Found::default();
+        let name = |f: Field| {
+            if f == Field::RemoteBuffer {
+                "remote"
+            } else {
+                "local"
+            }
+        };
+        for (i, ins) in self.instructions().filter(|(_, i)| i.op() == "st") {
+            if !self.fields_at(&ins.operands[0]).contains(&dst) {
+                continue;
+            }
+            let from_src = ins.operands[1..].iter().any(|v| {
+                self.flow.operand_sources(v).reads.iter().any(|&r| {
+                    let load = self.ins(r);
+                    load.op() == "ld"
+                        && load
+                            .operands
+                            .get(1)
+                            .is_some_and(|a| self.fields_at(a).contains(&src))
+                })
+            });
+            if from_src {
+                found.fits.push(i);
+            }
+        }
+        if found.fits.is_empty() {
+            found.near.push(format!(
+                "no store into a `{}` buffer of data loaded from a `{}` one",
+                name(dst),
+                name(src)
+            ));
+        }
+        found
+    }
+
+    /// Packet stores: stores of a flag into a `remote` buffer, each of the packet's shape.
+    fn packet_stores(&self, packet: Packet) -> Found {
+        let mut found = Found::default();
+        let flags = self.flags();
+        if flags.is_empty() {
+            found
+                .near
+                .push("the kernel has no `flag` parameter to find its packets by".into());
+            return found;
+        }
+        let carries_flag = |operand: &str| {
+            let s: Sources = self.flow.operand_sources(operand);
+            flags.iter().any(|w| s.params.contains(w))
+        };
+        for (i, ins) in self.instructions().filter(|(_, i)| i.op() == "st") {
+            if !self
+                .fields_at(&ins.operands[0])
+                .contains(&Field::RemoteBuffer)
+            {
+                continue;
+            }
+            let values: Vec<&str> = ins.operands[1..]
+                .iter()
+                .flat_map(|v| vector_elements(v))
+                .collect();
+            if !values.iter().any(|v| carries_flag(v)) {
+                continue;
+            }
+            let flagged = |at: &[usize]| {
+                at.iter()
+                    .all(|&e| values.get(e).is_some_and(|v| carries_flag(v)))
+            };
+            let bits = elem_bits(ins);
+            let shape = is_unbuffered_store(ins)
+                && in_global_or_generic(ins)
+                && match (packet, vector_width(ins), bits) {
+                    (Packet::Ll8, 1, Some(64)) => flagged(&[0]),
+                    (Packet::Ll8, 2, Some(32)) => flagged(&[1]),
+                    (Packet::Ll16, 2, Some(64)) => flagged(&[0, 1]),
+                    (Packet::Ll16, 4, Some(32)) => flagged(&[1, 3]),
+                    _ => false,
+                };
+            if shape {
+                found.fits.push(i);
+            } else {
+                found.violations.push(self.violation(
+                    packet.store_rule(),
+                    i,
+                    format!(
+                        "`{}` stores the packet flag, but {}: the reader must see data and flag \
+                         arrive together",
+                        ins.text(),
+                        packet.store_shape()
+                    ),
+                ));
+            }
+        }
+        if found.fits.is_empty() {
+            found.near.push(format!(
+                "no {} store of the flag into a `remote` buffer",
+                packet.bytes()
+            ));
+        }
+        found
+    }
+
+    /// Packet polls: loads of a `packets` buffer of the packet's size, polled against the
+    /// flag.
+    fn packet_polls(&self, packet: Packet) -> Found {
+        let mut found = Found::default();
+        let flags = self.flags();
+        for (i, ins) in self.instructions().filter(|(_, i)| i.op() == "ld") {
+            let Some(address) = ins.operands.get(1) else {
+                continue;
+            };
+            if !self.fields_at(address).contains(&Field::PacketBuffer) {
+                continue;
+            }
+            let size = match (vector_width(ins), elem_bits(ins)) {
+                (1, Some(64)) | (2, Some(32)) => Packet::Ll8,
+                (2, Some(64)) | (4, Some(32)) => Packet::Ll16,
+                _ => continue,
+            };
+            let unbuffered = ins.has("volatile")
+                || ((ins.has("relaxed") || ins.has("acquire")) && ins.has("sys"));
+            if size != packet || !unbuffered || !in_global_or_generic(ins) {
+                found.near.push(format!(
+                    "`{}` (line {}) reads a packet but is not {}",
+                    ins.text(),
+                    ins.line,
+                    packet.load_shape()
+                ));
+            } else if !self.polled(i, None) {
+                found.near.push(format!(
+                    "`{}` (line {}) reads a packet but is not polled",
+                    ins.text(),
+                    ins.line
+                ));
+            } else if !self.polled(i, Some(&flags)) {
+                found.near.push(format!(
+                    "`{}` (line {}) is polled, but the loop never compares it with the flag",
+                    ins.text(),
+                    ins.line
+                ));
+            } else {
+                found.fits.push(i);
+            }
+        }
+        if found.fits.is_empty() && found.near.is_empty() {
+            found.near.push("no load of a `packets` buffer".into());
+        }
+        found
+    }
+
+    /// `BarrierBeforeSignal`: every path from a store into a `remote` buffer to a release
+    /// signal passes a block barrier.
+    fn barrier_before_signal(&self) -> Found {
+        let mut found = Found::default();
+        let stores: Vec<usize> = self
+            .instructions()
+            .filter(|(_, i)| i.op() == "st" && in_global_or_generic(i))
+            .filter(|(_, i)| {
+                self.fields_at(&i.operands[0])
+                    .contains(&Field::RemoteBuffer)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let signals = self.signal_kind(true).fits;
+        if stores.is_empty() {
+            found
+                .near
+                .push("no data store into a `remote` buffer to order".into());
+        }
+        if signals.is_empty() {
+            found
+                .near
+                .push("no release signal to order it before".into());
+        }
+        for &s in &stores {
+            for &r in &signals {
+                if self
+                    .cfg
+                    .path_avoiding(Some(s), r, |i| is_block_barrier(self.ins(i)))
+                {
+                    found.violations.push(self.violation(
+                        "barrier-before-signal",
+                        r,
+                        format!(
+                            "a path runs from the data store `{}` (line {}) to the signal `{}` \
+                             without a block barrier: the signalling thread's release does not \
+                             cover the other threads' shares of the put; call \
+                             `arch::sync_threads` between them",
+                            self.ins(s).text(),
+                            self.ins(s).line,
+                            self.ins(r).text()
+                        ),
+                    ));
+                }
+            }
+        }
+        if !stores.is_empty() && !signals.is_empty() && found.violations.is_empty() {
+            found.fits = signals;
+        }
+        found
+    }
+
+    /// The `barrier-count` rule.
+    fn barrier_count(&self, out: &mut Vec<Violation>) {
+        let Some(source) = self.source else {
+            return;
+        };
+        let ptx: usize = self
+            .module
+            .reachable_from(self.f)
+            .iter()
+            .flat_map(|f| f.instructions.iter())
+            .filter(|i| is_block_barrier(i))
+            .count();
+        if ptx != source.barrier_sites {
+            out.push(Violation {
+                rule: "barrier-count",
+                function: self.f.name.clone(),
+                line: self.f.line,
+                message: format!(
+                    "the PTX has {ptx} block barriers, the source {} barrier sites \
+                     (`sync_threads`, `sync_threads_or` and helpers holding them): a barrier was \
+                     duplicated into the arms of a branch (MIR jump threading, \
+                     rust-lang/rust#137086), so threads of a block may wait at different \
+                     barriers, or one was lost",
+                    source.barrier_sites
+                ),
+            });
+        }
+    }
+}
+
+/// The two LL packet formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Packet {
+    Ll8,
+    Ll16,
+}
+
+impl Packet {
+    fn store_rule(self) -> &'static str {
+        match self {
+            Packet::Ll8 => "ll8-store",
+            Packet::Ll16 => "ll16-store",
+        }
+    }
+
+    fn bytes(self) -> &'static str {
+        match self {
+            Packet::Ll8 => "8-byte",
+            Packet::Ll16 => "16-byte",
+        }
+    }
+
+    fn store_shape(self) -> &'static str {
+        match self {
+            Packet::Ll8 => {
+                "an LL8 packet is one relaxed system-scope or volatile 8-byte store with the \
+                 flag in its high word (`st.relaxed.sys.global.u64`, `st.volatile.global.v2.u32`)"
+            }
+            Packet::Ll16 => {
+                "an LL16 packet is one volatile 16-byte store with the flag in each 8-byte half \
+                 (`st.volatile.global.v2.u64`)"
+            }
+        }
+    }
+
+    fn load_shape(self) -> &'static str {
+        match self {
+            Packet::Ll8 => "one relaxed system-scope or volatile 8-byte load",
+            Packet::Ll16 => "one volatile 16-byte load",
+        }
+    }
+}
+
+/// Whether `ins` is a block-wide barrier that waits (`bar.sync`, `bar.red`, `barrier.sync`,
+/// `barrier.cta.red`, ...), not a warp barrier nor an arrive.
+fn is_block_barrier(ins: &Instruction) -> bool {
+    matches!(ins.op(), "bar" | "barrier")
+        && !ins.has("warp")
+        && !ins.has("arrive")
+        && (ins.has("sync") || ins.has("red") || ins.opcode == "bar" || ins.opcode == "barrier")
 }
 
 /// Registers of `f` that hold an address into its own stack frame: seeded by `%SP`, `%SPL`,
@@ -341,26 +1194,15 @@ fn stack_derived(f: &Function) -> BTreeSet<String> {
     }
 }
 
-fn is_fifo_publish(ins: &Instruction) -> bool {
-    ins.op() == "st"
-        && ins.has("release")
-        && ins.has("sys")
-        && is_128_bit(ins)
-        && in_global_or_generic(ins)
-}
-
-fn is_head_add(ins: &Instruction) -> bool {
-    ins.op() == "atom" && ins.has("gpu") && ins.has("add") && elem_bits(ins) == Some(64)
-}
-
-/// Element width in bits, from the type modifier (`u64`, `b32`, `f16`, ...).
-fn elem_bits(ins: &Instruction) -> Option<u32> {
-    ins.opcode.rsplit('.').find_map(|m| {
-        let (kind, bits) = m.split_at(1.min(m.len()));
-        matches!(kind, "u" | "s" | "b" | "f")
-            .then(|| bits.parse().ok())
-            .flatten()
-    })
+/// The elements of a vector operand (`{%rd1, %rd2}`), or the operand itself.
+fn vector_elements(operand: &str) -> Vec<&str> {
+    operand
+        .trim()
+        .trim_start_matches('{')
+        .trim_end_matches('}')
+        .split(',')
+        .map(str::trim)
+        .collect()
 }
 
 fn vector_width(ins: &Instruction) -> u32 {
@@ -379,10 +1221,6 @@ fn is_vector(ins: &Instruction) -> bool {
     vector_width(ins) > 1
 }
 
-fn is_128_bit(ins: &Instruction) -> bool {
-    elem_bits(ins).is_some_and(|b| b * vector_width(ins) == 128)
-}
-
 fn in_global_or_generic(ins: &Instruction) -> bool {
     !["local", "shared", "param", "const"]
         .iter()
@@ -390,161 +1228,570 @@ fn in_global_or_generic(ins: &Instruction) -> bool {
         && !ins.opcode.contains(".shared::")
 }
 
-/// Volatile, relaxed or release: a store the hardware makes visible as one access.
-fn is_unbuffered(ins: &Instruction) -> bool {
-    ins.has("volatile") || ins.has("relaxed") || ins.has("release")
+/// A store the hardware makes visible to other agents as one access, at system scope:
+/// volatile (relaxed at system scope from sm_70 on), or relaxed or stronger at `.sys`.
+fn is_unbuffered_store(ins: &Instruction) -> bool {
+    ins.has("volatile") || ((ins.has("relaxed") || ins.has("release")) && ins.has("sys"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::KernelParam;
 
+    /// A kernel as its source describes it: parameters `(name, type)` and barrier sites.
+    fn source(name: &str, params: &[(&str, &str)], barrier_sites: usize) -> KernelFn {
+        KernelFn {
+            name: name.into(),
+            params: params
+                .iter()
+                .map(|(n, t)| KernelParam {
+                    name: n.to_string(),
+                    ty: t.to_string(),
+                })
+                .collect(),
+            barrier_sites,
+            ..Default::default()
+        }
+    }
+
+    /// A module of kernels `(name, body)`; `K_` in a body stands for the kernel's name, so
+    /// `[K_param_0+80]` reads word 80 of its first parameter.
     fn module(bodies: &[(&str, &str)]) -> Module {
-        let mut text = String::from(".version 6.0\n.target sm_70\n.address_size 64\n");
+        let mut text = String::from(".version 7.8\n.target sm_90\n.address_size 64\n");
         for (name, body) in bodies {
-            text.push_str(&format!(
-                ".visible .entry {name}(\n.param .u64 p\n)\n{{\n{body}\nret;\n}}\n"
-            ));
+            let body = body.replace("K_", &format!("{name}_"));
+            text.push_str(&format!(".visible .entry {name}()\n{{\n{body}\nret;\n}}\n"));
         }
         Module::parse(&text)
     }
 
-    fn rules(report: &Report) -> Vec<(&'static str, String)> {
-        report
+    /// Checks one kernel `name` with `body` and parameters `params` against `needs`; its
+    /// source has as many barrier sites as the body has barriers.
+    fn check_one(
+        name: &str,
+        params: &[(&str, &str)],
+        needs: &'static [Need],
+        body: &str,
+    ) -> Report {
+        let m = module(&[(name, body)]);
+        let exp = [Expectation {
+            kernels: "*",
+            needs,
+        }];
+        let sites = m.functions[0]
+            .instructions
+            .iter()
+            .filter(|i| is_block_barrier(i))
+            .count();
+        check(&m, &[source(name, params, sites)], &exp)
+    }
+
+    fn rules(report: &Report) -> Vec<&'static str> {
+        report.violations.iter().map(|v| v.rule).collect()
+    }
+
+    fn assert_passes(report: &Report) {
+        assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    }
+
+    /// Asserts `report` has a violation of `rule` whose message contains `says`.
+    fn assert_fails(report: &Report, rule: &str, says: &str) {
+        assert!(
+            report
+                .violations
+                .iter()
+                .any(|v| v.rule == rule && v.message.contains(says)),
+            "expected [{rule}] saying {says:?}, got {:#?}",
+            report.violations
+        );
+    }
+
+    const PORT: &[(&str, &str)] = &[("chan", "PortChannelDeviceHandle")];
+    const MEMORY: &[(&str, &str)] = &[("chan", "MemoryChannelDeviceHandle")];
+    const LL: &[(&str, &str)] = &[("chan", "MemoryChannelDeviceHandle"), ("flag", "u32")];
+
+    /// A push through the port channel of parameter 0 (triggers at +0, head at +8): the
+    /// head add claims position %rd4, the slot is triggers + (position & 15) * 16.
+    const PUSH: &str = "ld.param.b64 %rd1, [K_param_0];\n\
+        ld.param.b64 %rd2, [K_param_0+8];\n\
+        mov.b64 %rd3, 1;\n\
+        atom.relaxed.gpu.global.add.u64 %rd4, [%rd2], %rd3;\n\
+        and.b64 %rd5, %rd4, 15;\n\
+        shl.b64 %rd6, %rd5, 4;\n\
+        add.s64 %rd7, %rd1, %rd6;\n\
+        st.relaxed.sys.global.u64 [%rd7], %rd8;\n\
+        add.s64 %rd9, %rd7, 8;\n\
+        st.release.sys.global.u64 [%rd9], %rd10;";
+
+    /// A wait on the port channel's semaphore (inbound at +80), as LLVM lays out the loop.
+    const PORT_WAIT: &str = "ld.param.b64 %rd20, [K_param_0+80];\n\
+        $L__W1:\n\
+        ld.acquire.sys.global.u64 %rd21, [%rd20];\n\
+        setp.lt.u64 %p1, %rd21, %rd22;\n\
+        @%p1 bra $L__W1;";
+
+    /// A flush's wait for the tail (at +16) to pass the pushed position %rd4.
+    const SYNC: &str = "ld.param.b64 %rd30, [K_param_0+16];\n\
+        $L__S1:\n\
+        ld.acquire.sys.global.u64 %rd31, [%rd30];\n\
+        setp.le.u64 %p2, %rd31, %rd4;\n\
+        @%p2 bra $L__S1;";
+
+    // --- FIFO publish ---
+
+    #[test]
+    fn push_publishes_two_words_after_the_head_add() {
+        assert_passes(&check_one("port_k", PORT, &[Need::FifoPublish], PUSH));
+    }
+
+    /// Guards against the publish of one vector release store: the PTX memory model orders
+    /// no element of a vector access before another, so the proxy may see the commit bit
+    /// before the first word.
+    #[test]
+    fn vector_publish_fails() {
+        let body = PUSH.replace(
+            "st.relaxed.sys.global.u64 [%rd7], %rd8;\n\
+             add.s64 %rd9, %rd7, 8;\n\
+             st.release.sys.global.u64 [%rd9], %rd10;",
+            "st.release.sys.global.v2.u64 [%rd7], {%rd8, %rd10};",
+        );
+        let r = check_one("port_k", PORT, &[Need::FifoPublish], &body);
+        assert_fails(&r, "fifo-publish", "unordered");
+        assert_fails(&r, "expected-step", "FIFO publish");
+    }
+
+    /// Guards against the two stores in the wrong order: the commit word released before
+    /// the first word is written.
+    #[test]
+    fn commit_word_before_first_word_fails() {
+        let body = PUSH.replace(
+            "st.relaxed.sys.global.u64 [%rd7], %rd8;\n\
+             add.s64 %rd9, %rd7, 8;\n\
+             st.release.sys.global.u64 [%rd9], %rd10;",
+            "add.s64 %rd9, %rd7, 8;\n\
+             st.release.sys.global.u64 [%rd9], %rd10;\n\
+             st.relaxed.sys.global.u64 [%rd7], %rd8;",
+        );
+        let r = check_one("port_k", PORT, &[Need::FifoPublish], &body);
+        assert_fails(&r, "fifo-publish", "without storing the first word");
+    }
+
+    /// Guards against a path that skips the first word: in order on every path, not just on
+    /// one.
+    #[test]
+    fn first_word_on_one_path_only_fails() {
+        let body = PUSH.replace(
+            "st.relaxed.sys.global.u64 [%rd7], %rd8;",
+            "@%p9 bra $L__SKIP;\nst.relaxed.sys.global.u64 [%rd7], %rd8;\n$L__SKIP:",
+        );
+        let r = check_one("port_k", PORT, &[Need::FifoPublish], &body);
+        assert_fails(&r, "fifo-publish", "without storing the first word");
+    }
+
+    /// Guards against the words landing in two different slots.
+    #[test]
+    fn words_sixteen_bytes_apart_fail() {
+        let body = PUSH.replace("add.s64 %rd9, %rd7, 8;", "add.s64 %rd9, %rd7, 16;");
+        let r = check_one("port_k", PORT, &[Need::FifoPublish], &body);
+        assert_fails(&r, "fifo-publish", "slot+8");
+        assert_fails(&r, "expected-step", "FIFO publish");
+    }
+
+    /// Guards against a publish below system scope: the host proxy is not ordered by it.
+    #[test]
+    fn gpu_scope_commit_fails() {
+        let body = PUSH.replace("st.release.sys", "st.release.gpu");
+        let r = check_one("port_k", PORT, &[Need::FifoPublish], &body);
+        assert_fails(&r, "fifo-publish", "st.release.gpu.global.u64");
+    }
+
+    /// Guards against a publish whose slot was not claimed first (the head add after the
+    /// stores), or claimed with a system-scope add (a system-scope RMW on every push).
+    #[test]
+    fn head_add_missing_late_or_system_scope_fails() {
+        let late = PUSH.replace("atom.relaxed.gpu.global.add.u64 %rd4, [%rd2], %rd3;\n", "")
+            + "\natom.relaxed.gpu.global.add.u64 %rd4, [%rd2], %rd3;";
+        let r = check_one("port_k", PORT, &[Need::FifoPublish], &late);
+        assert_fails(&r, "fifo-publish", "claiming");
+        let sys = PUSH.replace("atom.relaxed.gpu", "atom.relaxed.sys");
+        let r = check_one("port_k", PORT, &[Need::FifoPublish], &sys);
+        assert_fails(&r, "fifo-publish", "atom.relaxed.sys.global.add.u64");
+    }
+
+    /// Guards against a slot that is not the claimed one: the address does not come from
+    /// the position the head add returned.
+    #[test]
+    fn slot_not_from_the_claimed_position_fails() {
+        let body = PUSH.replace("and.b64 %rd5, %rd4, 15;", "and.b64 %rd5, %rd40, 15;");
+        let r = check_one("port_k", PORT, &[Need::FifoPublish], &body);
+        assert_fails(&r, "fifo-publish", "claimed position");
+    }
+
+    /// Guards against the publish being credited to stores that are not into the FIFO's
+    /// slots (here: into the tail cache's address, at +24).
+    #[test]
+    fn stores_elsewhere_are_no_publish() {
+        let body = PUSH.replace("[K_param_0];", "[K_param_0+24];");
+        let r = check_one("port_k", PORT, &[Need::FifoPublish], &body);
+        assert_eq!(rules(&r), ["expected-step"], "{r:#?}");
+    }
+
+    // --- FIFO sync ---
+
+    #[test]
+    fn flush_waits_for_the_tail_after_its_publish() {
+        let r = check_one(
+            "port_k",
+            PORT,
+            &[Need::FifoPublish, Need::FifoSync],
+            &format!("{PUSH}\n{SYNC}"),
+        );
+        assert_passes(&r);
+    }
+
+    /// Guards against a push's own wait for room (a tail poll before the publish) passing
+    /// for a flush.
+    #[test]
+    fn tail_poll_before_the_publish_is_no_sync() {
+        let r = check_one(
+            "port_k",
+            PORT,
+            &[Need::FifoPublish, Need::FifoSync],
+            &format!("{}\n{PUSH}", SYNC.replace("%rd4;", "%rd3;")),
+        );
+        assert_fails(&r, "expected-step", "tail");
+    }
+
+    // --- semaphore wait ---
+
+    #[test]
+    fn semaphore_wait_polls_the_inbound_counter() {
+        assert_passes(&check_one("k", PORT, &[Need::SemaphoreWait], PORT_WAIT));
+    }
+
+    /// Guards against the wait rule passing on the FIFO's tail poll (an acquire load in a
+    /// loop, at system scope, of another cell).
+    #[test]
+    fn tail_poll_is_no_semaphore_wait() {
+        let r = check_one(
+            "k",
+            PORT,
+            &[Need::SemaphoreWait],
+            &format!("{PUSH}\n{SYNC}"),
+        );
+        assert_fails(&r, "expected-step", "inbound");
+    }
+
+    /// Guards against a wait that is not a wait: one acquire load, no loop around it.
+    #[test]
+    fn single_acquire_of_inbound_is_no_wait() {
+        let body = PORT_WAIT.replace("@%p1 bra $L__W1;", "");
+        let r = check_one("k", PORT, &[Need::SemaphoreWait], &body);
+        assert_fails(&r, "expected-step", "not polled");
+    }
+
+    /// Guards against a loop whose exit does not depend on the acquired value.
+    #[test]
+    fn loop_not_deciding_on_the_load_is_no_wait() {
+        let body = PORT_WAIT.replace(
+            "setp.lt.u64 %p1, %rd21, %rd22;",
+            "setp.lt.u64 %p1, %rd23, %rd22;",
+        );
+        let r = check_one("k", PORT, &[Need::SemaphoreWait], &body);
+        assert_fails(&r, "expected-step", "not polled");
+    }
+
+    /// Guards against a relaxed or device-scope poll of the inbound counter: the data sent
+    /// before the signal is not ordered before what follows.
+    #[test]
+    fn weak_poll_of_inbound_is_no_wait() {
+        for weak in ["ld.relaxed.sys", "ld.acquire.gpu"] {
+            let body = PORT_WAIT.replace("ld.acquire.sys", weak);
+            let r = check_one("k", PORT, &[Need::SemaphoreWait], &body);
+            assert_fails(&r, "expected-step", weak);
+        }
+    }
+
+    // --- memory channel signals ---
+
+    /// The release signal of a memory channel's semaphore (remote_inbound at +16).
+    const SIGNAL: &str = "ld.param.b64 %rd40, [K_param_0+16];\n\
+        mov.b64 %rd41, 1;\n\
+        red.release.sys.global.add.u64 [%rd40], %rd41;";
+
+    #[test]
+    fn release_signal_adds_to_the_peer_counter() {
+        assert_passes(&check_one("k", MEMORY, &[Need::ReleaseSignal], SIGNAL));
+        let relaxed = SIGNAL.replace("red.release", "red.relaxed");
+        assert_passes(&check_one("k", MEMORY, &[Need::RelaxedSignal], &relaxed));
+    }
+
+    /// Guards against a relaxed signal where a release one is needed (the data before it
+    /// is not published), and against a release add on another cell counting as the signal.
+    #[test]
+    fn relaxed_or_misplaced_signal_is_no_release_signal() {
+        let relaxed = SIGNAL.replace("red.release", "red.relaxed");
+        let r = check_one("k", MEMORY, &[Need::ReleaseSignal], &relaxed);
+        assert_fails(&r, "expected-step", "release");
+        let inbound = SIGNAL.replace("[K_param_0+16]", "[K_param_0]");
+        let r = check_one("k", MEMORY, &[Need::ReleaseSignal], &inbound);
+        assert_fails(&r, "expected-step", "remote_inbound");
+    }
+
+    /// Guards against the old signal (a store of a count kept here: concurrent signallers
+    /// move the counter backwards) and against a signal below system scope.
+    #[test]
+    fn store_or_gpu_scope_signal_fails() {
+        let store = SIGNAL.replace(
+            "red.release.sys.global.add.u64 [%rd40], %rd41;",
+            "st.release.sys.global.u64 [%rd40], %rd41;",
+        );
+        let r = check_one("k", MEMORY, &[Need::ReleaseSignal], &store);
+        assert_fails(&r, "signal", "atomic add");
+        let gpu = SIGNAL.replace("red.release.sys", "red.release.gpu");
+        let r = check_one("k", MEMORY, &[], &gpu);
+        assert_fails(&r, "signal", "system scope");
+    }
+
+    // --- data stores, barrier, signal ---
+
+    /// A put's copy loop into the remote buffer (+56), from the local buffer (+72).
+    const PUT: &str = "ld.param.b64 %rd50, [K_param_0+56];\n\
+        ld.param.b64 %rd51, [K_param_0+72];\n\
+        $L__P1:\n\
+        add.s64 %rd52, %rd50, %rd59;\n\
+        add.s64 %rd53, %rd51, %rd59;\n\
+        ld.b64 %rd54, [%rd53];\n\
+        st.b64 [%rd52], %rd54;\n\
+        setp.lt.u64 %p5, %rd59, %rd58;\n\
+        @%p5 bra $L__P1;";
+
+    #[test]
+    fn put_then_barrier_then_signal_passes() {
+        let body = format!("{PUT}\nbar.sync 0;\n{SIGNAL}");
+        let r = check_one(
+            "k",
+            MEMORY,
+            &[
+                Need::MemoryPut,
+                Need::ReleaseSignal,
+                Need::BarrierBeforeSignal,
+            ],
+            &body,
+        );
+        assert_passes(&r);
+    }
+
+    /// Guards against a signal that other threads' shares of the put may not have reached:
+    /// no barrier between the data stores and the release signal, on some path.
+    #[test]
+    fn signal_without_barrier_on_some_path_fails() {
+        let none = format!("{PUT}\n{SIGNAL}");
+        let r = check_one("k", MEMORY, &[Need::BarrierBeforeSignal], &none);
+        assert_fails(&r, "barrier-before-signal", "without a block barrier");
+        let one_arm = format!("{PUT}\n@%p7 bra $L__B1;\nbar.sync 0;\n$L__B1:\n{SIGNAL}");
+        let r = check_one("k", MEMORY, &[Need::BarrierBeforeSignal], &one_arm);
+        assert_fails(&r, "barrier-before-signal", "without a block barrier");
+    }
+
+    /// Guards against the barrier rule passing with nothing to order (no put, or no signal).
+    #[test]
+    fn barrier_rule_needs_a_put_and_a_signal() {
+        let r = check_one("k", MEMORY, &[Need::BarrierBeforeSignal], "bar.sync 0;");
+        assert_fails(&r, "expected-step", "`remote` buffer");
+    }
+
+    /// Guards against a get counted as a put (data into our own buffer), and a put as a get.
+    #[test]
+    fn put_and_get_go_their_own_ways() {
+        assert_passes(&check_one("k", MEMORY, &[Need::MemoryPut], PUT));
+        let get = PUT
+            .replace("[K_param_0+56]", "[K_param_0+999]")
+            .replace("[K_param_0+72]", "[K_param_0+56]")
+            .replace("[K_param_0+999]", "[K_param_0+72]");
+        assert_passes(&check_one("k", MEMORY, &[Need::MemoryGet], &get));
+        assert_fails(
+            &check_one("k", MEMORY, &[Need::MemoryPut], &get),
+            "expected-step",
+            "remote",
+        );
+        assert_fails(
+            &check_one("k", MEMORY, &[Need::MemoryGet], PUT),
+            "expected-step",
+            "local",
+        );
+    }
+
+    // --- LL packets ---
+
+    /// An LL8 store into the remote buffer: data | flag << 32, one relaxed 64-bit store.
+    const LL8_STORE: &str = "ld.param.b64 %rd60, [K_param_0+56];\n\
+        ld.param.b32 %r1, [K_param_1];\n\
+        cvt.u64.u32 %rd61, %r1;\n\
+        shl.b64 %rd62, %rd61, 32;\n\
+        ld.b32 %rd63, [%rd69];\n\
+        or.b64 %rd64, %rd62, %rd63;\n\
+        add.s64 %rd65, %rd60, %rd68;\n\
+        st.relaxed.sys.global.u64 [%rd65], %rd64;";
+
+    #[test]
+    fn ll8_packet_is_one_store_with_its_flag() {
+        assert_passes(&check_one("k", LL, &[Need::Ll8Store], LL8_STORE));
+        let volatile = LL8_STORE.replace(
+            "st.relaxed.sys.global.u64 [%rd65], %rd64;",
+            "st.volatile.global.v2.u32 [%rd65], {%r2, %r1};",
+        );
+        assert_passes(&check_one("k", LL, &[Need::Ll8Store], &volatile));
+    }
+
+    /// Guards against the LL8 rule passing on an unrelated store (any 8-byte volatile store
+    /// satisfied it), while the flag travels in a store of its own.
+    #[test]
+    fn ll8_flag_in_its_own_store_fails() {
+        let body = "ld.param.b64 %rd60, [K_param_0+56];\n\
+            ld.param.b64 %rd70, [K_param_0+72];\n\
+            ld.param.b32 %r1, [K_param_1];\n\
+            st.volatile.global.v2.u32 [%rd70], {%r2, %r3};\n\
+            st.volatile.global.u32 [%rd60], %r2;\n\
+            st.volatile.global.u32 [%rd60+4], %r1;";
+        let r = check_one("k", LL, &[Need::Ll8Store], body);
+        assert_fails(&r, "ll8-store", "st.volatile.global.u32");
+        assert_fails(&r, "expected-step", "flag");
+    }
+
+    /// Guards against a weak packet store, which may be split or reordered.
+    #[test]
+    fn ll8_weak_store_fails() {
+        let body = LL8_STORE.replace("st.relaxed.sys.global.u64", "st.global.u64");
+        let r = check_one("k", LL, &[Need::Ll8Store], &body);
+        assert_fails(&r, "ll8-store", "st.global.u64");
+    }
+
+    /// An LL16 store: both 64-bit halves carry the flag, one 128-bit volatile store.
+    const LL16_STORE: &str = "ld.param.b64 %rd60, [K_param_0+56];\n\
+        ld.param.b32 %r1, [K_param_1];\n\
+        cvt.u64.u32 %rd61, %r1;\n\
+        shl.b64 %rd62, %rd61, 32;\n\
+        or.b64 %rd64, %rd62, %rd63;\n\
+        or.b64 %rd66, %rd62, %rd67;\n\
+        add.s64 %rd65, %rd60, %rd68;\n\
+        st.volatile.global.v2.u64 [%rd65], {%rd64, %rd66};";
+
+    #[test]
+    fn ll16_packet_is_one_store_with_a_flag_per_half() {
+        assert_passes(&check_one("k", LL, &[Need::Ll16Store], LL16_STORE));
+    }
+
+    /// Guards against an LL16 packet written as two 8-byte stores (the halves may arrive
+    /// apart) or with the flag in one half only.
+    #[test]
+    fn ll16_split_or_half_flagged_fails() {
+        let split = LL16_STORE.replace(
+            "st.volatile.global.v2.u64 [%rd65], {%rd64, %rd66};",
+            "st.volatile.global.u64 [%rd65], %rd64;\nst.volatile.global.u64 [%rd65+8], %rd66;",
+        );
+        let r = check_one("k", LL, &[Need::Ll16Store], &split);
+        assert_fails(&r, "ll16-store", "st.volatile.global.u64");
+        assert_fails(&r, "expected-step", "16-byte");
+        let half = LL16_STORE.replace("or.b64 %rd66, %rd62, %rd67;", "mov.b64 %rd66, %rd67;");
+        let r = check_one("k", LL, &[Need::Ll16Store], &half);
+        assert_fails(&r, "expected-step", "16-byte");
+    }
+
+    /// An LL8 poll of the packet buffer (+88): relaxed load, flag compared, in a loop.
+    const LL8_POLL: &str = "ld.param.b64 %rd80, [K_param_0+88];\n\
+        ld.param.b32 %r8, [K_param_1];\n\
+        $L__R1:\n\
+        ld.relaxed.sys.global.u64 %rd82, [%rd80];\n\
+        mov.b64 {_, %r26}, %rd82;\n\
+        setp.ne.b32 %p36, %r8, %r26;\n\
+        @%p36 bra $L__R1;";
+
+    #[test]
+    fn ll8_poll_compares_the_flag_in_a_loop() {
+        assert_passes(&check_one("k", LL, &[Need::Ll8Poll], LL8_POLL));
+        let ll16 = LL8_POLL.replace(
+            "ld.relaxed.sys.global.u64 %rd82, [%rd80];\nmov.b64 {_, %r26}, %rd82;",
+            "ld.volatile.global.v2.u64 {%rd82, %rd83}, [%rd80];\nmov.b64 {_, %r26}, %rd82;",
+        );
+        assert_passes(&check_one("k", LL, &[Need::Ll16Poll], &ll16));
+    }
+
+    /// Guards against a poll that never looks at the flag, or a load of the packet buffer
+    /// outside any loop.
+    #[test]
+    fn ll8_poll_without_flag_or_loop_fails() {
+        let no_flag =
+            LL8_POLL.replace("setp.ne.b32 %p36, %r8, %r26;", "setp.ne.b32 %p36, 7, %r26;");
+        let r = check_one("k", LL, &[Need::Ll8Poll], &no_flag);
+        assert_fails(&r, "expected-step", "flag");
+        let no_loop = LL8_POLL.replace("@%p36 bra $L__R1;", "");
+        let r = check_one("k", LL, &[Need::Ll8Poll], &no_loop);
+        assert_fails(&r, "expected-step", "not polled");
+    }
+
+    // --- barrier count ---
+
+    /// Guards against a block barrier duplicated into both arms of a branch (MIR jump
+    /// threading, rust-lang/rust#137086) or dropped: the PTX must have one barrier per
+    /// source site.
+    #[test]
+    fn barriers_match_source_sites() {
+        let one = "bar.red.or.pred %p2, 0, %p1;";
+        let dup = "@%p3 bra $L__A;\nbar.red.or.pred %p2, 0, %p1;\nbra.uni $L__B;\n\
+                   $L__A:\nbar.red.or.pred %p2, 0, %p1;\n$L__B:";
+        let m = module(&[("k", one), ("d", dup), ("z", "")]);
+        let srcs = [
+            source("k", &[], 1),
+            source("d", &[], 1),
+            source("z", &[], 1),
+        ];
+        let r = check(
+            &m,
+            &srcs,
+            &[Expectation {
+                kernels: "*",
+                needs: &[],
+            }],
+        );
+        let got: Vec<(&str, &str)> = r
             .violations
             .iter()
-            .map(|v| (v.rule, v.function.clone()))
-            .collect()
-    }
-
-    const PUSH: &str = "atom.relaxed.gpu.global.add.u64 %rd1, [%rd2], 1;\n\
-                        st.release.sys.global.v2.u64 [%rd5], {%rd3, %rd4};";
-    const WAIT: &str = "ld.acquire.sys.global.u64 %rd7, [%rd6];";
-    const SIGNAL: &str = "st.release.sys.global.u64 [%rd6], %rd8;";
-
-    #[test]
-    fn port_kernel_with_push_and_wait_passes() {
-        let m = module(&[("port_ring_exchange", &format!("{PUSH}\n{WAIT}"))]);
-        let r = check(&m, EXPECTATIONS);
-        assert!(r.violations.is_empty(), "{:?}", r.violations);
-    }
-
-    #[test]
-    fn port_kernel_without_publish_fails() {
-        // Guards against the rule passing vacuously once port kernels exist.
-        let m = module(&[("port_pingpong", WAIT)]);
-        let r = check(&m, EXPECTATIONS);
-        assert_eq!(
-            rules(&r),
-            [
-                ("expected-step", "port_pingpong".to_string()),
-                ("expected-step", "port_pingpong".to_string())
-            ]
-        );
+            .map(|v| (v.rule, v.function.as_str()))
+            .collect();
+        assert_eq!(got, [("barrier-count", "d"), ("barrier-count", "z")]);
         assert!(
-            r.violations[0]
-                .message
-                .contains("st.release.sys.global.v2.u64")
+            r.violations[0].message.contains("2 block barriers"),
+            "{r:#?}"
         );
     }
 
-    #[test]
-    fn publish_at_gpu_scope_fails() {
-        let m = module(&[(
-            "port_x",
-            "atom.relaxed.gpu.global.add.u64 %rd1, [%rd2], 1;\n\
-             st.release.gpu.global.v2.u64 [%rd5], {%rd3, %rd4};\n\
-             ld.acquire.sys.global.u64 %rd7, [%rd6];",
-        )]);
-        let got = rules(&check(&m, EXPECTATIONS));
-        assert!(got.contains(&("publish-scope", "port_x".into())), "{got:?}");
-        assert!(got.contains(&("expected-step", "port_x".into())), "{got:?}");
-    }
+    // --- module-wide rules and expectations ---
 
+    /// Guards against an expectation that no kernel matches passing silently (a renamed
+    /// kernel would no longer be checked).
     #[test]
-    fn publish_with_system_scope_head_add_fails() {
-        // A `.sys` head add works but makes every push a system-scope RMW on host memory.
-        let m = module(&[(
-            "some_kernel",
-            "atom.relaxed.sys.global.add.u64 %rd1, [%rd2], 1;\n\
-             st.release.sys.global.v2.u64 [%rd5], {%rd3, %rd4};",
-        )]);
-        let r = check(&m, EXPECTATIONS);
-        assert_eq!(
-            rules(&r),
-            [("publish-needs-head-add", "some_kernel".into())]
-        );
+    fn unmatched_expectation_fails() {
+        let m = module(&[("tree_broadcast", "")]);
+        let exp = [
+            Expectation {
+                kernels: "port_*",
+                needs: &[Need::FifoPublish],
+            },
+            Expectation {
+                kernels: "tree_*",
+                needs: &[],
+            },
+        ];
+        let r = check(&m, &[source("tree_broadcast", &[], 0)], &exp);
+        assert_eq!(rules(&r), ["unmatched-expectation"]);
+        assert!(r.violations[0].message.contains("port_*"));
+        let r = check(&m, &[source("tree_broadcast", &[], 0)], &exp[..1]);
         assert!(
-            r.violations[0]
-                .message
-                .contains("atom.relaxed.sys.global.add.u64")
-        );
-    }
-
-    #[test]
-    fn head_add_may_live_in_a_called_function() {
-        let text = ".func push(.param .b64 a)\n{\n\
-                    atom.relaxed.gpu.global.add.u64 %rd1, [%rd2], 1;\nret;\n}\n\
-                    .visible .entry port_k()\n{\n{\ncall.uni push, (param0);\n}\n\
-                    st.release.sys.global.v2.u64 [%rd5], {%rd3, %rd4};\n\
-                    ld.acquire.sys.global.u64 %rd7, [%rd6];\nret;\n}\n";
-        let r = check(&Module::parse(text), EXPECTATIONS);
-        assert!(r.violations.is_empty(), "{:?}", r.violations);
-    }
-
-    #[test]
-    fn memory_kernel_needs_release_signal_and_acquire_wait() {
-        let ok = module(&[("memory_ring_exchange", &format!("{SIGNAL}\n{WAIT}"))]);
-        assert!(check(&ok, EXPECTATIONS).violations.is_empty());
-
-        // A relaxed signal, and a wait that acquires at gpu scope only: both miss.
-        let bad = module(&[(
-            "memory_pingpong",
-            "st.relaxed.sys.global.u64 [%rd6], %rd8;\nld.acquire.gpu.global.u64 %rd7, [%rd6];",
-        )]);
-        let r = check(&bad, EXPECTATIONS);
-        let msgs: Vec<_> = r.violations.iter().map(|v| v.message.as_str()).collect();
-        assert_eq!(msgs.len(), 2, "{msgs:?}");
-        assert!(msgs[0].contains("st.release.sys.global.u64"));
-        assert!(msgs[1].contains("ld.acquire.sys.global.u64"));
-    }
-
-    #[test]
-    fn release_rmw_at_system_scope_counts_as_signal() {
-        let m = module(&[(
-            "memory_k",
-            "atom.release.sys.global.add.u64 %rd1, [%rd2], 1;\nld.acquire.sys.u64 %rd3, [%rd2];",
-        )]);
-        assert!(check(&m, EXPECTATIONS).violations.is_empty());
-    }
-
-    #[test]
-    fn ll_packets_need_single_stores() {
-        let m = module(&[
-            (
-                "ll8_exchange",
-                "st.volatile.global.v2.u32 [%rd1], {%r1, %r2};",
-            ),
-            (
-                "ll16_exchange",
-                "st.volatile.global.v2.u64 [%rd1], {%rd2, %rd3};",
-            ),
-        ]);
-        assert!(check(&m, EXPECTATIONS).violations.is_empty());
-        // Two separate 8-byte stores: the flag no longer rides with the data.
-        let m = module(&[(
-            "ll16_exchange",
-            "st.volatile.global.u64 [%rd1], %rd2;\nst.volatile.global.u64 [%rd1+8], %rd3;",
-        )]);
-        assert_eq!(
-            rules(&check(&m, EXPECTATIONS)),
-            [("expected-step", "ll16_exchange".into())]
-        );
-        // A weak store may be split or reordered.
-        let m = module(&[("ll8_exchange", "st.global.v2.u32 [%rd1], {%r1, %r2};")]);
-        assert_eq!(
-            rules(&check(&m, EXPECTATIONS)),
-            [("expected-step", "ll8_exchange".into())]
+            r.notes[0].contains("`tree_broadcast` matches no line"),
+            "{:?}",
+            r.notes
         );
     }
 
@@ -555,10 +1802,15 @@ mod tests {
             ("b", "membar.gl;"),
             ("c", "fence.acq_rel.sys;"),
         ]);
-        assert_eq!(
-            rules(&check(&m, &[])),
-            [("fence-sc", "a".into()), ("fence-sc", "b".into())]
-        );
+        let r = check(&m, &[], &[]);
+        assert_eq!(rules(&r), ["fence-sc", "fence-sc"]);
+    }
+
+    /// Guards against a release vector store anywhere: its elements are unordered.
+    #[test]
+    fn vector_release_fails_anywhere() {
+        let m = module(&[("a", "st.release.sys.global.v2.u64 [%rd1], {%rd2, %rd3};")]);
+        assert_eq!(rules(&check(&m, &[], &[])), ["vector-release"]);
     }
 
     #[test]
@@ -585,35 +1837,20 @@ mod tests {
                  atom.global.add.u64 %rd1, [%rd3], 1;",
             ),
         ]);
+        let r = check(&m, &[], &[]);
+        let got: Vec<(&str, &str)> = r
+            .violations
+            .iter()
+            .map(|v| (v.rule, v.function.as_str()))
+            .collect();
         assert_eq!(
-            rules(&check(&m, &[])),
+            got,
             [
-                ("local-atomic", "explicit".into()),
-                ("local-atomic", "generic".into()),
-                ("local-atomic", "via_depot".into()),
+                ("local-atomic", "explicit"),
+                ("local-atomic", "generic"),
+                ("local-atomic", "via_depot"),
             ]
         );
-    }
-
-    #[test]
-    fn atomics_on_parameters_pass() {
-        let m = module(&[(
-            "k",
-            "ld.param.b64 %rd7, [p];\ncvta.to.global.u64 %rd8, %rd7;\n\
-             atom.global.add.u64 %rd3, [%rd8], 3;",
-        )]);
-        assert!(check(&m, &[]).violations.is_empty());
-    }
-
-    #[test]
-    fn unmatched_expectations_and_kernels_are_noted() {
-        let r = check(&module(&[]), EXPECTATIONS);
-        assert!(r.violations.is_empty());
-        assert_eq!(r.notes.len(), EXPECTATIONS.len());
-        let r = check(&module(&[("tree_broadcast", "")]), &EXPECTATIONS[..1]);
-        assert!(r.violations.is_empty());
-        assert_eq!(r.notes.len(), 2, "{:?}", r.notes);
-        assert!(r.notes[0].contains("`tree_broadcast` matches no line"));
     }
 
     #[test]
@@ -624,18 +1861,18 @@ mod tests {
         assert!(!name_matches("ll8_exchange", "ll8_exchange2"));
     }
 
+    /// Guards against a probe or a shipped kernel left without the steps it must contain:
+    /// every expectation names kernels that exist in the device crate's sources.
     #[test]
-    fn element_widths() {
-        let i = |op: &str| Instruction {
-            line: 1,
-            guard: None,
-            opcode: op.into(),
-            operands: vec![],
-        };
-        assert_eq!(elem_bits(&i("st.release.sys.global.v2.u64")), Some(64));
-        assert_eq!(elem_bits(&i("st.volatile.global.v4.b32")), Some(32));
-        assert_eq!(elem_bits(&i("fence.sc.sys")), None);
-        assert!(is_128_bit(&i("st.release.sys.global.v4.u32")));
-        assert!(!is_128_bit(&i("st.release.sys.global.u64")));
+    fn every_expectation_names_a_device_kernel() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../device-kernels/src");
+        let kernels = crate::kernels::scan_dir(&src).unwrap();
+        for e in EXPECTATIONS {
+            assert!(
+                kernels.iter().any(|k| name_matches(e.kernels, &k.name)),
+                "`{}` matches no kernel",
+                e.kernels
+            );
+        }
     }
 }
