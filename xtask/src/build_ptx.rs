@@ -20,12 +20,14 @@
 //! `.entry` must come from a `#[kernel]`.
 //!
 //! `--check` also runs `ptxas -arch=<arch> -v` on every module (see [`crate::ptxas`]),
-//! prints registers, spills and shared memory per kernel, and applies the memory-model rules
-//! of [`crate::ptx_rules`]. A kernel that spills fails the check unless `--allow-spills`: a
-//! communication primitive that spills has regressed.
+//! prints registers, spills and shared memory per kernel, then the probe kernels' table
+//! beside MSCCL++'s references (see [`crate::probe_table`]), and applies the memory-model
+//! rules of [`crate::ptx_rules`]. A kernel that spills fails the check unless
+//! `--allow-spills`: a communication primitive that spills has regressed.
 
 use crate::bounded::run_bounded;
 use crate::kernels::{self, KernelFn};
+use crate::probe_table;
 use crate::ptx::Module;
 use crate::ptx_rules;
 use crate::ptxas::{self, FunctionStats};
@@ -164,7 +166,18 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
                 }
             }
         }
-        print!("{}", table(&rows, &outputs));
+        let (probes, kernels): (Vec<_>, Vec<_>) = rows
+            .into_iter()
+            .partition(|(_, _, f)| f.name.starts_with(probe_table::PREFIX));
+        print!("{}", table(&kernels, &outputs));
+        let probes: Vec<(String, FunctionStats)> =
+            probes.into_iter().map(|(arch, _, f)| (arch, f)).collect();
+        if !probes.is_empty() {
+            print!("{}", probe_table::tables(&probes));
+            for line in probe_table::above_reference(&probes) {
+                println!("build-ptx: note: {line} (reported, not failed)");
+            }
+        }
     }
 
     if !failures.is_empty() {

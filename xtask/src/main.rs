@@ -14,6 +14,7 @@ mod interrupt;
 mod kernels;
 mod layouts;
 mod libtest;
+mod probe_table;
 mod ptx;
 mod ptx_cfg;
 mod ptx_flow;
