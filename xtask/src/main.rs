@@ -56,7 +56,8 @@ enum Task {
         )]
         arch: Vec<String>,
         /// Assemble with ptxas (installed on first use), print registers and spills per
-        /// kernel, and check the memory-model rules on the PTX.
+        /// kernel and the probe kernels beside MSCCL++'s register counts, and check the
+        /// memory-model rules on the PTX.
         #[arg(long)]
         check: bool,
         /// With --check: report register spills as warnings instead of failing.
