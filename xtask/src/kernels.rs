@@ -145,6 +145,8 @@ impl<'ast> Visit<'ast> for KernelVisitor {
 mod tests {
     use super::*;
 
+    /// Guards against kernels missed under another spelling of the attribute, or found in
+    /// comments and doc examples.
     #[test]
     fn finds_kernels_in_all_spellings() {
         let src = r#"
@@ -187,11 +189,13 @@ mod tests {
         );
     }
 
+    /// Guards against a source that does not parse crashing build-ptx.
     #[test]
     fn bad_source_is_an_error_not_a_panic() {
         assert!(scan_source("fn (").is_err());
     }
 
+    /// Guards against a PTX entry matched to the wrong kernel (a prefix of its name).
     #[test]
     fn entry_names() {
         assert!(entry_is_kernel("port_pingpong", "port_pingpong"));
@@ -202,6 +206,8 @@ mod tests {
         ));
     }
 
+    /// Guards against kernels of nested files missed, non-Rust files read, and against wrong
+    /// parameters or barrier sites handed to the PTX rules.
     #[test]
     fn scans_a_directory_tree() {
         let dir = std::env::temp_dir().join(format!("xtask-kernels-{}", std::process::id()));

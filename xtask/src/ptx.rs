@@ -480,6 +480,8 @@ $L__BB0_1:
 }
 "#;
 
+    /// Guards against functions missed or misnamed (a `.func` with a return list, an
+    /// initializer's braces taken for a body) and wrong line numbers in messages.
     #[test]
     fn finds_functions_entries_and_lines() {
         let m = Module::parse(SAMPLE);
@@ -496,8 +498,10 @@ $L__BB0_1:
         assert_eq!(m.entries().count(), 2);
     }
 
+    /// Guards against labels or guards left in opcodes, vector operands split at their
+    /// commas, and a body cut short at a call sequence's closing brace.
     #[test]
-    fn statements_lose_labels_predicates_and_keep_vector_operands() {
+    fn statements_lose_labels_and_guards_and_keep_vector_operands() {
         let m = Module::parse(SAMPLE);
         let f = m.function("port_push").unwrap();
         let ops: Vec<&str> = f.instructions.iter().map(|i| i.opcode.as_str()).collect();
@@ -541,6 +545,7 @@ $L__BB0_1:
         assert_eq!(f.labels["$L__BB1_4"], f.instructions.len());
     }
 
+    /// Guards against a kernel's callees left out of what it can execute.
     #[test]
     fn call_graph_reaches_callees() {
         let m = Module::parse(SAMPLE);
@@ -554,6 +559,7 @@ $L__BB0_1:
         assert_eq!(reach, ["port_push", "helper"]);
     }
 
+    /// Guards against malformed PTX crashing the reader.
     #[test]
     fn empty_and_garbage_input_give_no_functions() {
         assert!(Module::parse("").functions.is_empty());
@@ -563,6 +569,7 @@ $L__BB0_1:
         assert_eq!(m.functions[0].instructions.len(), 1);
     }
 
+    /// Guards against registers inside address operands not being found.
     #[test]
     fn operand_names() {
         let names: Vec<_> = names_in("[%rd8+16]").collect();

@@ -521,6 +521,8 @@ mod tests {
         assert_eq!(flow.condition_sources("%p1").reads.len(), 1);
     }
 
+    /// Guards against offsets and literals misread (`[%rd1+-8]`, hex), and a literal
+    /// address taken for a register.
     #[test]
     fn literals_and_addresses() {
         assert_eq!(immediate("8"), Some(8));

@@ -1340,6 +1340,8 @@ mod tests {
 
     // --- FIFO publish ---
 
+    /// Guards against the publish rule refusing the protocol's own shape, as LLVM emits it:
+    /// head add, slot from the claimed position, relaxed first word, release word at +8.
     #[test]
     fn push_publishes_two_words_after_the_head_add() {
         assert_passes(&check_one("port_k", PORT, &[Need::FifoPublish], PUSH));
@@ -1439,6 +1441,7 @@ mod tests {
 
     // --- FIFO sync ---
 
+    /// Guards against a flush (push, then a poll of the tail) not being recognised as a sync.
     #[test]
     fn flush_waits_for_the_tail_after_its_publish() {
         let r = check_one(
@@ -1465,6 +1468,8 @@ mod tests {
 
     // --- semaphore wait ---
 
+    /// Guards against the wait rule refusing a real wait: the loop's header after its latch
+    /// in the text, the inbound counter at byte 80 of a port channel.
     #[test]
     fn semaphore_wait_polls_the_inbound_counter() {
         assert_passes(&check_one("k", PORT, &[Need::SemaphoreWait], PORT_WAIT));
@@ -1520,6 +1525,8 @@ mod tests {
         mov.b64 %rd41, 1;\n\
         red.release.sys.global.add.u64 [%rd40], %rd41;";
 
+    /// Guards against the signal rules refusing the fire-and-forget `red` on the peer's
+    /// counter (byte 16 of a memory channel), release or relaxed as asked.
     #[test]
     fn release_signal_adds_to_the_peer_counter() {
         assert_passes(&check_one("k", MEMORY, &[Need::ReleaseSignal], SIGNAL));
@@ -1567,6 +1574,8 @@ mod tests {
         setp.lt.u64 %p5, %rd59, %rd58;\n\
         @%p5 bra $L__P1;";
 
+    /// Guards against the barrier rule refusing a put whose copy loop is followed by a
+    /// barrier, then the signal.
     #[test]
     fn put_then_barrier_then_signal_passes() {
         let body = format!("{PUT}\nbar.sync 0;\n{SIGNAL}");
@@ -1635,6 +1644,8 @@ mod tests {
         add.s64 %rd65, %rd60, %rd68;\n\
         st.relaxed.sys.global.u64 [%rd65], %rd64;";
 
+    /// Guards against the LL8 rule refusing either packet store the device code may emit
+    /// (a relaxed 64-bit store, or a volatile pair of 32-bit words with the flag second).
     #[test]
     fn ll8_packet_is_one_store_with_its_flag() {
         assert_passes(&check_one("k", LL, &[Need::Ll8Store], LL8_STORE));
@@ -1678,6 +1689,7 @@ mod tests {
         add.s64 %rd65, %rd60, %rd68;\n\
         st.volatile.global.v2.u64 [%rd65], {%rd64, %rd66};";
 
+    /// Guards against the LL16 rule refusing the one volatile 16-byte store of a packet.
     #[test]
     fn ll16_packet_is_one_store_with_a_flag_per_half() {
         assert_passes(&check_one("k", LL, &[Need::Ll16Store], LL16_STORE));
@@ -1708,6 +1720,8 @@ mod tests {
         setp.ne.b32 %p36, %r8, %r26;\n\
         @%p36 bra $L__R1;";
 
+    /// Guards against the poll rules refusing a real poll: the flag half unpacked with
+    /// `mov.b64 {_, %r}`, compared with the flag, in a loop.
     #[test]
     fn ll8_poll_compares_the_flag_in_a_loop() {
         assert_passes(&check_one("k", LL, &[Need::Ll8Poll], LL8_POLL));
@@ -1795,6 +1809,8 @@ mod tests {
         );
     }
 
+    /// Guards against a sequentially consistent fence (a SeqCst Rust atomic, rust#136480)
+    /// slipping in where an acquire or release is meant.
     #[test]
     fn fence_sc_and_membar_fail_anywhere() {
         let m = module(&[
@@ -1813,6 +1829,8 @@ mod tests {
         assert_eq!(rules(&check(&m, &[], &[])), ["vector-release"]);
     }
 
+    /// Guards against atomics on the stack (rust#146686), explicit or through a generic
+    /// address of the frame, and against a pointer loaded from the stack taken for one.
     #[test]
     fn atomics_on_the_stack_fail() {
         let m = module(&[
@@ -1853,6 +1871,7 @@ mod tests {
         );
     }
 
+    /// Guards against an expectation line matching the wrong kernels.
     #[test]
     fn patterns() {
         assert!(name_matches("port_*", "port_pingpong"));
