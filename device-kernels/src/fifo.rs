@@ -5,7 +5,7 @@
 //! | cell | written by | read by | scope |
 //! |---|---|---|---|
 //! | `head` (u64 counter; bit 63: [`PROXY_ASLEEP`]) | kernel threads, `fetch_add`; the host proxy sets and clears bit 63 (CPU emulator) | kernel threads | device (`.gpu`) |
-//! | `triggers[size]` (16-byte slots) | kernel threads, one release store per push | proxy | system |
+//! | `triggers[size]` (16-byte slots) | kernel threads: `fst` relaxed, then `snd` (with the commit bit) release ([`atomic::publish_pair`]) | proxy: acquires `snd`, then reads `fst` | system |
 //! | `tail` (u64 counter) | proxy, release store after executing a trigger | kernel threads, acquire | system |
 //! | `tail_cache` (u64) | kernel threads | kernel threads | device |
 //!
@@ -190,8 +190,11 @@ pub const fn commit_bit_for(position: u64, size: u32) -> u64 {
 /// may be taken back by the consumer before it is used; nearer, the request has no time.
 pub const PREFETCH_AHEAD: u64 = 8;
 
-/// One FIFO slot: two 64-bit cells, 16-byte aligned so the GPU can publish both in one
-/// vector store.
+/// One FIFO slot: two 64-bit cells, 16-byte aligned so that both halves share a cache line.
+///
+/// A push writes `fst` relaxed and then `snd`, which holds the commit bit, with release
+/// ([`atomic::publish_pair`]): two stores, not one vector store, because the PTX memory
+/// model gives the elements of a vector access no order among themselves.
 #[repr(C, align(16))]
 pub struct TriggerSlot {
     /// `ProxyTrigger::fst`, then `snd` (which holds the commit bit).

@@ -199,8 +199,8 @@ impl Fifo {
     /// The next trigger, if its producer has published it; does not consume it.
     pub fn poll(&self) -> Option<ProxyTrigger> {
         let slot = &self.cells.slots[(self.next & (self.size as u64 - 1)) as usize].words;
-        // Acquire: pairs with the Release in `publish_pair` (the device's single vector
-        // release store), so the first word and the data the kernel wrote before are visible.
+        // Acquire: pairs with the Release store of this word in the device's `publish_pair`
+        // (after its relaxed store of the first word), so the first word and the data the kernel wrote before are visible.
         let snd = atomic::load(&slot[1], Ordering::Acquire, Scope::System);
         let trigger = ProxyTrigger { fst: 0, snd };
         if trigger.commit_bit() != commit_bit_for(self.next, self.size) {

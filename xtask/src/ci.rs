@@ -6,10 +6,12 @@
 //! 1. `fmt`: `cargo fmt --all -- --check`, within [`FMT_TIME_LIMIT`]
 //! 2. `clippy`: `cargo clippy --workspace --all-targets -- -D warnings`, within
 //!    [`STEP_TIME_LIMIT`]
-//! 3. `test`: `cargo test --workspace`, within [`STEP_TIME_LIMIT`]
-//! 4. `loom`: the loom models of the FIFO and semaphore protocols ([`run_loom`]), within
+//! 3. `doc`: `cargo doc --workspace --no-deps` with rustdoc warnings denied (a broken or
+//!    private intra-doc link fails), within [`STEP_TIME_LIMIT`]
+//! 4. `test`: `cargo test --workspace`, within [`STEP_TIME_LIMIT`]
+//! 5. `loom`: the loom models of the FIFO and semaphore protocols ([`run_loom`]), within
 //!    [`STEP_TIME_LIMIT`]; fails if a crate's models ran no test
-//! 5. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90, where each build,
+//! 6. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90, where each build,
 //!    each ptxas run and the installation of ptxas has its own limit
 //!    ([`build_ptx::BUILD_TIME_LIMIT`], [`crate::ptxas`])
 //!
@@ -33,7 +35,7 @@ pub const LOOM_CRATES: &[&str] = &["oxccl-device", "oxccl-proxy"];
 /// Preemption bound loom explores by default; `LOOM_MAX_PREEMPTIONS` overrides it.
 pub const LOOM_MAX_PREEMPTIONS: &str = "3";
 
-/// Longest the `clippy`, `test` and `loom` steps may each take, builds included (a full
+/// Longest the `clippy`, `doc`, `test` and `loom` steps may each take, builds included (a full
 /// run takes a few minutes): past it the step is killed and fails, so a hung test or build
 /// cannot hold CI.
 pub const STEP_TIME_LIMIT: Duration = Duration::from_secs(20 * 60);
@@ -77,6 +79,9 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
         "-D",
         "warnings",
     ]);
+    let mut doc = cargo();
+    doc.args(["doc", "--workspace", "--no-deps"])
+        .env("RUSTDOCFLAGS", "-D warnings");
     let mut test = cargo();
     test.args(["test", "--workspace"]);
     let ptx_opts = build_ptx::Options {
@@ -97,6 +102,11 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
             "clippy",
             show(&clippy),
             Box::new(move || run_bounded(&mut clippy, STEP_TIME_LIMIT)),
+        ),
+        (
+            "doc",
+            format!("RUSTDOCFLAGS='-D warnings' {}", show(&doc)),
+            Box::new(move || run_bounded(&mut doc, STEP_TIME_LIMIT)),
         ),
         (
             "test",

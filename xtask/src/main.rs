@@ -40,7 +40,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Build the kernel crates to PTX: target/ptx/<arch>/<crate>.ptx.
+    /// Build the kernel crates to PTX: `target/ptx/<arch>/<crate>.ptx`.
     ///
     /// Kernel crates are oxccl-device and every workspace member whose library depends on
     /// it and sets `[package.metadata.oxccl] kernels = true`.

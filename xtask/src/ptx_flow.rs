@@ -194,7 +194,7 @@ impl<'f> Flow<'f> {
         out
     }
 
-    /// [`Self::sources`] of every register an operand names (`{%rd1, %rd2}`, `[%rd3+8]`).
+    /// What every register an operand names is computed from (`{%rd1, %rd2}`, `[%rd3+8]`).
     pub fn operand_sources(&self, operand: &str) -> Sources {
         let mut out = Sources::default();
         let mut seen = BTreeSet::new();

@@ -1,7 +1,7 @@
 //! The arch layer: where kernel code meets the machine it runs on.
 //!
-//! Every function here has two implementations with one contract: [`nvptx`] on the GPU
-//! (special registers, `bar.sync`, scoped PTX through `asm!`) and [`host`] in the CPU
+//! Every function here has two implementations with one contract: `nvptx` on the GPU
+//! (special registers, `bar.sync`, scoped PTX through `asm!`) and `host` in the CPU
 //! emulator (thread-locals set by the launcher, a per-block barrier, core atomics). Code above
 //! this module never uses `#[cfg]` for the target: it calls these functions.
 //!

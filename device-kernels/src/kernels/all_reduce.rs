@@ -29,7 +29,7 @@ use crate::error::{DeviceError, DeviceOp};
 use crate::kernel;
 use crate::memory_channel::MemoryChannelDeviceHandle;
 
-/// Arguments of [`ring_all_reduce_sum_f32`].
+/// Arguments of [`ring_all_reduce_sum_f32()`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, KernelArg)]
 pub struct RingAllReduceArgs<'a> {

@@ -37,7 +37,7 @@ use crate::kernel;
 use crate::memory_channel::MemoryChannelDeviceHandle;
 use crate::packet::{Ll16Packet, Packet};
 
-/// Arguments of [`packet_all_reduce_sum_f32`].
+/// Arguments of [`packet_all_reduce_sum_f32()`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, KernelArg)]
 pub struct PacketAllReduceArgs<'a> {

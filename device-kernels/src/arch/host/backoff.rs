@@ -65,10 +65,9 @@ impl SpinHistory {
 const SWITCH_COST: Duration = Duration::from_micros(1);
 
 /// One back-off step of a wait at poll `iteration` (0 for the first poll of each wait):
-/// spin, then yield the core, then sleep, from 1 µs doubling up to [`MAX_SLEEP`].
+/// spin, then yield the core, then sleep, from 1 µs doubling up to a cap.
 ///
-/// How long a thread spins adapts to how its previous waits ended (see
-/// [`SpinHistory::after_wait`]); the first call of a wait (`iteration == 0`) judges the last.
+/// How long a thread spins adapts to how its previous waits ended: the first call of a wait (`iteration == 0`) judges the last.
 #[inline]
 pub fn spin_pause(iteration: u32) {
     #[cfg(oxccl_loom)]
