@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 
 use oxccl_bootstrap::{Bootstrap, LaunchEnv};
 
@@ -16,14 +15,7 @@ use oxccl_bootstrap::{Bootstrap, LaunchEnv};
 /// per bootstrap.
 #[test]
 fn derived_secret_is_warned_about_once() {
-    let port = || {
-        TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-            .to_string()
-    };
+    let port = || oxccl_testing::free_port().to_string();
     let job = |port: String| {
         let map: HashMap<&str, String> = [
             ("RANK", "0".to_owned()),

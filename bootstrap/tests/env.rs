@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 
 use oxccl_bootstrap::{Bootstrap, Error, LaunchEnv, Launcher, Secret, SecretSource, UniqueId};
@@ -194,12 +194,7 @@ fn bootstrap_reads_launcher_env() {
 // and the launcher's local rank must win over the computed one.
 #[test]
 fn bootstrap_from_torchrun_env_in_threads() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
+    let port = free_port();
     let n = 3;
     let got: Vec<_> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
@@ -235,12 +230,7 @@ fn bootstrap_from_torchrun_env_in_threads() {
 }
 
 fn free_port() -> String {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string()
+    oxccl_testing::free_port().to_string()
 }
 
 /// Whether something listens on `ip:port`.

@@ -4,7 +4,7 @@
 
 #![allow(missing_docs)]
 
-use std::net::TcpListener;
+use oxccl_testing::free_port;
 use std::time::Duration;
 
 use oxccl_bootstrap::{Bootstrap, Config, UniqueId};
@@ -46,14 +46,6 @@ fn child_process_entry() {
         bs.local_size(),
         bs.launcher()
     );
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts `n` children, rank `r` with `vars(r)`, waits for all (killing them at the

@@ -109,10 +109,7 @@ fn child_rank_role() {
 /// Starts `ranks` processes of this test binary as one job (torchrun's variables) and
 /// checks every one finished its work.
 fn run_job(ranks: usize) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap();
+    let port = oxccl_testing::free_port();
     let mut job = Job::new(ranks);
     job.child_test("child_rank_role")
         .deadline(JOB_TIMEOUT)

@@ -52,15 +52,18 @@
 //! | `job.rs` | [`Job`]: starting, waiting for and killing the children |
 //! | `outcome.rs` | [`ChildOutcome`]: one child's status and output |
 //! | `pipe.rs` | reading a child's pipe on a thread, keeping its tail |
+//! | `free_port.rs` | [`free_port`]: a loopback port for rank 0 |
 //! | `error.rs` | [`Error`] |
 
 #![warn(missing_docs)]
 
 mod error;
+mod free_port;
 mod job;
 mod outcome;
 mod pipe;
 
 pub use error::Error;
+pub use free_port::free_port;
 pub use job::{CHILD_RANK_ENV, DEFAULT_DEADLINE, DEFAULT_MAX_OUTPUT_BYTES, Job, child_rank};
 pub use outcome::ChildOutcome;

@@ -31,6 +31,7 @@ use crate::probe_table;
 use crate::ptx::Module;
 use crate::ptx_rules;
 use crate::ptxas::{self, FunctionStats};
+use crate::text_table::text_table;
 use crate::util::{Tool, ensure_components, fmt_duration};
 use crate::workspace::{DEVICE_CRATE, Package, Workspace};
 use anyhow::{Context, Result, bail};
@@ -402,28 +403,8 @@ fn table(rows: &[(String, String, FunctionStats)], outputs: &[Output]) -> String
             cells.push(empty);
         }
     }
-    let widths: Vec<usize> = (0..8)
-        .map(|i| cells.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
     let mut s = String::from("\n");
-    for (n, row) in cells.iter().enumerate() {
-        let line: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                if i < 3 {
-                    format!("{c:<w$}", w = widths[i])
-                } else {
-                    format!("{c:>w$}", w = widths[i])
-                }
-            })
-            .collect();
-        let _ = writeln!(s, "{}", line.join("  ").trim_end());
-        if n == 0 {
-            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-            let _ = writeln!(s, "{}", rule.join("  "));
-        }
-    }
+    s.push_str(&text_table(&cells, 3));
     s.push('\n');
     s
 }

@@ -20,6 +20,7 @@ mod ptx_cfg;
 mod ptx_flow;
 mod ptx_rules;
 mod ptxas;
+mod text_table;
 mod util;
 mod workspace;
 

@@ -8,6 +8,7 @@
 //! check elsewhere; registers above the reference are reported, not failed.
 
 use crate::ptxas::FunctionStats;
+use crate::text_table::text_table;
 use std::fmt::Write as _;
 
 /// Name prefix of the probe kernels.
@@ -116,7 +117,7 @@ pub fn tables(rows: &[(String, FunctionStats)]) -> String {
                 ratio,
             ]);
         }
-        s.push_str(&layout(&cells));
+        s.push_str(&text_table(&cells, 2));
         match geometric_mean(&ratios) {
             Some(g) => {
                 let _ = writeln!(
@@ -156,34 +157,6 @@ pub fn above_reference(rows: &[(String, FunctionStats)]) -> Vec<String> {
 /// The geometric mean of `xs` (positive), if there are any.
 fn geometric_mean(xs: &[f64]) -> Option<f64> {
     (!xs.is_empty()).then(|| (xs.iter().map(|x| x.ln()).sum::<f64>() / xs.len() as f64).exp())
-}
-
-/// `cells` as aligned columns: the first two left-aligned, the rest right-aligned, a rule
-/// under the header.
-fn layout(cells: &[[String; 8]]) -> String {
-    let widths: Vec<usize> = (0..8)
-        .map(|i| cells.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    let mut s = String::new();
-    for (n, row) in cells.iter().enumerate() {
-        let line: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                if i < 2 {
-                    format!("{c:<w$}", w = widths[i])
-                } else {
-                    format!("{c:>w$}", w = widths[i])
-                }
-            })
-            .collect();
-        let _ = writeln!(s, "{}", line.join("  ").trim_end());
-        if n == 0 {
-            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-            let _ = writeln!(s, "{}", rule.join("  "));
-        }
-    }
-    s
 }
 
 #[cfg(test)]

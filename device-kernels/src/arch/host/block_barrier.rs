@@ -169,18 +169,27 @@ mod tests {
         assert_eq!(counter.load(Ordering::Relaxed), 50 * threads);
     }
 
-    /// Guards against threads of a block hanging forever in `sync_threads` when another
-    /// thread of the block panicked and will never arrive.
-    #[test]
-    fn poisoned_block_barrier_releases_waiters() {
-        let barrier = Arc::new(BlockBarrier::new(3));
-        let waiters: std::vec::Vec<_> = (0..2)
+    /// `n` threads that wait at `barrier`, given time to get there.
+    fn waiting_threads(
+        barrier: &Arc<BlockBarrier>,
+        n: usize,
+    ) -> std::vec::Vec<std::thread::JoinHandle<()>> {
+        let waiters = (0..n)
             .map(|_| {
                 let barrier = barrier.clone();
                 std::thread::spawn(move || barrier.wait())
             })
             .collect();
         std::thread::sleep(std::time::Duration::from_millis(20));
+        waiters
+    }
+
+    /// Guards against threads of a block hanging forever in `sync_threads` when another
+    /// thread of the block panicked and will never arrive.
+    #[test]
+    fn poisoned_block_barrier_releases_waiters() {
+        let barrier = Arc::new(BlockBarrier::new(3));
+        let waiters = waiting_threads(&barrier, 2);
         barrier.poison();
         for w in waiters {
             let err = w.join().expect_err("a waiter passed a poisoned barrier");
@@ -196,13 +205,7 @@ mod tests {
     #[test]
     fn exited_threads_fail_the_barrier_instead_of_hanging_it() {
         let barrier = Arc::new(BlockBarrier::new(4));
-        let waiters: std::vec::Vec<_> = (0..2)
-            .map(|_| {
-                let barrier = barrier.clone();
-                std::thread::spawn(move || barrier.wait())
-            })
-            .collect();
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        let waiters = waiting_threads(&barrier, 2);
         // Two threads return from the kernel without reaching the barrier.
         barrier.thread_exited();
         barrier.thread_exited();
