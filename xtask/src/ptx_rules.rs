@@ -255,6 +255,10 @@ pub const EXPECTATIONS: &[Expectation] = &[
         needs: &[Need::Ll8Poll],
     },
     Expectation {
+        kernels: "probe_ll8_write",
+        needs: &[Need::Ll8Store],
+    },
+    Expectation {
         kernels: "probe_ll8_read",
         needs: &[Need::Ll8Poll],
     },

@@ -179,6 +179,18 @@ pub fn probe_ll8_unpack_packets(
     Ok(())
 }
 
+/// [`MemoryChannelDeviceHandle::write_packet`] of one [`Ll8Packet`].
+#[kernel]
+pub fn probe_ll8_write(
+    chan: MemoryChannelDeviceHandle<'_>,
+    index: u64,
+    payload: u32,
+    flag: u32,
+) -> Result<(), DeviceError> {
+    chan.write_packet::<Ll8Packet>(index, payload, flag)?;
+    Ok(())
+}
+
 /// [`MemoryChannelDeviceHandle::read_packet`] of one [`Ll8Packet`] (its payload is dropped).
 #[kernel]
 pub fn probe_ll8_read(
