@@ -154,11 +154,11 @@ impl AbortReason {
 /// first failure) and in the rank's `stop` word (if it is the rank's first), then returns
 /// `error`. Either address may be 0 (none).
 ///
-/// Out of line and cold: it runs once per failure, and keeping it out of the callers keeps
-/// their hot paths (and registers) small. It takes scalars, so no handle has to be spilled
-/// to memory to call it.
-#[cold]
-#[inline(never)]
+/// Inline, in the caller's failure branch: on the GPU an out-of-line call costs every kernel
+/// that can fail a call frame in local memory and the callee's registers, while inline its
+/// few instructions sit in a branch the hot path never takes. It takes scalars, so no
+/// handle has to be put in memory either way.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn raise(
     record: u64,
@@ -177,10 +177,11 @@ pub(crate) fn raise(
         // contract makes it a live, aligned `AbortRecord` for the handle's lifetime.
         let r = unsafe { &*(record as usize as *const AbortRecord) };
         if atomic::compare_exchange_relaxed(&r.reason, 0, word, Scope::System).is_ok() {
-            for (cell, value) in r.detail.iter().zip([d0, d1, d2]) {
-                // Relaxed: published by the Release below.
-                atomic::store(cell, value, Ordering::Relaxed, Scope::System);
-            }
+            // Relaxed: published by the Release below. Three plain statements rather than
+            // a loop over an array: the array would be built in local memory on the GPU.
+            atomic::store(&r.detail[0], d0, Ordering::Relaxed, Scope::System);
+            atomic::store(&r.detail[1], d1, Ordering::Relaxed, Scope::System);
+            atomic::store(&r.detail[2], d2, Ordering::Relaxed, Scope::System);
             // Release: pairs with the host's Acquire in `AbortRecord::read`.
             atomic::fetch_or(&r.reason, DETAILS_READY, Ordering::Release, Scope::System);
         }

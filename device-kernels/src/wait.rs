@@ -8,7 +8,7 @@
 //! wait gave up, for what and after how long.
 //!
 //! The hot path of a wait is the condition alone; the clock and the stop word are read every
-//! [`CHECK_EVERY`] polls, out of line.
+//! [`CHECK_EVERY`] polls, in a branch of their own.
 
 use crate::abort::{self, AbortRecord};
 use crate::arch::{self, Scope, atomic, atomic::AtomicU64, atomic::Ordering};
@@ -189,8 +189,9 @@ fn stopped(stop: u64) -> bool {
 
 /// The slow part of a wait, every [`CHECK_EVERY`] polls: the stop word and the clock. Returns
 /// the wait's start time (taken at the first call) or why the wait must end.
-#[cold]
-#[inline(never)]
+///
+/// Inline (see [`abort::raise`] for why): out of line, its `Result` came back through a
+/// 16-byte local-memory frame in every kernel that waits.
 fn overdue(stop: u64, timeout_ns: u64, started_ns: u64) -> Result<u64, DeviceError> {
     if stopped(stop) {
         return Err(DeviceError::Aborted);
