@@ -11,7 +11,9 @@
 //! Path queries follow predicates that hold constants: LLVM often keeps a branch's outcome
 //! in a predicate (`mov.pred %p93, -1;` on one way in, `0` on the other) and branches on it
 //! in a block both ways share. A path that set `%p93` to true cannot fall through
-//! `@%p93 bra`, and [`Cfg::path_avoiding`] does not pretend it can.
+//! `@%p93 bra`, and [`Cfg::path_avoiding`] does not pretend it can. Constants flow through
+//! predicate logic (`and`, `or`, `xor`, `not` of `.pred`s): `or.pred %p17, %p1, %p93;` is
+//! true on that path too.
 
 use crate::ptx::{Function, Instruction};
 use crate::ptx_flow::{dests, immediate};
@@ -51,8 +53,48 @@ enum PredWrite {
     None,
     /// Sets one to a constant (`mov.pred %p1, -1;`).
     Const(String, bool),
+    /// Sets one from others (`or.pred %p3, %p1, !%p2;`, `not.pred %p4, %p3;`): known on a
+    /// path where enough of its operands are.
+    Logic(String, LogicOp, Vec<PredOperand>),
     /// Sets these to values not known here.
     Unknown(Vec<String>),
+}
+
+/// A predicate operation of [`PredWrite::Logic`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LogicOp {
+    And,
+    Or,
+    Xor,
+    Not,
+}
+
+/// An operand of a predicate operation: a register, perhaps negated (`!%p2`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PredOperand {
+    pred: String,
+    negated: bool,
+}
+
+impl LogicOp {
+    /// The result, given what is known of the operands (`None`: not known), if it follows.
+    fn eval(self, operands: &[Option<bool>]) -> Option<bool> {
+        match (self, operands) {
+            (LogicOp::Not, [a]) => a.map(|a| !a),
+            (LogicOp::And, [a, b]) => match (a, b) {
+                (Some(false), _) | (_, Some(false)) => Some(false),
+                (Some(true), Some(true)) => Some(true),
+                _ => None,
+            },
+            (LogicOp::Or, [a, b]) => match (a, b) {
+                (Some(true), _) | (_, Some(true)) => Some(true),
+                (Some(false), Some(false)) => Some(false),
+                _ => None,
+            },
+            (LogicOp::Xor, [Some(a), Some(b)]) => Some(a != b),
+            _ => None,
+        }
+    }
 }
 
 /// The control-flow graph of a function. Block 0 is the entry.
@@ -202,6 +244,16 @@ impl Cfg {
                     PredWrite::Const(p, v) => {
                         known.insert(p.clone(), *v);
                     }
+                    PredWrite::Logic(p, op, operands) => {
+                        let values: Vec<Option<bool>> = operands
+                            .iter()
+                            .map(|o| known.get(&o.pred).map(|&v| v != o.negated))
+                            .collect();
+                        match op.eval(&values) {
+                            Some(v) => known.insert(p.clone(), v),
+                            None => known.remove(p),
+                        };
+                    }
                     PredWrite::Unknown(ps) => {
                         for p in ps {
                             known.remove(p);
@@ -254,6 +306,36 @@ fn pred_write(ins: &Instruction) -> PredWrite {
         && let Some(v) = ins.operands.get(1).and_then(|o| immediate(o))
     {
         return PredWrite::Const(preds[0].clone(), v != 0);
+    }
+    let logic = match ins.op() {
+        "and" => Some(LogicOp::And),
+        "or" => Some(LogicOp::Or),
+        "xor" => Some(LogicOp::Xor),
+        "not" => Some(LogicOp::Not),
+        _ => None,
+    };
+    if let Some(op) = logic
+        && ins.guard.is_none()
+        && ins.has("pred")
+        && preds.len() == 1
+    {
+        let operands: Option<Vec<PredOperand>> = ins.operands[1..]
+            .iter()
+            .map(|o| {
+                let o = o.trim();
+                let (negated, pred) = match o.strip_prefix('!') {
+                    Some(p) => (true, p.trim()),
+                    None => (false, o),
+                };
+                pred.starts_with("%p").then(|| PredOperand {
+                    pred: pred.to_string(),
+                    negated,
+                })
+            })
+            .collect();
+        if let Some(operands) = operands {
+            return PredWrite::Logic(preds[0].clone(), op, operands);
+        }
     }
     PredWrite::Unknown(preds)
 }
@@ -406,6 +488,46 @@ mod tests {
         let cfg = Cfg::new(&unknown);
         let (store, load) = (at(&unknown, "st."), at(&unknown, "ld.acquire"));
         assert!(cfg.path_avoiding(None, load, |i| i == store));
+    }
+
+    /// Guards against losing a constant through predicate logic: LLVM joins an error flag
+    /// with another condition (`or.pred %p17, %p1, %p34;`) and branches on the result, so
+    /// a path that set the flag must take the branch whatever the other condition is.
+    #[test]
+    fn constants_flow_through_predicate_logic() {
+        let f = function(
+            "mov.pred %p34, -1;\n\
+             @%p1 bra $L__JOIN;\n\
+             st.relaxed.sys.global.u64 [%rd1], %rd2;\n\
+             mov.pred %p34, 0;\n\
+             $L__JOIN:\n\
+             or.pred %p17, %p2, %p34;\n\
+             not.pred %p18, %p17;\n\
+             @!%p18 bra $L__OUT;\n\
+             ld.acquire.sys.global.u64 %rd3, [%rd4];\n\
+             $L__OUT:\n\
+             ret;",
+        );
+        let cfg = Cfg::new(&f);
+        let (store, load) = (at(&f, "st."), at(&f, "ld.acquire"));
+        // The way around the store keeps %p34 true, so %p17 is true and %p18 false: it
+        // branches past the load.
+        assert!(!cfg.path_avoiding(None, load, |i| i == store));
+        // After the store %p34 is false and %p17 unknown: the load is reachable.
+        assert!(cfg.path_avoiding(Some(store), load, |_| false));
+        // `and` with a false operand is false, whatever the other one is.
+        let g = function(
+            "mov.pred %p3, 0;\n\
+             and.pred %p4, %p3, %p9;\n\
+             @%p4 bra $L__OUT;\n\
+             bra.uni $L__END;\n\
+             $L__OUT:\n\
+             ld.acquire.sys.global.u64 %rd3, [%rd4];\n\
+             $L__END:\n\
+             ret;",
+        );
+        let cfg = Cfg::new(&g);
+        assert!(!cfg.path_avoiding(None, at(&g, "ld.acquire"), |_| false));
     }
 
     fn f_text_without_constant() -> String {
