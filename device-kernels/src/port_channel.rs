@@ -5,7 +5,8 @@
 //! (a refused trigger writes nothing and stops the channel; the host reports it). Offsets
 //! are bytes into the memories the host bound to the channel (`dst_memory_id` on the peer,
 //! `src_memory_id` here). One trigger carries at most [`MAX_TRIGGER_BYTES`] of offset and
-//! size; `put` splits larger copies.
+//! size; `put` sends a copy larger than that from offset 0 as two triggers, and refuses
+//! offsets a trigger cannot carry.
 //!
 //! Ordering: triggers of one channel execute in push order, so a `signal` after a `put`
 //! arrives after the data. A `put` returns when the request is queued, not done: reuse the
@@ -100,8 +101,13 @@ impl<'a> PortChannelDeviceHandle<'a> {
         })
     }
 
-    /// Pushes data triggers for `bytes` from `src_off` to `dst_off`, in pieces a trigger can
-    /// carry; the last piece gets `last_kind` bits added. Returns the last position.
+    /// Pushes the data triggers of a copy of `bytes` from `src_off` to `dst_off`; the last
+    /// gets `last_kind` bits added. Returns the last trigger's position.
+    ///
+    /// One trigger carries offsets and a size below 2^32, so a larger copy takes two: a
+    /// first piece of [`MAX_TRIGGER_BYTES`], which must start at offset 0 for the second
+    /// piece's offsets to fit, then the rest. Everything is checked before anything is
+    /// pushed, and the common case (one trigger) pays one compare for the other.
     #[inline(always)]
     fn push_copy(
         &self,
@@ -110,30 +116,35 @@ impl<'a> PortChannelDeviceHandle<'a> {
         bytes: u64,
         last_kind: u64,
     ) -> Result<u64, DeviceError> {
-        let mut done = 0;
-        loop {
-            let piece = (bytes - done).min(MAX_TRIGGER_BYTES);
-            let last = done + piece == bytes;
-            // Checked: a wrapped offset would name a valid but wrong place.
-            let (dst, src) = match (dst_off.checked_add(done), src_off.checked_add(done)) {
-                (Some(dst), Some(src)) if dst <= MAX_TRIGGER_BYTES && src <= MAX_TRIGGER_BYTES => {
-                    (dst, src)
-                }
-                _ => {
-                    return Err(self.fifo.wait_policy().raise(
-                        DeviceError::OutOfBounds,
-                        DeviceOp::PortPut,
-                        [dst_off, src_off, bytes],
-                    ));
-                }
-            };
-            let kind = trigger_type::DATA | if last { last_kind } else { 0 };
-            let position = self.fifo.push(self.trigger(kind, dst, src, piece))?;
-            if last {
-                return Ok(position);
-            }
-            done += piece;
+        let fits = (dst_off | src_off | bytes) <= MAX_TRIGGER_BYTES;
+        if !fits {
+            return self.push_copy_in_two(dst_off, src_off, bytes, last_kind);
         }
+        self.fifo
+            .push(self.trigger(trigger_type::DATA | last_kind, dst_off, src_off, bytes))
+    }
+
+    /// [`Self::push_copy`] of a copy one trigger cannot carry.
+    #[inline(always)]
+    fn push_copy_in_two(
+        &self,
+        dst_off: u64,
+        src_off: u64,
+        bytes: u64,
+        last_kind: u64,
+    ) -> Result<u64, DeviceError> {
+        const MAX: u64 = MAX_TRIGGER_BYTES;
+        if (dst_off | src_off) != 0 || bytes > 2 * MAX {
+            return Err(self.fifo.wait_policy().raise(
+                DeviceError::OutOfBounds,
+                DeviceOp::PortPut,
+                [dst_off, src_off, bytes],
+            ));
+        }
+        self.fifo
+            .push(self.trigger(trigger_type::DATA, 0, 0, MAX))?;
+        self.fifo
+            .push(self.trigger(trigger_type::DATA | last_kind, MAX, MAX, bytes - MAX))
     }
 
     /// Asks the proxy to copy `bytes` from our memory at `src_off` to the peer's at
@@ -222,5 +233,120 @@ impl<'a> PortChannelDeviceHandle<'a> {
     #[inline(always)]
     pub fn poll(&self) -> Result<bool, DeviceError> {
         self.semaphore.poll()
+    }
+}
+
+#[cfg(all(test, not(oxccl_loom)))]
+mod tests {
+    use super::*;
+    use crate::arch::atomic::{AtomicU64, Ordering};
+    use crate::fifo::{FifoRawParts, TriggerSlot};
+    use crate::wait::WaitPolicy;
+
+    /// A FIFO of 8 slots in host memory, consumed by reading the slots directly.
+    struct Ring {
+        slots: [TriggerSlot; 8],
+        counters: [AtomicU64; 3],
+    }
+
+    impl Ring {
+        fn new() -> Self {
+            Ring {
+                slots: Default::default(),
+                counters: Default::default(),
+            }
+        }
+
+        fn channel(&self) -> PortChannelDeviceHandle<'_> {
+            let raw = FifoRawParts {
+                triggers: self.slots.as_ptr() as u64,
+                head: self.counters[0].as_ptr() as u64,
+                tail: self.counters[1].as_ptr() as u64,
+                tail_cache: self.counters[2].as_ptr() as u64,
+                doorbell: 0,
+                size: 8,
+                reserved: 0,
+            };
+            // SAFETY: the slots and counters live as long as `self`; 8 is a power of two.
+            let fifo = unsafe {
+                FifoDeviceHandle::from_raw_parts(raw, WaitPolicy::with_timeout_ns(1_000_000))
+            };
+            let ids = PortChannelIds {
+                semaphore_id: 3,
+                dst_memory_id: 1,
+                src_memory_id: 2,
+                reserved: 0,
+            };
+            PortChannelDeviceHandle::new(fifo, Default::default(), ids)
+        }
+
+        /// The triggers pushed so far, decoded.
+        fn pushed(&self) -> std::vec::Vec<TriggerFields> {
+            let head = self.counters[0].load(Ordering::Relaxed);
+            (0..head)
+                .map(|p| {
+                    let w = &self.slots[p as usize % 8].words;
+                    ProxyTrigger {
+                        fst: w[0].load(Ordering::Relaxed),
+                        snd: w[1].load(Ordering::Relaxed),
+                    }
+                    .decode()
+                })
+                .collect()
+        }
+    }
+
+    fn data(kind: u64, dst_offset: u64, src_offset: u64, size: u64) -> TriggerFields {
+        TriggerFields {
+            kind,
+            dst_memory_id: 1,
+            dst_offset,
+            src_memory_id: 2,
+            src_offset,
+            size,
+            semaphore_id: 3,
+        }
+    }
+
+    /// Guards against a put one trigger cannot carry being truncated, or its signal going
+    /// out with the first piece instead of after the whole copy.
+    #[test]
+    fn a_copy_above_the_trigger_limit_takes_two_triggers() {
+        const MAX: u64 = MAX_TRIGGER_BYTES;
+        let ring = Ring::new();
+        let chan = ring.channel();
+        chan.put(8, 16, 100).unwrap();
+        chan.put_with_signal(0, 0, MAX + 100).unwrap();
+        assert_eq!(
+            ring.pushed(),
+            [
+                data(trigger_type::DATA, 8, 16, 100),
+                data(trigger_type::DATA, 0, 0, MAX),
+                data(trigger_type::DATA | trigger_type::FLAG, MAX, MAX, 100),
+            ]
+        );
+    }
+
+    /// Guards against a copy that cannot be carried pushing part of itself before it is
+    /// refused: nothing may be pushed.
+    #[test]
+    fn a_copy_that_cannot_be_carried_pushes_nothing() {
+        const MAX: u64 = MAX_TRIGGER_BYTES;
+        let ring = Ring::new();
+        let chan = ring.channel();
+        for (dst, src, bytes) in [
+            (1, 0, MAX + 1),
+            (0, 1, MAX + 1),
+            (0, 0, 2 * MAX + 1),
+            (MAX + 1, 0, 8),
+            (0, 0, u64::MAX),
+        ] {
+            assert_eq!(
+                chan.put(dst, src, bytes),
+                Err(DeviceError::OutOfBounds),
+                "put({dst}, {src}, {bytes})"
+            );
+        }
+        assert_eq!(ring.pushed(), []);
     }
 }
