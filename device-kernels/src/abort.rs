@@ -170,6 +170,11 @@ pub(crate) fn raise(
     d1: u64,
     d2: u64,
 ) -> DeviceError {
+    // Keeps the inputs, and what is computed from them, inside the failure branch.
+    use crate::arch::in_place;
+    let (record, stop) = (in_place(record), in_place(stop));
+    let site = in_place(site as u64) as u32;
+    let (d0, d1, d2) = (in_place(d0), in_place(d1), in_place(d2));
     crate::arch::note_failure(error, op, site, [d0, d1, d2]);
     let word = AbortReason::encode(error, op, site);
     if record != 0 {

@@ -146,6 +146,13 @@ impl Split {
         }
     }
 
+    /// The first index, the end (exclusive) and the step of the share: the indices are
+    /// `first, first + step, ...` below `end`.
+    #[inline(always)]
+    pub fn bounds(&self) -> (u64, u64, u64) {
+        (self.next, self.end, self.stride)
+    }
+
     /// The share as one range, if it is contiguous (always so in the emulator).
     #[inline(always)]
     pub fn as_range(&self) -> Option<Range<u64>> {

@@ -333,9 +333,7 @@ impl<'a> FifoDeviceHandle<'a> {
     #[inline(always)]
     pub fn push(&self, trigger: ProxyTrigger) -> Result<u64, DeviceError> {
         if !self.raw.size.is_power_of_two() {
-            return Err(self
-                .wait
-                .raise(DeviceError::NullHandle, DeviceOp::FifoPush, [0; 3]));
+            return Err(self.wait.null_handle(DeviceOp::FifoPush));
         }
         // Relaxed, device scope: the head only hands out positions (and, through its
         // modification order, the proxy's sleep bit); the slot's publish carries the ordering.
@@ -395,9 +393,7 @@ impl<'a> FifoDeviceHandle<'a> {
     #[inline(always)]
     pub fn sync(&self, position: u64) -> Result<(), DeviceError> {
         if !self.raw.size.is_power_of_two() {
-            return Err(self
-                .wait
-                .raise(DeviceError::NullHandle, DeviceOp::FifoSync, [0; 3]));
+            return Err(self.wait.null_handle(DeviceOp::FifoSync));
         }
         // Acquire: pairs with the proxy's Release store of `tail`, so effects of the
         // executed triggers (e.g. a flushed write) are ordered before what follows.

@@ -24,6 +24,7 @@ use crate::copy;
 use crate::error::{DeviceError, DeviceOp};
 use crate::packet::Packet;
 use crate::semaphore::Device2DeviceSemaphoreDeviceHandle;
+use crate::wait::Deadline;
 
 /// Where a memory channel's buffers are and how large: the layout inside
 /// [`MemoryChannelDeviceHandle`], without the promise that the addresses are live.
@@ -379,6 +380,7 @@ impl<'a> MemoryChannelDeviceHandle<'a> {
                 self.buffers.packets + off,
                 flag,
                 &self.semaphore.wait_policy(),
+                &mut Deadline::default(),
                 DeviceOp::ReadPacket,
                 off,
             )
@@ -443,13 +445,18 @@ impl<'a> MemoryChannelDeviceHandle<'a> {
             self.remote(dst_off),
             self.local(src_off),
         )?;
-        let (dst, src) = (self.buffers.remote + dst_off, self.buffers.local + src_off);
-        for i in coop.split(count) {
-            // SAFETY: `i < count`: inside both checked ranges; offsets aligned as checked
-            // (the buffers are 16-byte aligned).
+        let mut walk = PacketWalk::<P>::new(
+            coop,
+            count,
+            self.buffers.remote + dst_off,
+            self.buffers.local + src_off,
+        );
+        while let Some((packet, data)) = walk.next() {
+            // SAFETY: one of the `count` packets and payloads, inside both checked ranges;
+            // offsets aligned as checked (the buffers are 16-byte aligned).
             unsafe {
-                let payload = ((src + i * P::PAYLOAD_BYTES) as usize as *const P::Payload).read();
-                P::store(dst + i * P::PACKET_BYTES, payload, flag);
+                let payload = (data as usize as *const P::Payload).read();
+                P::store(packet, payload, flag);
             }
         }
         Ok(())
@@ -477,21 +484,70 @@ impl<'a> MemoryChannelDeviceHandle<'a> {
             self.packet_side(src_off),
             self.local(dst_off),
         )?;
-        let (dst, src) = (self.buffers.local + dst_off, self.buffers.packets + src_off);
         let policy = self.semaphore.wait_policy();
-        for i in coop.split(count) {
+        // One deadline for the whole call: a wait per packet with a limit each would let
+        // a call of n packets wait n times the limit.
+        let mut deadline = Deadline::default();
+        let packets = self.buffers.packets;
+        let mut walk =
+            PacketWalk::<P>::new(coop, count, packets + src_off, self.buffers.local + dst_off);
+        while let Some((packet, data)) = walk.next() {
             // SAFETY: as in `put_packets`, for our packet and data buffers.
             unsafe {
                 let payload = P::load(
-                    src + i * P::PACKET_BYTES,
+                    packet,
                     flag,
                     &policy,
+                    &mut deadline,
                     DeviceOp::UnpackPackets,
-                    src_off + i * P::PACKET_BYTES,
+                    packet - packets,
                 )?;
-                ((dst + i * P::PAYLOAD_BYTES) as usize as *mut P::Payload).write(payload);
+                (data as usize as *mut P::Payload).write(payload);
             }
         }
         Ok(())
+    }
+}
+
+/// A thread's share of a packet transfer as addresses: the packet and the payload of each of
+/// its elements, in the order of [`Coop::split`].
+///
+/// Addresses step by a stride rather than being recomputed from an index each time, so a
+/// loop over them keeps three addresses and no index live (what nvcc makes of the same loop).
+struct PacketWalk<P: Packet> {
+    packet: u64,
+    data: u64,
+    packet_end: u64,
+    packet_stride: u64,
+    data_stride: u64,
+    _packet: core::marker::PhantomData<P>,
+}
+
+impl<P: Packet> PacketWalk<P> {
+    /// The calling thread's share of `count` packets from `packets` and payloads from `data`.
+    #[inline(always)]
+    fn new(coop: impl Coop, count: u64, packets: u64, data: u64) -> Self {
+        let range = coop.split(count);
+        let (first, end, stride) = range.bounds();
+        PacketWalk {
+            packet: packets + first * P::PACKET_BYTES,
+            data: data + first * P::PAYLOAD_BYTES,
+            packet_end: packets + end.max(first) * P::PACKET_BYTES,
+            packet_stride: stride * P::PACKET_BYTES,
+            data_stride: stride * P::PAYLOAD_BYTES,
+            _packet: core::marker::PhantomData,
+        }
+    }
+
+    /// The next packet's and payload's addresses.
+    #[inline(always)]
+    fn next(&mut self) -> Option<(u64, u64)> {
+        if self.packet >= self.packet_end {
+            return None;
+        }
+        let item = (self.packet, self.data);
+        self.packet += self.packet_stride;
+        self.data += self.data_stride;
+        Some(item)
     }
 }

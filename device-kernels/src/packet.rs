@@ -16,7 +16,7 @@
 
 use crate::arch::{Scope, atomic, atomic::AtomicU64};
 use crate::error::{DeviceError, DeviceOp};
-use crate::wait::WaitPolicy;
+use crate::wait::{Deadline, WaitPolicy};
 
 /// An 8-byte packet: 4 bytes of data and a 4-byte flag, written with one 64-bit store.
 #[repr(C, align(8))]
@@ -78,9 +78,10 @@ pub trait Packet: Copy + bytemuck::Pod {
     /// As [`Self::store`].
     unsafe fn seen_flag(addr: u64) -> u32;
 
-    /// Waits (under `policy`) until the packet at `addr` carries `flag`, then returns its
-    /// payload. `offset` (the packet's byte offset in its buffer) and `op` go into the abort
-    /// record if the wait times out, with the flag waited for and the flag seen.
+    /// Waits (under `policy`, against `deadline`: see [`WaitPolicy::wait_until_within`])
+    /// until the packet at `addr` carries `flag`, then returns its payload. `offset` (the
+    /// packet's byte offset in its buffer) and `op` go into the abort record if the wait
+    /// times out, with the flag waited for and the flag seen.
     ///
     /// # Errors
     /// [`DeviceError::Timeout`] / [`DeviceError::Aborted`] past the wait limit.
@@ -92,11 +93,13 @@ pub trait Packet: Copy + bytemuck::Pod {
         addr: u64,
         flag: u32,
         policy: &WaitPolicy<'_>,
+        deadline: &mut Deadline,
         op: DeviceOp,
         offset: u64,
     ) -> Result<Self::Payload, DeviceError> {
         let mut out = None;
-        policy.wait_until(
+        policy.wait_until_within(
+            deadline,
             op,
             || {
                 // SAFETY: forwarded contract.

@@ -87,7 +87,7 @@ fn cell<'a>(addr: u64) -> &'a AtomicU64 {
 #[inline(always)]
 fn poll_inbound(raw: &SemaphoreRawParts, wait: &WaitPolicy<'_>) -> Result<bool, DeviceError> {
     if raw.inbound == 0 || raw.expected == 0 {
-        return Err(wait.raise(DeviceError::NullHandle, DeviceOp::SemaphoreWait, [0; 3]));
+        return Err(wait.null_handle(DeviceOp::SemaphoreWait));
     }
     // Relaxed, device scope: only the waiting thread touches `expected`.
     let next = atomic::load(cell(raw.expected), Ordering::Relaxed, Scope::Gpu) + 1;
@@ -105,7 +105,7 @@ fn poll_inbound(raw: &SemaphoreRawParts, wait: &WaitPolicy<'_>) -> Result<bool, 
 #[inline(always)]
 fn wait_inbound(raw: &SemaphoreRawParts, wait: &WaitPolicy<'_>) -> Result<(), DeviceError> {
     if raw.inbound == 0 || raw.expected == 0 {
-        return Err(wait.raise(DeviceError::NullHandle, DeviceOp::SemaphoreWait, [0; 3]));
+        return Err(wait.null_handle(DeviceOp::SemaphoreWait));
     }
     // Relaxed, device scope: as in `poll_inbound`.
     let next = atomic::fetch_add(cell(raw.expected), 1, Ordering::Relaxed, Scope::Gpu) + 1;
@@ -213,11 +213,7 @@ impl<'a> Device2DeviceSemaphoreDeviceHandle<'a> {
     #[inline(always)]
     fn signal_with(&self, order: Ordering) -> Result<(), DeviceError> {
         if self.raw.remote_inbound == 0 {
-            return Err(self.wait.raise(
-                DeviceError::NullHandle,
-                DeviceOp::SemaphoreSignal,
-                [0; 3],
-            ));
+            return Err(self.wait.null_handle(DeviceOp::SemaphoreSignal));
         }
         // Release (from `signal`): pairs with the peer's Acquire load of its inbound. An add,
         // not a store of a count kept here: concurrent signallers never move it backwards.

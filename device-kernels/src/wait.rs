@@ -142,6 +142,20 @@ impl<'a> WaitPolicy<'a> {
         )
     }
 
+    /// Refuses `op` on a handle whose cells are not set (a zeroed handle), returning
+    /// [`DeviceError::NullHandle`].
+    ///
+    /// Nothing is recorded in the abort record: a handle with no cells was not built by
+    /// the host, so its policy names no record either (a zeroed handle's policy is zeroed).
+    /// The emulator reports the failure with the kernel's error; on the GPU a kernel that
+    /// returns it traps (see [`crate::kernel_return`]). Keeping the compare-and-swap of a
+    /// record out of this path keeps it out of every caller's registers.
+    #[inline(always)]
+    pub fn null_handle(&self, op: DeviceOp) -> DeviceError {
+        arch::note_failure(DeviceError::NullHandle, op, self.site, [0; 3]);
+        DeviceError::NullHandle
+    }
+
     /// Polls `ready` until it returns true, within the policy's limit. `detail` computes what
     /// the abort record says if the wait times out (see [`DeviceOp`] for `op`'s words).
     ///
@@ -152,27 +166,60 @@ impl<'a> WaitPolicy<'a> {
     pub fn wait_until(
         &self,
         op: DeviceOp,
+        ready: impl FnMut() -> bool,
+        detail: impl FnOnce() -> [u64; 3],
+    ) -> Result<(), DeviceError> {
+        self.wait_until_within(&mut Deadline::default(), op, ready, detail)
+    }
+
+    /// [`Self::wait_until`] against `deadline`, which several waits of one call share: the
+    /// first of them that has to look at the clock sets it, so the call as a whole, not each
+    /// of its waits, gets the policy's limit (the packets of one `unpack_packets`).
+    ///
+    /// # Errors
+    /// As [`Self::wait_until`].
+    #[inline(always)]
+    pub fn wait_until_within(
+        &self,
+        deadline: &mut Deadline,
+        op: DeviceOp,
         mut ready: impl FnMut() -> bool,
         detail: impl FnOnce() -> [u64; 3],
     ) -> Result<(), DeviceError> {
-        let mut iteration = 0u32;
-        let mut started_ns = 0u64;
-        loop {
+        // Few values live across the loop, so a waiting kernel needs few registers: the poll
+        // count and the deadline, nothing else. The hot path is `ready` and the count.
+        let mut polls = 0u32;
+        let error = loop {
             if ready() {
                 return Ok(());
             }
-            if iteration % CHECK_EVERY == CHECK_EVERY - 1 {
-                match overdue(self.stop, self.timeout_ns, started_ns) {
-                    Ok(started) => started_ns = started,
-                    Err(DeviceError::Aborted) => return Err(DeviceError::Aborted),
-                    Err(e) => return Err(self.raise(e, op, detail())),
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(CHECK_EVERY) {
+                // The slow part, every CHECK_EVERY polls: the stop word, then the clock.
+                if stopped(self.stop) {
+                    return Err(DeviceError::Aborted);
+                }
+                if self.timeout_ns == 0 {
+                    break DeviceError::InvalidArgument;
+                }
+                let now = arch::clock_ns();
+                if deadline.0 == 0 {
+                    deadline.0 = now.saturating_add(self.timeout_ns);
+                } else if now > deadline.0 {
+                    break DeviceError::Timeout;
                 }
             }
-            arch::spin_pause(iteration);
-            iteration = iteration.wrapping_add(1);
-        }
+            arch::spin_pause(polls);
+        };
+        Err(self.raise(error, op, detail()))
     }
 }
+
+/// When the waits of one call must give up: unset until the first of them has waited
+/// [`CHECK_EVERY`] polls, then that moment plus the policy's limit. A wait whose condition
+/// holds within fewer polls never reads the clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deadline(u64);
 
 /// Whether the stop word at `stop` (0: none) is raised.
 #[inline(always)]
@@ -185,28 +232,6 @@ fn stopped(stop: u64) -> bool {
     let s = unsafe { atomic::cell(stop) };
     // Relaxed: the word carries no data; observing it late only delays the stop.
     atomic::load(s, Ordering::Relaxed, Scope::System) != 0
-}
-
-/// The slow part of a wait, every [`CHECK_EVERY`] polls: the stop word and the clock. Returns
-/// the wait's start time (taken at the first call) or why the wait must end.
-///
-/// Inline (see [`abort::raise`] for why): out of line, its `Result` came back through a
-/// 16-byte local-memory frame in every kernel that waits.
-fn overdue(stop: u64, timeout_ns: u64, started_ns: u64) -> Result<u64, DeviceError> {
-    if stopped(stop) {
-        return Err(DeviceError::Aborted);
-    }
-    if timeout_ns == 0 {
-        return Err(DeviceError::InvalidArgument);
-    }
-    let now = arch::clock_ns().max(1);
-    if started_ns == 0 {
-        Ok(now)
-    } else if now.saturating_sub(started_ns) > timeout_ns {
-        Err(DeviceError::Timeout)
-    } else {
-        Ok(started_ns)
-    }
 }
 
 #[cfg(all(test, not(oxccl_loom)))]

@@ -202,6 +202,18 @@ pub(crate) fn note_failure(
     imp::note_failure(error, op, site, detail)
 }
 
+/// Returns `value`, computed where this call stands: the compiler may not hoist the call,
+/// nor anything computed from its result, out of the branch it is in.
+///
+/// For failure paths that run inline in a loop: without it, LLVM computes their
+/// loop-invariant parts (a record's field addresses, a reason word) ahead of the loop, and
+/// those values then hold registers through every iteration of the hot path. On the GPU an
+/// empty `asm!` block with side effects; on the host the value as it is.
+#[inline(always)]
+pub fn in_place(value: u64) -> u64 {
+    imp::in_place(value)
+}
+
 /// Stops the kernel at once (`trap`); on the host, panics the calling kernel thread.
 #[inline(always)]
 pub fn trap() -> ! {

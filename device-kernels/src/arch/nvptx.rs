@@ -117,6 +117,14 @@ pub(crate) fn trap() -> ! {
 }
 
 #[inline(always)]
+pub(crate) fn in_place(mut value: u64) -> u64 {
+    // SAFETY: an empty instruction sequence; it only keeps LLVM from moving the value's
+    // computation (the block is not `pure`, so LLVM treats it as having side effects).
+    unsafe { asm!("// in_place {v}", v = inout(reg64) value, options(nostack, nomem)) };
+    value
+}
+
+#[inline(always)]
 pub(crate) fn ring_doorbell(_addr: u64, _proxy_asleep: bool) {}
 
 #[inline(always)]

@@ -159,6 +159,11 @@ pub(crate) fn clock_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
+#[inline(always)]
+pub(crate) fn in_place(value: u64) -> u64 {
+    value
+}
+
 pub(crate) fn trap() -> ! {
     panic!("kernel trapped")
 }
