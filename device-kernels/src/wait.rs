@@ -193,8 +193,7 @@ impl<'a> WaitPolicy<'a> {
             if ready() {
                 return Ok(());
             }
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(CHECK_EVERY) {
+            if polls % CHECK_EVERY == CHECK_EVERY - 1 {
                 // The slow part, every CHECK_EVERY polls: the stop word, then the clock.
                 if stopped(self.stop) {
                     return Err(DeviceError::Aborted);
@@ -209,7 +208,10 @@ impl<'a> WaitPolicy<'a> {
                     break DeviceError::Timeout;
                 }
             }
+            // `polls` is 0 at a wait's first pause: the emulator's back-off learns from it
+            // that a new wait began.
             arch::spin_pause(polls);
+            polls = polls.wrapping_add(1);
         };
         Err(self.raise(error, op, detail()))
     }
