@@ -1,6 +1,7 @@
 //! Shared helpers of the oxccl example programs.
 #![warn(missing_docs)]
 
+use std::process::{Child, ExitStatus};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -34,6 +35,24 @@ pub fn atomic_pingpong(iters: u64) -> Duration {
     elapsed / iters.max(1) as u32
 }
 
+/// Waits for `child` until `deadline`; past it, kills the child and returns `Ok(None)`.
+///
+/// # Errors
+/// The system's errors from polling or killing the child.
+pub fn wait_until(child: &mut Child, deadline: Instant) -> std::io::Result<Option<ExitStatus>> {
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= deadline {
+            child.kill()?;
+            child.wait()?;
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A duration in microseconds with two decimals.
 pub fn micros(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e6)
@@ -60,7 +79,25 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, wait_until};
+    use std::time::{Duration, Instant};
+
+    /// Guards against a child that never ends holding its parent forever, and against a
+    /// child that ends in time being reported as killed.
+    #[test]
+    fn children_are_waited_for_until_a_deadline() {
+        let mut quick = std::process::Command::new("true").spawn().unwrap();
+        let status = wait_until(&mut quick, Instant::now() + Duration::from_secs(30)).unwrap();
+        assert!(status.is_some_and(|s| s.success()));
+        let mut stuck = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let status = wait_until(&mut stuck, started + Duration::from_millis(100)).unwrap();
+        assert_eq!(status, None);
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
 
     /// Guards against size suffixes being misread or garbage being accepted.
     #[test]

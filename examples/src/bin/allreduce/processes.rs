@@ -52,6 +52,10 @@ pub(crate) fn run_launched_rank(a: &Args, sizes: &[u64]) -> Result<bool> {
     Ok(ok)
 }
 
+/// Longest a job of rank processes may run before the ranks still running are stopped: a
+/// last resort, far above a full run's time, for ranks stuck past their own wait limits.
+const JOB_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
 /// Starts this program once per rank, as one job with torchrun's variables on this node;
 /// rank 0's output is the program's.
 pub(crate) fn launch_processes(a: &Args, mpi: Option<&[MpiRow]>) -> Result<bool> {
@@ -63,11 +67,7 @@ pub(crate) fn launch_processes(a: &Args, mpi: Option<&[MpiRow]>) -> Result<bool>
         .and_then(|l| l.local_addr())
         .map_err(|e| system("finding a free port for the job", e))?
         .port();
-    let secret: String = oxccl_bootstrap::Secret::random()?
-        .as_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let secret = oxccl_bootstrap::Secret::random()?.to_hex();
     let exe = std::env::current_exe().map_err(|e| system("finding this program", e))?;
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -97,14 +97,24 @@ pub(crate) fn launch_processes(a: &Args, mpi: Option<&[MpiRow]>) -> Result<bool>
             .map_err(|e| system(&format!("starting rank {rank}"), e))?;
         children.push(child);
     }
+    let deadline = std::time::Instant::now() + JOB_DEADLINE;
     let mut ok = true;
     for (rank, mut child) in children.into_iter().enumerate() {
-        let status = child
-            .wait()
-            .map_err(|e| system(&format!("waiting for rank {rank}"), e))?;
-        if !status.success() {
-            eprintln!("allreduce: rank {rank} failed: {status}");
-            ok = false;
+        match oxccl_examples::wait_until(&mut child, deadline)
+            .map_err(|e| system(&format!("waiting for rank {rank}"), e))?
+        {
+            Some(status) if status.success() => {}
+            Some(status) => {
+                eprintln!("allreduce: rank {rank} failed: {status}");
+                ok = false;
+            }
+            None => {
+                eprintln!(
+                    "allreduce: rank {rank} was still running after {} s and was stopped",
+                    JOB_DEADLINE.as_secs()
+                );
+                ok = false;
+            }
         }
     }
     Ok(ok)

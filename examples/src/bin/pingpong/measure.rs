@@ -1,0 +1,124 @@
+//! One measurement: the channel's round trip between two ranks of this process, and the
+//! atomic baseline, each the best of `--runs`.
+
+use crate::thread_stats::Snapshot;
+use crate::{Args, Assist, Channel};
+use oxccl::Result;
+use oxccl::in_process::{self, InProcessConfig};
+use oxccl_device::kernels::pingpong::{memory_pingpong, port_pingpong};
+use oxccl_device::launch::LaunchConfig;
+use oxccl_examples::{atomic_pingpong, micros};
+use std::time::{Duration, Instant};
+
+/// What one measurement found.
+pub(crate) struct Measurement {
+    channel: Channel,
+    assist: Assist,
+    iters: u32,
+    round_trip: Duration,
+    baseline: Duration,
+    /// With `--thread-stats`: every thread's counters before and after the timed runs.
+    threads: Option<(Snapshot, Snapshot)>,
+}
+
+impl Measurement {
+    /// The channel's round trip over the baseline's.
+    pub(crate) fn ratio(&self) -> f64 {
+        self.round_trip.as_secs_f64() / self.baseline.as_secs_f64().max(1e-12)
+    }
+
+    /// What each thread did during the timed runs (with `--thread-stats`; else nothing).
+    pub(crate) fn thread_lines(&self) -> Vec<String> {
+        self.threads
+            .as_ref()
+            .map(|(before, after)| after.lines_since(before))
+            .unwrap_or_default()
+    }
+
+    /// The program's output line.
+    pub(crate) fn line(&self) -> String {
+        format!(
+            "pingpong channel={} assist={} ranks=2 iters={} round_trip_us={} baseline_atomic_us={} ratio={:.2}",
+            self.channel.name(),
+            self.assist.name(),
+            self.iters,
+            micros(self.round_trip),
+            micros(self.baseline),
+            self.ratio()
+        )
+    }
+}
+
+/// Measures as `args` say.
+pub(crate) fn run(args: &Args) -> Result<Measurement> {
+    let iters = args.iters.max(1);
+    let warmup = (iters / 10).clamp(1, 1000);
+    let mut config = InProcessConfig::default();
+    config.communicator.proxy_assist = args.assist == Assist::On;
+    let times = in_process::run(2, config, |comm| {
+        let buf = comm.alloc::<u8>(args.bytes.max(8) as usize)?;
+        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let (rank, peer) = (comm.rank(), 1 - comm.rank());
+        let mine = all[rank as usize].clone();
+        let stream = comm.device().stream()?;
+        let cfg = LaunchConfig::grid(1).block(1);
+        let launch = |n: u32,
+                      comm: &mut oxccl::Communicator,
+                      port: &Option<oxccl::PortChannel>,
+                      mem: &Option<oxccl::MemoryChannel>|
+         -> Result<Duration> {
+            comm.barrier()?;
+            let start = Instant::now();
+            if let Some(p) = port {
+                port_pingpong::launch(
+                    &stream,
+                    cfg,
+                    (p.device_handle(), n, u32::from(rank == 0), args.bytes),
+                )?;
+            }
+            if let Some(m) = mem {
+                memory_pingpong::launch(
+                    &stream,
+                    cfg,
+                    (m.device_handle(), n, u32::from(rank == 0), args.bytes),
+                )?;
+            }
+            comm.synchronize(&stream)?;
+            Ok(start.elapsed())
+        };
+        let (port, mem) = match args.channel {
+            Channel::Port => (
+                Some(comm.port_channel(peer, &all[peer as usize], &mine)?),
+                None,
+            ),
+            Channel::Memory => (
+                None,
+                Some(comm.memory_channel(peer, &all[peer as usize], &mine, None)?),
+            ),
+        };
+        launch(warmup, comm, &port, &mem)?;
+        // Rank 0 takes the snapshots while every thread of both ranks is alive: the peer
+        // waits at the barrier below until the second one is taken.
+        let stats = args.thread_stats && rank == 0;
+        let before = stats.then(Snapshot::take);
+        let mut best = Duration::MAX;
+        for _ in 0..args.runs.max(1) {
+            best = best.min(launch(iters, comm, &port, &mem)?);
+        }
+        let after = stats.then(Snapshot::take);
+        comm.barrier()?;
+        Ok((best, before.zip(after)))
+    })?;
+    let baseline = (0..args.runs.max(1))
+        .map(|_| atomic_pingpong(u64::from(iters)))
+        .min()
+        .unwrap_or(Duration::MAX);
+    Ok(Measurement {
+        channel: args.channel,
+        assist: args.assist,
+        iters,
+        round_trip: times[0].0 / iters,
+        baseline,
+        threads: times.into_iter().next().and_then(|t| t.1),
+    })
+}
