@@ -273,7 +273,8 @@ mod tests {
         }
     }
 
-    /// Guards against `copy` taking a path that is not the emulator's on the host.
+    /// Guards against `copy` itself (the group's rank and size, read once, then the path)
+    /// losing or adding a byte: one thread, misaligned source, through the public entry.
     #[test]
     fn copy_with_one_thread_copies_everything() {
         let src: Vec<u8> = (0..=255).collect();
