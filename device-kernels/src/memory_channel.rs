@@ -259,7 +259,8 @@ impl<'a> MemoryChannelDeviceHandle<'a> {
         )
     }
 
-    /// Writes `value` as element `index` (in units of `T`) of the peer's buffer.
+    /// Writes `value` as element `index` (in units of `T`) of the peer's buffer: a plain
+    /// store, which the peer may read after the `wait` that matches our next `signal`.
     ///
     /// # Errors
     /// [`DeviceError::OutOfBounds`] past the end of the peer's buffer;
@@ -267,21 +268,30 @@ impl<'a> MemoryChannelDeviceHandle<'a> {
     #[inline(always)]
     pub fn write<T: bytemuck::Pod>(&self, index: u64, value: T) -> Result<(), DeviceError> {
         let addr = self.element_addr::<T>(DeviceOp::MemoryWrite, index)?;
+        // A plain store, like every data store of the channel (`put`'s too): the protocol
+        // orders it for the peer through `signal`'s release and `wait`'s acquire, not
+        // through the store itself. A volatile store would add nothing to that order; it
+        // would only keep the compiler from merging neighbouring stores.
         // SAFETY: a whole `T` inside the registered peer buffer, aligned for `T` (both
         // checked by `element_addr`); `T: Pod` has no invalid bit patterns.
-        unsafe { (addr as usize as *mut T).write_volatile(value) };
+        unsafe { (addr as usize as *mut T).write(value) };
         Ok(())
     }
 
-    /// Reads element `index` (in units of `T`) of the peer's buffer.
+    /// Reads element `index` (in units of `T`) of the peer's buffer: a plain load, which
+    /// sees what the peer wrote before the `signal` our last `wait` matched.
     ///
     /// # Errors
     /// As [`Self::write`].
     #[inline(always)]
     pub fn read<T: bytemuck::Pod>(&self, index: u64) -> Result<T, DeviceError> {
         let addr = self.element_addr::<T>(DeviceOp::MemoryRead, index)?;
+        // A plain load, as in `write`: `wait`'s acquire orders it after the peer's stores.
+        // A volatile load would add nothing to that order, and costs: the compiler may
+        // neither merge nor reuse it, and on the GPU it is a system-scope load
+        // (`ld.volatile`), which must go past the L1 cache.
         // SAFETY: as in `write`; any bits read are a valid `T: Pod`.
-        Ok(unsafe { (addr as usize as *const T).read_volatile() })
+        Ok(unsafe { (addr as usize as *const T).read() })
     }
 
     /// Address of element `index` of `T` in the peer's buffer, if the whole element fits

@@ -73,8 +73,9 @@ impl<'f> Flow<'f> {
     }
 
     /// The parameter words an address operand (`[%rd4]`, `[%rd4+8]`, or a register) is
-    /// computed from through address arithmetic alone: moves, additions and `cvta`
-    /// conversions (a pointer loaded from a handle, plus offsets).
+    /// computed from through address arithmetic alone: moves, additions, `cvta`
+    /// conversions and `and` with a constant mask (a pointer loaded from a handle, aligned
+    /// down, plus offsets).
     pub fn address_origins(&self, operand: &str) -> BTreeSet<ParamWord> {
         let mut out = BTreeSet::new();
         let mut seen = BTreeSet::new();
@@ -98,6 +99,13 @@ impl<'f> Flow<'f> {
             match ins.op() {
                 "ld" if ins.has("param") => out.extend(self.param_word(d, reg)),
                 "mov" | "add" | "cvta" => {
+                    for r in ins.operands[1..].iter().flat_map(|o| registers(o)) {
+                        self.address_origins_of(r, seen, out);
+                    }
+                }
+                // Aligning a pointer down to a slot (`and.b64 %rd2, %rd1, -16`); a mask in
+                // a register is not address arithmetic.
+                "and" if ins.operands[1..].iter().any(|o| immediate(o).is_some()) => {
                     for r in ins.operands[1..].iter().flat_map(|o| registers(o)) {
                         self.address_origins_of(r, seen, out);
                     }
@@ -425,6 +433,22 @@ mod tests {
         );
         // A loaded pointer is not the field it was loaded through.
         assert!(flow.address_origins("%rd6").is_empty());
+    }
+
+    /// Guards against a copy's slots losing their buffer when the pointer is aligned down
+    /// first (`dst & !15`), and a register mask passing for alignment.
+    #[test]
+    fn address_origins_follow_alignment_masks() {
+        let f = function(
+            "ld.param.b64 %rd1, [k_param_0+56];
+             and.b64 %rd2, %rd1, -16;
+             add.s64 %rd3, %rd2, %rd9;
+             and.b64 %rd4, %rd1, %rd8;",
+        );
+        let flow = Flow::new(&f);
+        let origins = |o: &str| flow.address_origins(o).into_iter().collect::<Vec<_>>();
+        assert_eq!(origins("[%rd3]"), [word(56)]);
+        assert!(origins("[%rd4]").is_empty());
     }
 
     /// Guards against phi copies hiding where a pointer comes from, or making two fields

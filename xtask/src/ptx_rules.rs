@@ -28,7 +28,8 @@
 //!
 //! Each [`Need`] that [`EXPECTATIONS`] lists for a kernel must be present, and is found the
 //! same way (a semaphore wait is an acquire poll of an `inbound` counter, not any acquire
-//! load); an expectation that matches no kernel fails the check.
+//! load; a wide copy is a loop of 128-bit global loads and stores between channel buffers,
+//! not any vector access); an expectation that matches no kernel fails the check.
 //!
 //! The protocol accesses are looked for in the kernel's own body, where `#[inline(always)]`
 //! puts them; the device functions it calls out of line (the cold failure paths) are only
@@ -64,6 +65,11 @@ pub enum Need {
     /// A memory channel `get`: a store into the `local` buffer of a value loaded from the
     /// `remote` one.
     MemoryGet,
+    /// A copy between channel buffers 16 bytes at a time: in a loop, a weak 128-bit global
+    /// store (`st.global.v2.u64` or `.v4.u32`) into a `remote` or `local` buffer of the value
+    /// of a weak 128-bit global load (`ld.global.v2.u64` or `.v4.u32`) of one, in the same
+    /// loop. Two 8-byte accesses per 16 bytes, or generic ones, are not it.
+    WideCopy,
     /// Writes LL8 packets: every store of the flag into a `remote` buffer is one relaxed
     /// system-scope or volatile 8-byte store whose high word is the flag (`st.relaxed.sys`
     /// `.global.u64`, `st.volatile.global.v2.u32`), and there is at least one.
@@ -108,6 +114,10 @@ impl Need {
             }
             Need::MemoryPut => "a put (a store into a `remote` buffer of data loaded from `local`)",
             Need::MemoryGet => "a get (a store into a `local` buffer of data loaded from `remote`)",
+            Need::WideCopy => {
+                "a 128-bit copy loop (`ld.global.v2.u64` then `st.global.v2.u64`, or `.v4.u32`, \
+                 between channel buffers, in a loop)"
+            }
             Need::Ll8Store => {
                 "an 8-byte packet store with the flag (`st.relaxed.sys.global.u64` or \
                  `st.volatile.global.v2.u32` into a `remote` buffer)"
@@ -226,13 +236,14 @@ pub const EXPECTATIONS: &[Expectation] = &[
         kernels: "probe_semaphore_wait",
         needs: &[Need::SemaphoreWait],
     },
+    // The copy's loop moves 16 bytes per load and per store, as MSCCL++'s does.
     Expectation {
         kernels: "probe_memory_put",
-        needs: &[Need::MemoryPut],
+        needs: &[Need::MemoryPut, Need::WideCopy],
     },
     Expectation {
         kernels: "probe_memory_get",
-        needs: &[Need::MemoryGet],
+        needs: &[Need::MemoryGet, Need::WideCopy],
     },
     Expectation {
         kernels: "probe_memory_signal",
@@ -566,6 +577,7 @@ impl<'m> Kernel<'m> {
                 }
                 Need::MemoryPut => self.copies(Field::RemoteBuffer, Field::LocalBuffer),
                 Need::MemoryGet => self.copies(Field::LocalBuffer, Field::RemoteBuffer),
+                Need::WideCopy => self.wide_copies(),
                 Need::Ll8Store => self.packet_stores(Packet::Ll8),
                 Need::Ll16Store => self.packet_stores(Packet::Ll16),
                 Need::Ll8Poll => self.packet_polls(Packet::Ll8),
@@ -921,6 +933,68 @@ impl<'m> Kernel<'m> {
         found
     }
 
+    /// `WideCopy`: stores, in a loop, into a channel buffer of values loaded in the same
+    /// loop from one; `fits` are those whose store and load are weak 128-bit global
+    /// accesses, `near` says what the others move instead.
+    fn wide_copies(&self) -> Found {
+        let mut found = Found::default();
+        let in_buffer = |operand: &str| {
+            self.fields_at(operand)
+                .iter()
+                .any(|f| matches!(f, Field::RemoteBuffer | Field::LocalBuffer))
+        };
+        // The narrow copies seen, once per pair of opcodes: (load, store, line).
+        let mut narrow: Vec<(&Instruction, &Instruction)> = Vec::new();
+        for (i, st) in self.instructions().filter(|(_, i)| i.op() == "st") {
+            let at = self.cfg.block_of(i);
+            if !in_buffer(&st.operands[0]) || !self.cfg.same_cycle(at, at) {
+                continue;
+            }
+            let loads: Vec<&Instruction> = st.operands[1..]
+                .iter()
+                .flat_map(|v| self.flow.operand_sources(v).reads)
+                .filter(|&r| self.cfg.same_cycle(at, self.cfg.block_of(r)))
+                .map(|r| self.ins(r))
+                .filter(|ld| ld.op() == "ld" && ld.operands.get(1).is_some_and(|a| in_buffer(a)))
+                .collect();
+            let Some(&ld) = loads.iter().find(|l| !is_wide_data(l)).or(loads.first()) else {
+                continue;
+            };
+            if is_wide_data(st) && is_wide_data(ld) {
+                found.fits.push(i);
+            } else if !narrow
+                .iter()
+                .any(|(l, s)| l.opcode == ld.opcode && s.opcode == st.opcode)
+            {
+                narrow.push((ld, st));
+            }
+        }
+        if !narrow.is_empty() {
+            let seen: Vec<String> = narrow
+                .iter()
+                .map(|(ld, st)| {
+                    format!(
+                        "`{}` to `{}` at line {} ({})",
+                        ld.opcode,
+                        st.opcode,
+                        st.line,
+                        access_kind(if is_wide_data(st) { ld } else { st })
+                    )
+                })
+                .collect();
+            found.near.push(format!(
+                "its copy loops move data with {}, not one weak 128-bit global load and store \
+                 per 16 bytes",
+                seen.join(", ")
+            ));
+        } else if found.fits.is_empty() {
+            found.near.push(
+                "no loop stores into a `remote` or `local` buffer what it loads from one".into(),
+            );
+        }
+        found
+    }
+
     /// Packet stores: stores of a flag into a `remote` buffer, each of the packet's shape.
     fn packet_stores(&self, packet: Packet) -> Found {
         let mut found = Found::default();
@@ -1223,6 +1297,38 @@ fn vector_width(ins: &Instruction) -> u32 {
 
 fn is_vector(ins: &Instruction) -> bool {
     vector_width(ins) > 1
+}
+
+/// The modifiers that make an access more than weak: volatile, or a memory order.
+const ORDERED: [&str; 5] = ["volatile", "relaxed", "acquire", "release", "mmio"];
+
+/// Whether `ins` is a weak 128-bit access of global memory (`ld.global.v2.u64`,
+/// `st.global.v4.u32`, ...): plain data, 16 bytes in one access, no `.volatile` and no
+/// memory order.
+fn is_wide_data(ins: &Instruction) -> bool {
+    ins.has("global")
+        && !ORDERED.iter().any(|m| ins.has(m))
+        && matches!(
+            (vector_width(ins), elem_bits(ins)),
+            (2, Some(64)) | (4, Some(32))
+        )
+}
+
+/// How much one access moves, and how, for messages: `8 bytes, generic`.
+fn access_kind(ins: &Instruction) -> String {
+    let bytes = vector_width(ins) * elem_bits(ins).unwrap_or(0) / 8;
+    let space = if ins.has("global") {
+        "global"
+    } else if in_global_or_generic(ins) {
+        "generic"
+    } else {
+        "not global"
+    };
+    let unit = if bytes == 1 { "byte" } else { "bytes" };
+    match ORDERED.iter().find(|m| ins.has(m)) {
+        Some(m) => format!("{bytes} {unit}, {space}, {m}"),
+        None => format!("{bytes} {unit}, {space}"),
+    }
 }
 
 fn in_global_or_generic(ins: &Instruction) -> bool {
@@ -1634,6 +1740,101 @@ mod tests {
             "expected-step",
             "local",
         );
+    }
+
+    // --- wide copies ---
+
+    /// A put's copy loop as `copy` emits it: slots aligned down from the buffers (`and`
+    /// with -16), one 128-bit global load from `local` (+72) and one 128-bit global store
+    /// into `remote` (+56) per slot.
+    const WIDE_PUT: &str = "ld.param.b64 %rd50, [K_param_0+56];\n\
+        ld.param.b64 %rd51, [K_param_0+72];\n\
+        and.b64 %rd52, %rd50, -16;\n\
+        and.b64 %rd53, %rd51, -16;\n\
+        add.s64 %rd54, %rd52, %rd57;\n\
+        add.s64 %rd55, %rd53, %rd57;\n\
+        $L__C1:\n\
+        ld.global.v2.u64 {%rd60, %rd61}, [%rd55];\n\
+        st.global.v2.u64 [%rd54], {%rd60, %rd61};\n\
+        add.s64 %rd54, %rd54, %rd58;\n\
+        add.s64 %rd55, %rd55, %rd58;\n\
+        setp.lt.u64 %p5, %rd54, %rd59;\n\
+        @%p5 bra $L__C1;";
+
+    /// The loop of [`WIDE_PUT`] as LLVM lowers a copy of a 16-byte struct: two generic
+    /// 8-byte loads and stores per unit.
+    const SPLIT_PUT: &str = "ld.param.b64 %rd50, [K_param_0+56];\n\
+        ld.param.b64 %rd51, [K_param_0+72];\n\
+        $L__C1:\n\
+        add.s64 %rd52, %rd50, %rd55;\n\
+        add.s64 %rd53, %rd51, %rd55;\n\
+        ld.b64 %rd60, [%rd53];\n\
+        st.b64 [%rd52], %rd60;\n\
+        ld.b64 %rd61, [%rd53+8];\n\
+        st.b64 [%rd52+8], %rd61;\n\
+        add.s64 %rd55, %rd55, %rd58;\n\
+        setp.lt.u64 %p5, %rd55, %rd59;\n\
+        @%p5 bra $L__C1;";
+
+    /// Guards against the wide-copy rule refusing the copy loop's own shape, either vector
+    /// form, in either direction.
+    #[test]
+    fn wide_copy_loop_passes() {
+        let put = &[Need::MemoryPut, Need::WideCopy];
+        assert_passes(&check_one("k", MEMORY, put, WIDE_PUT));
+        let v4 = WIDE_PUT
+            .replace(
+                "ld.global.v2.u64 {%rd60, %rd61}",
+                "ld.global.v4.u32 {%r1, %r2, %r3, %r4}",
+            )
+            .replace(
+                "st.global.v2.u64 [%rd54], {%rd60, %rd61}",
+                "st.global.v4.u32 [%rd54], {%r1, %r2, %r3, %r4}",
+            );
+        assert_passes(&check_one("k", MEMORY, put, &v4));
+        let get = WIDE_PUT
+            .replace("[K_param_0+56]", "[K_param_0+999]")
+            .replace("[K_param_0+72]", "[K_param_0+56]")
+            .replace("[K_param_0+999]", "[K_param_0+72]");
+        assert_passes(&check_one(
+            "k",
+            MEMORY,
+            &[Need::MemoryGet, Need::WideCopy],
+            &get,
+        ));
+    }
+
+    /// Guards against the copy's 16-byte units passing while LLVM splits each into two
+    /// generic 8-byte loads and stores: still a put, but not a wide one.
+    #[test]
+    fn split_copy_fails() {
+        assert_passes(&check_one("k", MEMORY, &[Need::MemoryPut], SPLIT_PUT));
+        let r = check_one("k", MEMORY, &[Need::WideCopy], SPLIT_PUT);
+        assert_fails(&r, "expected-step", "128-bit copy loop");
+        assert_fails(
+            &r,
+            "expected-step",
+            "`ld.b64` to `st.b64` at line 12 (8 bytes, generic)",
+        );
+    }
+
+    /// Guards against wide accesses counting where they are not the copy's loop: outside
+    /// any loop, generic rather than global, volatile rather than plain data, or storing
+    /// something not loaded from a channel buffer.
+    #[test]
+    fn wide_copy_outside_a_loop_generic_volatile_or_unrelated_fails() {
+        let once = WIDE_PUT.replace("@%p5 bra $L__C1;", "");
+        let r = check_one("k", MEMORY, &[Need::WideCopy], &once);
+        assert_fails(&r, "expected-step", "no loop stores into");
+        let generic = WIDE_PUT.replace("ld.global.v2", "ld.v2");
+        let r = check_one("k", MEMORY, &[Need::WideCopy], &generic);
+        assert_fails(&r, "expected-step", "(16 bytes, generic)");
+        let volatile = WIDE_PUT.replace("st.global.v2", "st.volatile.global.v2");
+        let r = check_one("k", MEMORY, &[Need::WideCopy], &volatile);
+        assert_fails(&r, "expected-step", "(16 bytes, global, volatile)");
+        let unrelated = WIDE_PUT.replace("[K_param_0+72]", "[K_param_1]");
+        let r = check_one("k", MEMORY, &[Need::WideCopy], &unrelated);
+        assert_fails(&r, "expected-step", "no loop stores into");
     }
 
     // --- LL packets ---

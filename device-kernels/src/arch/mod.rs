@@ -6,6 +6,8 @@
 //! this module never uses `#[cfg]` for the target: it calls these functions.
 //!
 //! Atomics go through [`atomic`], the one shim that also serves `loom` under `cfg(oxccl_loom)`.
+//! Plain data moves through [`GlobalWord`]: weak loads and stores of global memory, what a
+//! bulk copy is made of.
 
 pub mod atomic;
 #[cfg(not(target_arch = "nvptx64"))]
@@ -218,6 +220,53 @@ pub fn in_place(value: u64) -> u64 {
 #[inline(always)]
 pub fn trap() -> ! {
     imp::trap()
+}
+
+/// Sixteen bytes of plain data, aligned to 16: what one 128-bit load or store moves.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Word16(pub [u64; 2]);
+
+const _: () = assert!(core::mem::size_of::<Word16>() == 16);
+
+/// Plain data that one load and one store of global memory move whole: `u8`, `u16`, `u32`,
+/// `u64` and [`Word16`], the units of a bulk copy.
+///
+/// The accesses are weak (on the GPU `ld.global` / `st.global` of the word's width, a
+/// 128-bit vector for [`Word16`]; no `.volatile`, no scope): they carry data, not
+/// synchronization, so they order nothing and may be cached; publish what they store with a
+/// release (a semaphore signal) and read what a peer stored after the matching acquire. In
+/// the emulator they are ordinary copies.
+///
+/// They name the global state space rather than a generic address: every buffer a device
+/// handle addresses is global memory (device allocations, peer memory mapped through IPC,
+/// device-mapped host memory), never shared or local memory.
+pub trait GlobalWord: Copy + sealed::Sealed {
+    /// Loads the word at `addr` (a weak load).
+    ///
+    /// # Safety
+    /// `addr` is aligned to the word's size and addresses that many readable bytes of global
+    /// memory. A concurrent write to them by another thread or agent makes the value read
+    /// unspecified, as on a GPU.
+    unsafe fn load_global(addr: u64) -> Self;
+
+    /// Stores `self` at `addr` (a weak store).
+    ///
+    /// # Safety
+    /// `addr` is aligned to the word's size and addresses that many writable bytes of global
+    /// memory. A concurrent access to them by another thread or agent leaves what it reads,
+    /// and what the bytes end up holding, unspecified.
+    unsafe fn store_global(self, addr: u64);
+}
+
+mod sealed {
+    /// Only the arch layer's words: each needs a load and a store of its exact width.
+    pub trait Sealed {}
+    impl Sealed for u8 {}
+    impl Sealed for u16 {}
+    impl Sealed for u32 {}
+    impl Sealed for u64 {}
+    impl Sealed for super::Word16 {}
 }
 
 /// Whether a thread should take one contiguous chunk of a copy (CPU cores, where caches and

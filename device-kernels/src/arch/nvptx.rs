@@ -1,6 +1,7 @@
-//! The arch layer on the GPU: special registers, `bar.sync`, fences and the global timer.
+//! The arch layer on the GPU: special registers, `bar.sync`, fences, the global timer, and
+//! plain global loads and stores.
 
-use super::{Dim3, Scope};
+use super::{Dim3, GlobalWord, Scope, Word16};
 use core::arch::asm;
 use core::arch::nvptx;
 
@@ -137,4 +138,84 @@ pub(crate) fn note_failure(
     _site: u32,
     _detail: [u64; 3],
 ) {
+}
+
+/// [`GlobalWord`] for a scalar of PTX type `$ty` held in a register of class `$reg`.
+///
+/// Written in PTX because LLVM, given a Rust read or write through an address held as an
+/// integer, emits a generic access (`ld.b64`), and splits a 16-byte struct into two 8-byte
+/// ones; here each word is one access of its width, in the global state space.
+macro_rules! scalar_global_word {
+    ($t:ty, $ty:literal, $reg:ident) => {
+        impl GlobalWord for $t {
+            #[inline(always)]
+            unsafe fn load_global(addr: u64) -> $t {
+                let v: $t;
+                // SAFETY: the caller vouches for an aligned, readable word of global memory.
+                // `pure, readonly`: a plain load, which reads memory and writes nothing.
+                unsafe {
+                    asm!(
+                        concat!("ld.global.", $ty, " {v}, [{addr}];"),
+                        v = out($reg) v,
+                        addr = in(reg64) addr,
+                        options(nostack, pure, readonly),
+                    )
+                };
+                v
+            }
+
+            #[inline(always)]
+            unsafe fn store_global(self, addr: u64) {
+                // SAFETY: the caller vouches for an aligned, writable word of global memory.
+                unsafe {
+                    asm!(
+                        concat!("st.global.", $ty, " [{addr}], {v};"),
+                        addr = in(reg64) addr,
+                        v = in($reg) self,
+                        options(nostack),
+                    )
+                };
+            }
+        }
+    };
+}
+
+scalar_global_word!(u8, "u8", reg16);
+scalar_global_word!(u16, "u16", reg16);
+scalar_global_word!(u32, "u32", reg32);
+scalar_global_word!(u64, "u64", reg64);
+
+impl GlobalWord for Word16 {
+    /// One `ld.global.v2.u64`: the whole 16 bytes in one 128-bit access.
+    #[inline(always)]
+    unsafe fn load_global(addr: u64) -> Word16 {
+        let (lo, hi): (u64, u64);
+        // SAFETY: the caller vouches for 16 readable bytes of global memory, aligned to 16
+        // as a 128-bit access needs. `pure, readonly`: a plain load.
+        unsafe {
+            asm!(
+                "ld.global.v2.u64 {{{lo}, {hi}}}, [{addr}];",
+                lo = out(reg64) lo,
+                hi = out(reg64) hi,
+                addr = in(reg64) addr,
+                options(nostack, pure, readonly),
+            )
+        };
+        Word16([lo, hi])
+    }
+
+    /// One `st.global.v2.u64`: the whole 16 bytes in one 128-bit access.
+    #[inline(always)]
+    unsafe fn store_global(self, addr: u64) {
+        // SAFETY: the caller vouches for 16 writable bytes of global memory, aligned to 16.
+        unsafe {
+            asm!(
+                "st.global.v2.u64 [{addr}], {{{lo}, {hi}}};",
+                addr = in(reg64) addr,
+                lo = in(reg64) self.0[0],
+                hi = in(reg64) self.0[1],
+                options(nostack),
+            )
+        };
+    }
 }
