@@ -19,6 +19,7 @@
 //! kernel lets two agents write the same bytes at once, the bytes read back are unspecified,
 //! as on a GPU, but no access ever leaves the checked ranges.
 
+use crate::arch::GlobalWord;
 use crate::coop::Coop;
 use crate::copy;
 use crate::error::{DeviceError, DeviceOp};
@@ -462,10 +463,11 @@ impl<'a> MemoryChannelDeviceHandle<'a> {
             self.buffers.local + src_off,
         );
         while let Some((packet, data)) = walk.next() {
-            // SAFETY: one of the `count` packets and payloads, inside both checked ranges;
-            // offsets aligned as checked (the buffers are 16-byte aligned).
+            // SAFETY: one of the `count` packets and payloads, inside both checked ranges of
+            // registered (global) memory; offsets aligned to packet and payload as checked
+            // (the buffers are 16-byte aligned).
             unsafe {
-                let payload = (data as usize as *const P::Payload).read();
+                let payload = <P::Payload as GlobalWord>::load_global(data);
                 P::store(packet, payload, flag);
             }
         }
@@ -512,7 +514,7 @@ impl<'a> MemoryChannelDeviceHandle<'a> {
                     DeviceOp::UnpackPackets,
                     packet - packets,
                 )?;
-                (data as usize as *mut P::Payload).write(payload);
+                payload.store_global(data);
             }
         }
         Ok(())

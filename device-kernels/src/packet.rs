@@ -51,8 +51,8 @@ const _: () = assert!(core::mem::offset_of!(Ll16Packet, flag2) == 12);
 
 /// A packet format: how a payload and a flag are stored and read back.
 pub trait Packet: Copy + bytemuck::Pod {
-    /// The data one packet carries.
-    type Payload: Copy + bytemuck::Pod;
+    /// The data one packet carries: a word the arch layer loads and stores in one access.
+    type Payload: Copy + bytemuck::Pod + crate::arch::GlobalWord;
     /// Bytes of `Payload` (half the packet).
     const PAYLOAD_BYTES: u64 = core::mem::size_of::<Self::Payload>() as u64;
     /// Bytes of the packet.

@@ -167,6 +167,7 @@ pub const EXPECTATIONS: &[Expectation] = &[
         kernels: "memory_ring_exchange",
         needs: &[
             Need::MemoryPut,
+            Need::WideCopy,
             Need::ReleaseSignal,
             Need::SemaphoreWait,
             Need::BarrierBeforeSignal,
@@ -182,6 +183,7 @@ pub const EXPECTATIONS: &[Expectation] = &[
         kernels: "ring_all_reduce_*",
         needs: &[
             Need::MemoryPut,
+            Need::WideCopy,
             Need::ReleaseSignal,
             Need::SemaphoreWait,
             Need::BarrierBeforeSignal,
