@@ -43,9 +43,9 @@ use std::time::{Duration, Instant};
 
 /// Errors kept for [`ProxyService::check`]; later ones are counted, not kept.
 const MAX_KEPT_ERRORS: usize = 16;
-/// Polls that spin before the proxy starts yielding.
-const SPIN_POLLS: u32 = 2048;
-/// Polls (after spinning) that yield before the proxy parks.
+/// Idle polls (without assist) before the proxy thread parks, the first [`SpinBudget`] of
+/// them spinning and the rest yielding the core: a few milliseconds at most, after which it
+/// waits for a push to wake it.
 const YIELD_POLLS: u32 = 4096;
 /// Longest park: a second guard behind the doorbell.
 const PARK_TIMEOUT: Duration = Duration::from_millis(5);
@@ -508,9 +508,32 @@ impl StallWatch {
 ///
 /// Without assist nobody else drains, so the thread holds the consumer while it polls
 /// (taking and releasing a lock on every poll costs two locked instructions, which also wait
-/// for the thread's last store to a peer's semaphore). With assist it holds it only while
-/// draining, so a pushing kernel thread can drain when the proxy thread is merely polling.
+/// for the thread's last store to a peer's semaphore). After executing something it polls
+/// on, spinning as long as that pays off ([`SpinBudget`]) and then yielding the core between
+/// polls, then parks. It used to spin 2048 polls first, with
+/// the same kind of evidence against it: in the two-rank ping-pong both proxy threads spun
+/// through each round trip (about 800 ms of CPU each over 15 000 round trips) while the
+/// kernel threads, whose turn it mostly was, waited for a core (about 800 ms runnable but
+/// not running each): 48 µs a round trip. Yielding instead, whichever thread has the next
+/// step gets a core within a switch: 3.2 µs.
+///
+/// With assist the pushing kernel threads execute their own triggers, and the proxy thread
+/// only catches what they leave (a push whose assist found the consumer taken): it parks as
+/// soon as the ring is empty, and never stays hot. It used to stay hot like the unassisted
+/// thread, and that made the emulator bimodal. A proxy thread woken by its park timeout
+/// would sometimes find a trigger in flight and execute it. It then spun, and while it
+/// spun it held the consumer on most polls, so pushers' assists failed. It executed their
+/// triggers and stayed hot as long as they kept coming. A two-rank ping-pong on 2 cores
+/// then had one proxy thread owning a core (242 ms of CPU over 5 timed runs, 89
+/// involuntary switches). The two kernel threads shared the other core and handed it over
+/// by yielding on every round trip (100 457 involuntary switches each, 122 ms runnable but
+/// waiting): 2.4 µs a round trip instead of 0.39, for the life of the process
+/// (`pingpong --processes 12 --thread-stats`). Parked, the proxy thread takes no core
+/// from the ranks.
 fn run(consumer: &Mutex<Consumer>, cells: &FifoCells, shared: &Shared, assist: bool) {
+    // How long the thread stays hot after its last execution: not at all with assist.
+    let yield_polls = if assist { 0 } else { YIELD_POLLS };
+    let mut spin = SpinBudget::default();
     let mut idle = 0u32;
     let mut watch = StallWatch {
         since: None,
@@ -532,6 +555,7 @@ fn run(consumer: &Mutex<Consumer>, cells: &FifoCells, shared: &Shared, assist: b
             }
         };
         if let Some(executed @ 1..) = drained {
+            spin.work_found_after(idle);
             idle = 0;
             stalled = false;
             consumer_pacing::after_drain(executed);
@@ -554,22 +578,66 @@ fn run(consumer: &Mutex<Consumer>, cells: &FifoCells, shared: &Shared, assist: b
             stalled = watch.idle(cells, shared);
         }
         let shutdown = || shared.shutdown.load(Ordering::Acquire);
-        if idle < SPIN_POLLS && !stalled {
-            std::hint::spin_loop();
+        if idle < yield_polls && !stalled {
+            if idle <= spin.polls() {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
             continue;
         }
         // Leaving the hot phase: let go of the consumer, so nothing waits on a thread that
-        // is about to yield or sleep.
+        // is about to park.
         held = None;
         if stalled {
             cells.park_consumer_stalled(PARK_TIMEOUT, shutdown);
-        } else if idle < SPIN_POLLS + YIELD_POLLS {
-            std::thread::yield_now();
         } else if !cells.park_consumer(PARK_TIMEOUT, shutdown) {
             // A position is claimed but not executed yet (its pusher is about to publish, or
             // an assistant is draining): not the moment to park.
             std::thread::yield_now();
         }
+    }
+}
+
+/// How many idle polls the proxy thread (without assist) spins before it starts yielding:
+/// as many as keep paying off.
+///
+/// Spinning catches a trigger that comes within a few hundred nanoseconds without a system
+/// call (a kernel thread that pushes and waits for the answer, with a core each: about 290
+/// ns a round trip spinning 32 polls, 350 yielding at once). When the next trigger comes
+/// only after the kernels have had their turn (a ping-pong between two ranks on two cores),
+/// every poll spent spinning is time a kernel thread waits for the core: 3.5 µs a round trip
+/// spinning 32 polls, 3.0 yielding at once. So the budget doubles (to at least
+/// [`Self::RESTART`]) when work came while spinning, and halves when it came only after
+/// yielding.
+#[derive(Clone, Copy, Debug)]
+struct SpinBudget(u32);
+
+impl SpinBudget {
+    /// Most polls spun.
+    const MAX: u32 = 256;
+    /// What a budget that pays off grows back to at least.
+    const RESTART: u32 = 8;
+
+    /// Idle polls to spin: at least one, so that a budget run down to nothing can learn
+    /// that spinning pays off again.
+    fn polls(self) -> u32 {
+        self.0.max(1)
+    }
+
+    /// Adapts to work found after `idle` empty polls.
+    fn work_found_after(&mut self, idle: u32) {
+        self.0 = if idle <= self.polls() {
+            (self.0 * 2).clamp(Self::RESTART, Self::MAX)
+        } else {
+            self.0 / 2
+        };
+    }
+}
+
+impl Default for SpinBudget {
+    fn default() -> Self {
+        SpinBudget(32)
     }
 }
 
@@ -694,4 +762,41 @@ fn fail(shared: &Shared, channel: &Channel, id: u32, error: ProxyError) {
         channel: id,
         message: error.to_string(),
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SpinBudget;
+
+    /// Guards against a spin budget that keeps spinning while the work only ever comes after
+    /// yields (taking a core from the threads that produce it), or that never spins again
+    /// once work comes quickly.
+    #[test]
+    fn spin_budget_follows_where_work_is_found() {
+        let mut b = SpinBudget::default();
+        for _ in 0..10 {
+            b.work_found_after(500);
+        }
+        assert_eq!(
+            b.polls(),
+            1,
+            "work only after yields: spin as little as possible"
+        );
+        b.work_found_after(1);
+        assert_eq!(
+            b.polls(),
+            SpinBudget::RESTART,
+            "work on the first poll: spin again"
+        );
+        for _ in 0..10 {
+            b.work_found_after(2);
+        }
+        assert_eq!(
+            b.polls(),
+            SpinBudget::MAX,
+            "work while spinning: up to the cap"
+        );
+        b.work_found_after(SpinBudget::MAX + 1);
+        assert_eq!(b.polls(), SpinBudget::MAX / 2);
+    }
 }

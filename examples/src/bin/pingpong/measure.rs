@@ -10,6 +10,9 @@ use oxccl_device::launch::LaunchConfig;
 use oxccl_examples::{atomic_pingpong, micros};
 use std::time::{Duration, Instant};
 
+/// How long `--thread-stats` watches the threads after the timed runs, with nothing to do.
+const IDLE_WINDOW: Duration = Duration::from_millis(1000);
+
 /// What one measurement found.
 pub(crate) struct Measurement {
     channel: Channel,
@@ -17,8 +20,9 @@ pub(crate) struct Measurement {
     iters: u32,
     round_trip: Duration,
     baseline: Duration,
-    /// With `--thread-stats`: every thread's counters before and after the timed runs.
-    threads: Option<(Snapshot, Snapshot)>,
+    /// With `--thread-stats`: every thread's counters before and after the timed runs, and
+    /// after an idle window that follows them.
+    threads: Option<[Snapshot; 3]>,
 }
 
 impl Measurement {
@@ -27,12 +31,19 @@ impl Measurement {
         self.round_trip.as_secs_f64() / self.baseline.as_secs_f64().max(1e-12)
     }
 
-    /// What each thread did during the timed runs (with `--thread-stats`; else nothing).
+    /// What each thread did during the timed runs, then during the idle window (with
+    /// `--thread-stats`; else nothing).
     pub(crate) fn thread_lines(&self) -> Vec<String> {
-        self.threads
-            .as_ref()
-            .map(|(before, after)| after.lines_since(before))
-            .unwrap_or_default()
+        let Some([before, after, idle]) = &self.threads else {
+            return Vec::new();
+        };
+        let mut lines = after.lines_since(before);
+        lines.push(format!(
+            "idle_window ms={} (both ranks idle, channels open)",
+            IDLE_WINDOW.as_millis()
+        ));
+        lines.extend(idle.lines_since(after));
+        lines
     }
 
     /// The program's output line.
@@ -106,8 +117,17 @@ pub(crate) fn run(args: &Args) -> Result<Measurement> {
             best = best.min(launch(iters, comm, &port, &mem)?);
         }
         let after = stats.then(Snapshot::take);
+        // The idle window: what the threads of a communicator with nothing to do cost.
+        let idle = stats.then(|| {
+            std::thread::sleep(IDLE_WINDOW);
+            Snapshot::take()
+        });
         comm.barrier()?;
-        Ok((best, before.zip(after)))
+        let threads = match (before, after, idle) {
+            (Some(b), Some(a), Some(i)) => Some([b, a, i]),
+            _ => None,
+        };
+        Ok((best, threads))
     })?;
     let baseline = (0..args.runs.max(1))
         .map(|_| atomic_pingpong(u64::from(iters)))
