@@ -105,7 +105,8 @@ impl Pool {
         let n = self.spawned.fetch_add(1, Ordering::Relaxed);
         let me = worker.clone();
         let handle = std::thread::Builder::new()
-            .name(format!("oxccl-cpu-kernel-{n}"))
+            // Short enough for Linux's 15-character thread names (`/proc`, `top -H`).
+            .name(format!("oxccl-kern-{n}"))
             .stack_size(WORKER_STACK)
             .spawn(move || me.run(self))?;
         let _ = worker.thread.set(handle.thread().clone());
