@@ -20,8 +20,14 @@
 //!   [`port_channel::PortChannelIds`], the LL packets in [`packet`]) are
 //!   [`bytemuck::Pod`]; the device handles built from them are not (see below).
 //! - Failure reporting: [`wait`] (every wait bounded), [`abort`] (what the host reads).
-//! - Safe device APIs on the handles, and [`coop`] to split work among cooperating threads.
-//! - [`kernels`]: kernels shipped with oxccl, written with [`kernel`].
+//! - Safe device APIs on the handles, [`coop`] to split work among cooperating threads,
+//!   [`block`] for a block that decides together, [`handshake`] for kernels launched again
+//!   and again on the same channels.
+//! - [`kernel`]: one function, a PTX entry point on the GPU and a launcher on the host.
+//!
+//! The crate holds no kernel of its own: the kernels oxccl ships are in `oxccl-kernels`, a
+//! kernel crate like any user's, so that a user's kernels link beside them without clashing
+//! names.
 //!
 //! # Soundness: handles cannot be forged
 //!
@@ -67,13 +73,14 @@ extern crate self as oxccl_device;
 
 pub mod abort;
 pub mod arch;
+pub mod block;
 pub mod coop;
 pub mod copy;
 pub mod device_slice;
 pub mod error;
 pub mod fifo;
+pub mod handshake;
 pub mod kernel_return;
-pub mod kernels;
 pub mod launch;
 pub mod memory_channel;
 pub mod packet;

@@ -3,7 +3,7 @@
 //!
 //! `cargo xtask build-ptx` writes one PTX module per kernel crate and GPU architecture to
 //! `<target dir>/ptx/<arch>/<crate>.ptx`, the crate name with underscores
-//! (`target/ptx/sm_90/oxccl_device.ptx`). [`locate`] looks for `<arch>/<crate>.ptx` under
+//! (`target/ptx/sm_90/oxccl_kernels.ptx`). [`locate`] looks for `<arch>/<crate>.ptx` under
 //! these directories, in order, and takes the first file that exists:
 //!
 //! 1. `$OXCCL_PTX_DIR`: for deployments. Copy `target/ptx` anywhere and point the variable
@@ -34,7 +34,7 @@ pub const PTX_DIR_ENV: &str = "OXCCL_PTX_DIR";
 /// No PTX file was found for a crate and architecture.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PtxNotFound {
-    /// Crate name, with underscores (`oxccl_device`).
+    /// Crate name, with underscores (`oxccl_kernels`).
     pub crate_name: String,
     /// Architecture asked for (`sm_90`), or a description such as `sm_90 or older`.
     pub arch: String,
@@ -48,7 +48,7 @@ impl fmt::Display for PtxNotFound {
             return write!(
                 f,
                 "no PTX for crate `{}`, architecture `{}`: not a valid crate and architecture \
-                 name (expected e.g. `oxccl_device` and `sm_90`)",
+                 name (expected e.g. `oxccl_kernels` and `sm_90`)",
                 self.crate_name, self.arch
             );
         }
@@ -87,7 +87,7 @@ pub enum PtxError {
     },
 }
 
-/// The path of the PTX module of `crate_name` (`oxccl-device` or `oxccl_device`) for `arch`
+/// The path of the PTX module of `crate_name` (`oxccl-kernels` or `oxccl_kernels`) for `arch`
 /// (`sm_90`), searched as the module docs describe.
 ///
 /// # Errors
@@ -124,7 +124,7 @@ pub fn search_dirs() -> Vec<PathBuf> {
     search_dirs_from(|k| std::env::var_os(k), std::env::current_exe().ok())
 }
 
-/// The file name of a crate's PTX module: `oxccl_device.ptx` for `oxccl-device`.
+/// The file name of a crate's PTX module: `oxccl_kernels.ptx` for `oxccl-kernels`.
 pub fn file_name(crate_name: &str) -> String {
     format!("{}.ptx", crate_name.replace('-', "_"))
 }
@@ -268,24 +268,24 @@ mod tests {
         // Guards against a stale build shadowing the PTX a deployment points at.
         let deploy = TempDir::new();
         let target = TempDir::new();
-        let wanted = deploy.put("sm_90/oxccl_device.ptx", "deployed");
-        target.put("ptx/sm_90/oxccl_device.ptx", "built");
+        let wanted = deploy.put("sm_90/oxccl_kernels.ptx", "deployed");
+        target.put("ptx/sm_90/oxccl_kernels.ptx", "built");
         let dirs = search_dirs_from(
             env_of(&[(PTX_DIR_ENV, &deploy.0), ("CARGO_TARGET_DIR", &target.0)]),
             None,
         );
         assert_eq!(dirs, [deploy.0.clone(), target.0.join("ptx")]);
-        assert_eq!(locate_in(&dirs, "oxccl-device", "sm_90").unwrap(), wanted);
+        assert_eq!(locate_in(&dirs, "oxccl-kernels", "sm_90").unwrap(), wanted);
     }
 
     #[test]
     fn falls_back_to_later_directories() {
         let deploy = TempDir::new();
         let target = TempDir::new();
-        deploy.put("sm_80/oxccl_device.ptx", "other arch");
-        let built = target.put("ptx/sm_90/oxccl_device.ptx", "built");
+        deploy.put("sm_80/oxccl_kernels.ptx", "other arch");
+        let built = target.put("ptx/sm_90/oxccl_kernels.ptx", "built");
         let dirs = [deploy.0.clone(), target.0.join("ptx")];
-        assert_eq!(locate_in(&dirs, "oxccl_device", "sm_90").unwrap(), built);
+        assert_eq!(locate_in(&dirs, "oxccl_kernels", "sm_90").unwrap(), built);
     }
 
     #[test]
@@ -293,10 +293,10 @@ mod tests {
         // `cargo test` runs target/debug/deps/<test>; `cargo run` runs target/release/<bin>.
         let root = TempDir::new();
         let exe = root.put("target/debug/deps/oxccl-0123abcd", "");
-        let built = root.put("target/ptx/sm_70/oxccl_device.ptx", "built");
+        let built = root.put("target/ptx/sm_70/oxccl_kernels.ptx", "built");
         let dirs = search_dirs_from(env_of(&[]), Some(exe));
         assert_eq!(dirs, [root.0.join("target/ptx")]);
-        assert_eq!(locate_in(&dirs, "oxccl_device", "sm_70").unwrap(), built);
+        assert_eq!(locate_in(&dirs, "oxccl_kernels", "sm_70").unwrap(), built);
 
         // A target directory with another name is recognized by cargo's CACHEDIR.TAG.
         let custom = TempDir::new();
@@ -313,17 +313,17 @@ mod tests {
     fn not_found_lists_the_paths_and_the_command() {
         let a = TempDir::new();
         let b = TempDir::new();
-        let err = locate_in(&[a.0.clone(), b.0.clone()], "oxccl-device", "sm_90").unwrap_err();
+        let err = locate_in(&[a.0.clone(), b.0.clone()], "oxccl-kernels", "sm_90").unwrap_err();
         assert_eq!(
             err.searched,
             [
-                a.0.join("sm_90/oxccl_device.ptx"),
-                b.0.join("sm_90/oxccl_device.ptx")
+                a.0.join("sm_90/oxccl_kernels.ptx"),
+                b.0.join("sm_90/oxccl_kernels.ptx")
             ]
         );
         let msg = err.to_string();
         assert!(msg.contains("cargo xtask build-ptx"), "{msg}");
-        assert!(msg.contains(&a.0.join("sm_90/oxccl_device.ptx").display().to_string()));
+        assert!(msg.contains(&a.0.join("sm_90/oxccl_kernels.ptx").display().to_string()));
         assert!(msg.contains(PTX_DIR_ENV), "{msg}");
     }
 
@@ -332,7 +332,7 @@ mod tests {
         // Guards against `../` in an arch string reading files outside the PTX directories.
         let d = TempDir::new();
         d.put("x.ptx", "");
-        for (krate, arch) in [("oxccl_device", "../x"), ("../x", "sm_90"), ("", "sm_90")] {
+        for (krate, arch) in [("oxccl_kernels", "../x"), ("../x", "sm_90"), ("", "sm_90")] {
             let err = locate_in(&[d.0.join("sm_90")], krate, arch).unwrap_err();
             assert!(err.searched.is_empty());
             assert!(err.to_string().contains("not a valid"), "{err}");
@@ -354,22 +354,22 @@ mod tests {
     #[test]
     fn device_gets_the_newest_architecture_it_can_run() {
         let d = TempDir::new();
-        d.put("sm_70/oxccl_device.ptx", "70");
-        let p80 = d.put("sm_80/oxccl_device.ptx", "80");
-        d.put("sm_90/oxccl_device.ptx", "90");
-        d.put("sm_90a/oxccl_device.ptx", "90a");
+        d.put("sm_70/oxccl_kernels.ptx", "70");
+        let p80 = d.put("sm_80/oxccl_kernels.ptx", "80");
+        d.put("sm_90/oxccl_kernels.ptx", "90");
+        d.put("sm_90a/oxccl_kernels.ptx", "90a");
         d.put("sm_86/other.ptx", "other crate");
         let dirs = [d.0.clone()];
         // An sm_86 GPU runs sm_80 code, not sm_90 code.
         assert_eq!(
-            locate_for_device_in(&dirs, "oxccl-device", 86).unwrap(),
+            locate_for_device_in(&dirs, "oxccl-kernels", 86).unwrap(),
             (p80, "sm_80".to_string())
         );
         assert_eq!(
-            locate_for_device_in(&dirs, "oxccl_device", 90).unwrap().1,
+            locate_for_device_in(&dirs, "oxccl_kernels", 90).unwrap().1,
             "sm_90"
         );
-        let err = locate_for_device_in(&dirs, "oxccl_device", 61).unwrap_err();
+        let err = locate_for_device_in(&dirs, "oxccl_kernels", 61).unwrap_err();
         assert_eq!(err.arch, "sm_61 or older");
         assert!(err.to_string().contains("cargo xtask build-ptx"));
     }

@@ -7,9 +7,9 @@ use common::{add_errors, config};
 use oxccl::Error;
 use oxccl::in_process;
 use oxccl_device::coop::{Block, Coop};
-use oxccl_device::kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_device::{DevicePtr, DeviceSlice, kernel};
+use oxccl_kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
 
 /// Small integers, so every sum is exact in f32 whatever the order of additions.
 const fn input(rank: u32, i: u64, call: u32) -> f32 {

@@ -1,5 +1,5 @@
 //! Ranks as threads of one process exchanging data over port and memory channels, driven by
-//! the kernels shipped in `oxccl_device::kernels`, on the CPU emulator.
+//! the kernels shipped in `oxccl_kernels`, on the CPU emulator.
 #![allow(missing_docs)]
 
 mod common;
@@ -10,9 +10,9 @@ use common::{
 };
 use oxccl::in_process;
 use oxccl::{Communicator, MemoryChannel, PortChannel, Result, Stream};
-use oxccl_device::kernels::packet_exchange::{ll8_exchange, ll16_exchange};
-use oxccl_device::kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
 use oxccl_device::launch::LaunchConfig;
+use oxccl_kernels::packet_exchange::{ll8_exchange, ll16_exchange};
+use oxccl_kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
 
 /// The two channels of a ring, of either kind.
 enum Ring {

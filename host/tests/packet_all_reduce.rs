@@ -8,10 +8,10 @@ use common::config;
 use oxccl::in_process;
 use oxccl::{ChannelFailure, Communicator, DeviceBuffer, Error, MemoryChannel};
 use oxccl_device::error::DeviceOp;
-use oxccl_device::kernels::packet_all_reduce::{
+use oxccl_device::launch::LaunchConfig;
+use oxccl_kernels::packet_all_reduce::{
     PacketAllReduceArgs, packet_all_reduce_sum_f32, packet_scratch_bytes,
 };
-use oxccl_device::launch::LaunchConfig;
 
 /// Small integers, so every sum is exact in f32 whatever the order of additions.
 fn input(rank: u32, i: usize, call: u64) -> f32 {

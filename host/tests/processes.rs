@@ -9,9 +9,9 @@ mod common;
 
 use common::{assert_all_gathered, ring_buffer};
 use oxccl::{Communicator, CommunicatorConfig, Result};
-use oxccl_device::kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
-use oxccl_device::kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
 use oxccl_device::launch::LaunchConfig;
+use oxccl_kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
+use oxccl_kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
 use oxccl_testing::{Job, child_rank};
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //!
 //! A barrier site is a call of `arch::sync_threads` or `arch::sync_threads_or` (any path
 //! ending in those names), or a call of a function that holds barrier sites, which counts as
-//! many as that function holds (`kernels::block_agrees` holds one). A call in a loop is one
+//! many as that function holds (`block::block_agrees` holds one). A call in a loop is one
 //! site: it is one barrier instruction in the PTX. Closures count where they are written (a
 //! closure passed to `block_agrees` is inlined into it once).
 //!

@@ -75,10 +75,9 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
     }
     let crates = select_crates(ws, &opts.packages)?;
     ensure_components("build-ptx", COMPONENTS)?;
-    let device_kernels = match ws.package(DEVICE_CRATE) {
-        Ok(p) => scan_kernels(p)?,
-        Err(_) => Vec::new(),
-    };
+    // The device library's sources: kernels call its functions (a block barrier inside
+    // `block_agrees`, say), and counting a kernel's barrier sites follows those calls.
+    let device_src = ws.package(DEVICE_CRATE).ok().and_then(Package::src_dir);
 
     let mut outputs = Vec::new();
     for arch in &opts.arches {
@@ -99,22 +98,17 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
     }
 
     let mut failures = Vec::new();
-    // Per output: the kernels of its sources, own and inherited, for the PTX rules.
+    // Per output: the kernels of its sources, for the PTX rules.
     let mut sources: Vec<Vec<KernelFn>> = Vec::new();
     for out in &outputs {
-        let own = scan_kernels(&out.pkg)?;
+        let own = scan_kernels(&out.pkg, device_src.as_deref())?;
         let text = std::fs::read_to_string(&out.ptx)
             .with_context(|| format!("reading {}", out.ptx.display()))?;
         let module = Module::parse(&text);
-        let inherited: &[KernelFn] = if out.pkg.name == DEVICE_CRATE {
-            &[]
-        } else {
-            &device_kernels
-        };
-        if let Err(e) = check_entries(&module, &own, inherited) {
+        if let Err(e) = check_entries(&module, &own) {
             failures.push(format!("{} {}: {e}", out.arch, out.lib()));
         }
-        sources.push(own.iter().chain(inherited).cloned().collect());
+        sources.push(own);
     }
 
     if opts.check {
@@ -252,7 +246,10 @@ fn select_crates<'w>(ws: &'w Workspace, names: &[String]) -> Result<Vec<&'w Pack
     if names.is_empty() {
         let crates = ws.kernel_crates();
         if crates.is_empty() {
-            bail!("no kernel crates in the workspace (`{DEVICE_CRATE}` not found)");
+            bail!(
+                "no kernel crates in the workspace: a kernel crate's library depends on \
+                 `{DEVICE_CRATE}` and its Cargo.toml declares `[package.metadata.oxccl] kernels = true`"
+            );
         }
         return Ok(crates);
     }
@@ -274,9 +271,11 @@ fn select_crates<'w>(ws: &'w Workspace, names: &[String]) -> Result<Vec<&'w Pack
         .collect()
 }
 
-fn scan_kernels(pkg: &Package) -> Result<Vec<KernelFn>> {
+/// The `#[kernel]` functions of `pkg`'s sources, their barrier sites counted through calls
+/// into `device_src` (the device library's sources) too.
+fn scan_kernels(pkg: &Package, device_src: Option<&std::path::Path>) -> Result<Vec<KernelFn>> {
     match pkg.src_dir() {
-        Some(dir) => kernels::scan_dir(&dir),
+        Some(dir) => kernels::scan_dir(&dir, device_src),
         None => Ok(Vec::new()),
     }
 }
@@ -328,7 +327,7 @@ fn build_one(ws: &Workspace, pkg: &Package, arch: &str) -> Result<PathBuf> {
 
 /// Checks every kernel in `own` became an entry and every entry comes from `own` or
 /// `inherited` (kernels of a dependency that the cdylib exports too).
-fn check_entries(module: &Module, own: &[KernelFn], inherited: &[KernelFn]) -> Result<()> {
+fn check_entries(module: &Module, own: &[KernelFn]) -> Result<()> {
     let entries: Vec<&str> = module.entries().map(|f| f.name.as_str()).collect();
     let missing: Vec<String> = own
         .iter()
@@ -338,11 +337,7 @@ fn check_entries(module: &Module, own: &[KernelFn], inherited: &[KernelFn]) -> R
     let unknown: Vec<&str> = entries
         .iter()
         .copied()
-        .filter(|e| {
-            !own.iter()
-                .chain(inherited)
-                .any(|k| kernels::entry_is_kernel(e, &k.name))
-        })
+        .filter(|e| !own.iter().any(|k| kernels::entry_is_kernel(e, &k.name)))
         .collect();
     let mut problems = Vec::new();
     if !missing.is_empty() {
@@ -489,13 +484,13 @@ mod tests {
     #[test]
     fn entries_match_kernels() {
         let m = module(&["port_pingpong", "memory_pingpong"]);
-        assert!(check_entries(&m, &[k("port_pingpong"), k("memory_pingpong")], &[]).is_ok());
+        assert!(check_entries(&m, &[k("port_pingpong"), k("memory_pingpong")]).is_ok());
     }
 
     #[test]
     fn missing_entry_is_named() {
         let m = module(&["port_pingpong"]);
-        let err = check_entries(&m, &[k("port_pingpong"), k("ll8_exchange")], &[])
+        let err = check_entries(&m, &[k("port_pingpong"), k("ll8_exchange")])
             .unwrap_err()
             .to_string();
         assert!(
@@ -505,17 +500,17 @@ mod tests {
         assert!(err.contains("`ll8_exchange`"), "{err}");
     }
 
+    /// Guards against a module carrying entry points of another crate (a kernel crate that
+    /// depends on a second one links both crates' kernels) without a word.
     #[test]
-    fn unknown_entry_is_named_and_inherited_ones_are_fine() {
-        let m = module(&["mine", "from_device", "stray"]);
-        let err = check_entries(&m, &[k("mine")], &[k("from_device")])
-            .unwrap_err()
-            .to_string();
+    fn unknown_entry_is_named() {
+        let m = module(&["mine", "stray"]);
+        let err = check_entries(&m, &[k("mine")]).unwrap_err().to_string();
         assert!(
             err.contains("without a `#[kernel]`") && err.contains("stray"),
             "{err}"
         );
-        assert!(!err.contains("from_device"), "{err}");
+        assert!(!err.contains("mine"), "{err}");
     }
 
     #[test]

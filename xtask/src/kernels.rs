@@ -36,11 +36,19 @@ pub struct KernelParam {
 }
 
 /// All `#[kernel]` functions in the `.rs` files under `src_dir`, sorted by file then name,
-/// with their barrier sites counted through every function of those files.
-pub fn scan_dir(src_dir: &Path) -> Result<Vec<KernelFn>> {
+/// with their barrier sites counted through every function of those files and of the
+/// library whose sources are under `library_src` (the device library the kernels call).
+pub fn scan_dir(src_dir: &Path, library_src: Option<&Path>) -> Result<Vec<KernelFn>> {
     let mut paths = Vec::new();
     collect_rs_files(src_dir, &mut paths)?;
     paths.sort();
+    let own = paths.len();
+    if let Some(lib) = library_src {
+        let mut lib_paths = Vec::new();
+        collect_rs_files(lib, &mut lib_paths)?;
+        lib_paths.sort();
+        paths.extend(lib_paths);
+    }
     let mut files = Vec::new();
     for path in paths {
         let text = std::fs::read_to_string(&path)
@@ -50,7 +58,7 @@ pub fn scan_dir(src_dir: &Path) -> Result<Vec<KernelFn>> {
     }
     let graph = CallGraph::new(&files);
     let mut out = Vec::new();
-    for (path, file) in &files {
+    for (path, file) in &files[..own] {
         let mut v = KernelVisitor::default();
         v.visit_file(file);
         for (name, params) in v.kernels {
@@ -225,7 +233,7 @@ mod tests {
         )
         .unwrap();
         std::fs::write(sub.join("notes.txt"), "#[kernel] fn d() {}").unwrap();
-        let found = scan_dir(&dir).unwrap();
+        let found = scan_dir(&dir, None).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         let names: Vec<_> = found.iter().map(|k| k.name.as_str()).collect();
         assert_eq!(names, ["b", "c", "a"]);

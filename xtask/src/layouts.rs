@@ -11,13 +11,13 @@
 //! or a field of an argument struct that the flag is computed from.
 
 use oxccl_device::fifo::{FifoDeviceHandle, FifoRawParts};
-use oxccl_device::kernels::all_reduce::RingAllReduceArgs;
-use oxccl_device::kernels::packet_all_reduce::PacketAllReduceArgs;
 use oxccl_device::memory_channel::{MemoryChannelBuffers, MemoryChannelDeviceHandle};
 use oxccl_device::port_channel::PortChannelDeviceHandle;
 use oxccl_device::semaphore::{
     Device2DeviceSemaphoreDeviceHandle, Host2DeviceSemaphoreDeviceHandle, SemaphoreRawParts,
 };
+use oxccl_kernels::all_reduce::RingAllReduceArgs;
+use oxccl_kernels::packet_all_reduce::PacketAllReduceArgs;
 use std::mem::offset_of;
 
 /// What a parameter word holds, for the protocols.

@@ -43,8 +43,8 @@ struct Cli {
 enum Task {
     /// Build the kernel crates to PTX: `target/ptx/<arch>/<crate>.ptx`.
     ///
-    /// Kernel crates are oxccl-device and every workspace member whose library depends on
-    /// it and sets `[package.metadata.oxccl] kernels = true`.
+    /// Kernel crates are the workspace members whose library depends on oxccl-device and
+    /// sets `[package.metadata.oxccl] kernels = true` (oxccl-kernels, a user's own).
     BuildPtx {
         /// Build only this crate (repeatable); default: every kernel crate.
         #[arg(short = 'p', long = "package", value_name = "CRATE")]

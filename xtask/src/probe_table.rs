@@ -1,5 +1,5 @@
 //! The probe table of `build-ptx --check`: what each probe kernel (one device primitive, see
-//! `oxccl_device::kernels::probes`) costs per architecture, beside what nvcc gives the same
+//! `oxccl_kernels::probes`) costs per architecture, beside what nvcc gives the same
 //! primitive of MSCCL++.
 //!
 //! The references are the registers per thread nvcc 12.9 reports for MSCCL++'s primitive in

@@ -1,9 +1,9 @@
 //! What `cargo metadata` says about the workspace: its root, its target directory, and the
 //! kernel crates.
 //!
-//! A kernel crate is a workspace member whose library is built to PTX. `oxccl-device` always
-//! is one. Any other member is one when its library depends on `oxccl-device` and its
-//! manifest opts in:
+//! A kernel crate is a workspace member whose library is built to PTX: its library depends on
+//! `oxccl-device` (a library of device code with no kernel of its own) and its manifest opts
+//! in, as `oxccl-kernels` does:
 //!
 //! ```toml
 //! [package.metadata.oxccl]
@@ -54,8 +54,7 @@ pub struct Package {
 impl Package {
     /// Whether `cargo xtask build-ptx` builds this crate by default.
     pub fn is_kernel_crate(&self) -> bool {
-        self.lib.is_some()
-            && (self.name == DEVICE_CRATE || (self.depends_on_device && self.declares_kernels))
+        self.lib.is_some() && self.depends_on_device && self.declares_kernels
     }
 
     /// The library's crate name (underscored), which names its `.ptx`.
@@ -226,15 +225,16 @@ mod tests {
       "workspace_root": "/w"
     }"#;
 
-    /// Guards against building host crates to PTX, or missing a kernel crate: only the
-    /// device crate and members that depend on it (not for tests only) and opt in count.
+    /// Guards against building host crates or the device library itself to PTX, or missing
+    /// a kernel crate: only members that depend on the device crate (not for tests only) and
+    /// opt in count.
     #[test]
-    fn kernel_crates_are_the_device_crate_and_those_that_opt_in() {
+    fn kernel_crates_are_those_that_opt_in() {
         let ws = Workspace::from_json(METADATA.as_bytes()).unwrap();
         assert_eq!(ws.root, PathBuf::from("/w"));
         assert_eq!(ws.target_dir, PathBuf::from("/w/target"));
         let names: Vec<_> = ws.kernel_crates().iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["oxccl-device", "tutorial-kernels"]);
+        assert_eq!(names, ["tutorial-kernels"]);
         let k = ws.package("tutorial_kernels").unwrap();
         assert_eq!(k.lib_name(), Some("tutorial_kernels"));
         assert_eq!(k.src_dir(), Some(PathBuf::from("/w/examples/kernels/src")));
@@ -261,8 +261,8 @@ mod tests {
     }
 
     /// Guards against a fixture that drifted from what cargo prints: this workspace, read
-    /// through the real `cargo metadata`, has the device crate as a kernel crate and the
-    /// host crates not.
+    /// through the real `cargo metadata`, has `oxccl-kernels` as a kernel crate, and neither
+    /// the device library nor the host crates.
     #[test]
     fn loads_this_workspace() {
         let ws = Workspace::load().unwrap();
@@ -272,8 +272,11 @@ mod tests {
             ws.root.display()
         );
         let device = ws.package(DEVICE_CRATE).unwrap();
-        assert!(device.is_kernel_crate());
+        assert!(!device.is_kernel_crate());
         assert_eq!(device.lib_name(), Some("oxccl_device"));
+        let kernels = ws.package("oxccl-kernels").unwrap();
+        assert!(kernels.is_kernel_crate());
+        assert_eq!(kernels.lib_name(), Some("oxccl_kernels"));
         let proxy = ws.package("oxccl-proxy").unwrap();
         assert!(proxy.depends_on_device && !proxy.is_kernel_crate());
         assert!(ws.package("xtask").unwrap().lib.is_none());

@@ -4,11 +4,11 @@
 use crate::Args;
 use crate::table::Row;
 use oxccl::{Communicator, DeviceBuffer, MemoryChannel, Result, Stream};
-use oxccl_device::kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
-use oxccl_device::kernels::packet_all_reduce::{
+use oxccl_device::launch::LaunchConfig;
+use oxccl_kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
+use oxccl_kernels::packet_all_reduce::{
     PacketAllReduceArgs, packet_all_reduce_sum_f32, packet_scratch_bytes,
 };
-use oxccl_device::launch::LaunchConfig;
 use std::cell::Cell;
 use std::time::Instant;
 

@@ -10,9 +10,9 @@
 //! variables), mapping each other's device memory. Started by a launcher (torchrun,
 //! `mpirun`, `srun`: its variables are found), each process is one rank and rank 0 prints
 //! the table. Messages up to `--packet-max-bytes` go through
-//! `oxccl_device::kernels::packet_all_reduce::packet_all_reduce_sum_f32` (LL packets, no
+//! `oxccl_kernels::packet_all_reduce::packet_all_reduce_sum_f32` (LL packets, no
 //! semaphore round trips), larger ones through
-//! `oxccl_device::kernels::all_reduce::ring_all_reduce_sum_f32`; both over memory channels.
+//! `oxccl_kernels::all_reduce::ring_all_reduce_sum_f32`; both over memory channels.
 //!
 //! | file | concept |
 //! |---|---|

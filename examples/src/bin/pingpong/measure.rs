@@ -5,9 +5,9 @@ use crate::thread_stats::Snapshot;
 use crate::{Args, Assist, Channel};
 use oxccl::Result;
 use oxccl::in_process::{self, InProcessConfig};
-use oxccl_device::kernels::pingpong::{memory_pingpong, port_pingpong};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_examples::{atomic_pingpong, micros};
+use oxccl_kernels::pingpong::{memory_pingpong, port_pingpong};
 use std::time::{Duration, Instant};
 
 /// How long `--thread-stats` watches the threads after the timed runs, with nothing to do.

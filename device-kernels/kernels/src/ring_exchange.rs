@@ -3,17 +3,18 @@
 //! "forward what arrived last step to the next rank".
 //!
 //! Launch again right away, on the same channels and buffer: each launch begins with the
-//! ring's ready handshake ([`super::ready_handshake`]), so a rank never writes into `next`'s
+//! ring's ready handshake ([`oxccl_device::handshake::ready_handshake`]), so a rank never writes into `next`'s
 //! buffer before `next` has finished the previous launch (and whatever its stream ran
 //! after it, such as a kernel that reads the result).
 
-use super::{block_agrees, ready_handshake};
-use crate::arch;
-use crate::coop::Block;
-use crate::error::DeviceError;
-use crate::kernel;
-use crate::memory_channel::MemoryChannelDeviceHandle;
-use crate::port_channel::PortChannelDeviceHandle;
+use oxccl_device::arch;
+use oxccl_device::block::block_agrees;
+use oxccl_device::coop::Block;
+use oxccl_device::error::DeviceError;
+use oxccl_device::handshake::ready_handshake;
+use oxccl_device::kernel;
+use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
+use oxccl_device::port_channel::PortChannelDeviceHandle;
 
 /// Offset of the chunk rank `rank` forwards at `step`: the one that started `step` ranks back.
 #[inline(always)]

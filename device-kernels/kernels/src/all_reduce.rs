@@ -20,14 +20,14 @@
 //! call `k`. (With the scratch at offset `n`, a shrinking `n` let a rank one call ahead write
 //! into `next`'s output.)
 
-use super::block_agrees;
-use crate::KernelArg;
-use crate::arch;
-use crate::coop::contiguous_chunk;
-use crate::coop::{Block, Coop};
-use crate::error::{DeviceError, DeviceOp};
-use crate::kernel;
-use crate::memory_channel::MemoryChannelDeviceHandle;
+use oxccl_device::KernelArg;
+use oxccl_device::arch;
+use oxccl_device::block::block_agrees;
+use oxccl_device::coop::contiguous_chunk;
+use oxccl_device::coop::{Block, Coop};
+use oxccl_device::error::{DeviceError, DeviceOp};
+use oxccl_device::kernel;
+use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
 
 /// Arguments of [`ring_all_reduce_sum_f32()`].
 #[repr(C)]
@@ -104,7 +104,7 @@ unsafe fn all_reduce(a: &RingAllReduceArgs<'_>) -> Result<(), DeviceError> {
     if a.input != a.work {
         // SAFETY: `input` holds `n` elements, `work` at least `n`, and they do not overlap
         // (contract); each thread copies its own share.
-        unsafe { crate::copy::copy(Block, a.work, a.input, n * 4) };
+        unsafe { oxccl_device::copy::copy(Block, a.work, a.input, n * 4) };
     }
     if nr <= 1 {
         return Ok(());

@@ -1,6 +1,6 @@
 //! Ring all-reduce (sum of `f32`) with LL16 packets, for small messages.
 //!
-//! The ring of [`crate::kernels::all_reduce`] signals and waits on a semaphore at every
+//! The ring of [`crate::all_reduce`] signals and waits on a semaphore at every
 //! step, and its threads meet at a barrier around each signal. Here every value travels in
 //! a packet whose flag says it has arrived, so a thread waits only for the packets it
 //! needs, no thread waits for another, and a step costs one pass over the data. The price
@@ -30,12 +30,12 @@
 //! [`packet_scratch_bytes`]`(capacity, n_ranks)` of scratch, zeroed, for calls of up to
 //! `capacity` elements.
 
-use crate::KernelArg;
-use crate::coop::{Block, Coop, contiguous_chunk};
-use crate::error::{DeviceError, DeviceOp};
-use crate::kernel;
-use crate::memory_channel::MemoryChannelDeviceHandle;
-use crate::packet::{Ll16Packet, Packet};
+use oxccl_device::KernelArg;
+use oxccl_device::coop::{Block, Coop, contiguous_chunk};
+use oxccl_device::error::{DeviceError, DeviceOp};
+use oxccl_device::kernel;
+use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
+use oxccl_device::packet::{Ll16Packet, Packet};
 
 /// Arguments of [`packet_all_reduce_sum_f32()`].
 #[repr(C)]

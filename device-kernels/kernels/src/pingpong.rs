@@ -2,11 +2,11 @@
 //! waits for the answer `iters` times; the other side waits and answers. With `bytes == 0`
 //! only signals travel. Thread 0 of the grid runs it (any launch shape).
 
-use crate::arch;
-use crate::error::DeviceError;
-use crate::kernel;
-use crate::memory_channel::MemoryChannelDeviceHandle;
-use crate::port_channel::PortChannelDeviceHandle;
+use oxccl_device::arch;
+use oxccl_device::error::DeviceError;
+use oxccl_device::kernel;
+use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
+use oxccl_device::port_channel::PortChannelDeviceHandle;
 
 /// Ping-pong over a port channel.
 #[kernel]

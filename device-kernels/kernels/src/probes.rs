@@ -12,14 +12,14 @@
 //! the call and its failure path stay in the kernel: nothing is optimised away. A probe may
 //! be launched like any kernel (it does what its primitive does), but exists to be built.
 
-use crate::coop::Block;
-use crate::error::DeviceError;
-use crate::fifo::{FifoDeviceHandle, ProxyTrigger};
-use crate::kernel;
-use crate::memory_channel::MemoryChannelDeviceHandle;
-use crate::packet::{Ll8Packet, Ll16Packet};
-use crate::port_channel::PortChannelDeviceHandle;
-use crate::semaphore::Device2DeviceSemaphoreDeviceHandle;
+use oxccl_device::coop::Block;
+use oxccl_device::error::DeviceError;
+use oxccl_device::fifo::{FifoDeviceHandle, ProxyTrigger};
+use oxccl_device::kernel;
+use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
+use oxccl_device::packet::{Ll8Packet, Ll16Packet};
+use oxccl_device::port_channel::PortChannelDeviceHandle;
+use oxccl_device::semaphore::Device2DeviceSemaphoreDeviceHandle;
 
 /// [`FifoDeviceHandle::push`] of `trigger`.
 #[kernel]

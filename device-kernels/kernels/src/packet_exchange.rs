@@ -4,14 +4,15 @@
 //! the previous launch's on the same channels (a round counter).
 //!
 //! Launch again right away: each launch begins with the ring's ready handshake
-//! ([`super::ready_handshake`]), so a rank never overwrites packets `next` has not unpacked.
+//! ([`oxccl_device::handshake::ready_handshake`]), so a rank never overwrites packets `next` has not unpacked.
 
-use super::{block_agrees, ready_handshake};
-use crate::coop::Block;
-use crate::error::DeviceError;
-use crate::kernel;
-use crate::memory_channel::MemoryChannelDeviceHandle;
-use crate::packet::{Ll8Packet, Ll16Packet, Packet};
+use oxccl_device::block::block_agrees;
+use oxccl_device::coop::Block;
+use oxccl_device::error::DeviceError;
+use oxccl_device::handshake::ready_handshake;
+use oxccl_device::kernel;
+use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
+use oxccl_device::packet::{Ll8Packet, Ll16Packet, Packet};
 
 fn exchange<P: Packet>(
     next: &MemoryChannelDeviceHandle<'_>,
