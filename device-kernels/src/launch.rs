@@ -7,7 +7,7 @@
 //! returns (launches are asynchronous), so the caller's argument storage may die at once.
 //!
 //! `#[kernel] fn foo(..)` generates a module `foo` with `foo::KERNEL` and a typed
-//! `foo::launch(&launcher, config, (args, ..))`; users never build the pointer array.
+//! `foo::launch(&launcher, config, args, ..)`; users never build the pointer array.
 
 use crate::DeviceError;
 use crate::arch::Dim3;

@@ -48,7 +48,7 @@ pub const CPU_MAX_THREADS_PER_LAUNCH: u64 = MAX_THREADS_PER_LAUNCH;
 ///     let out = device.alloc::<u64>(8)?;
 ///     // SAFETY: `out` holds one element for each of the 2 x 4 threads, and lives until
 ///     // the launch is synchronized.
-///     unsafe { iota::launch(&stream, LaunchConfig::grid(2).block(4), (out.device_slice(),))? };
+///     unsafe { iota::launch(&stream, LaunchConfig::grid(2).block(4), out.device_slice())? };
 ///     stream.synchronize()?;
 ///     assert_eq!(out.to_vec()?, [0, 1, 2, 3, 4, 5, 6, 7]);
 ///     Ok(())

@@ -87,7 +87,7 @@ fn back_to_back(ranks: u32, ns: &[usize], threads: u32, in_place: bool) -> Vec<u
             };
             // SAFETY: `input` holds `n` elements (its own buffer, or the first half of
             // `work`), `work` holds `2 * capacity`; nothing else touches them meanwhile.
-            unsafe { ring_all_reduce_sum_f32::launch(&stream, config, (args,))? };
+            unsafe { ring_all_reduce_sum_f32::launch(&stream, config, args)? };
             let (check_call, scale) = if in_place {
                 (0, (ranks as f32).powi(call as i32))
             } else {
@@ -98,14 +98,12 @@ fn back_to_back(ranks: u32, ns: &[usize], threads: u32, in_place: bool) -> Vec<u
                 count_wrong_sums::launch(
                     &stream,
                     LaunchConfig::grid(1).block(2),
-                    (
-                        work.device_slice(),
-                        n as u64,
-                        ranks,
-                        check_call,
-                        scale,
-                        errors.device_ptr(),
-                    ),
+                    work.device_slice(),
+                    n as u64,
+                    ranks,
+                    check_call,
+                    scale,
+                    errors.device_ptr(),
                 )?
             };
         }
@@ -189,7 +187,7 @@ fn unsupported_launch_shape_is_refused() {
         let stream = comm.device().stream()?;
         // SAFETY: as in `back_to_back` (the launch is refused before it runs anyway).
         let err = unsafe {
-            ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(2).block(4), (args,))
+            ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(2).block(4), args)
         }
         .unwrap_err();
         match &err {

@@ -97,7 +97,15 @@ fn run_bad_put(
         let mut refused = None;
         if comm.rank() == 0 {
             let stream = comm.device().stream()?;
-            put_then_flush::launch(&stream, LaunchConfig::grid(1), tweak(&chan))?;
+            let (handle, dst_off, src_off, bytes) = tweak(&chan);
+            put_then_flush::launch(
+                &stream,
+                LaunchConfig::grid(1),
+                handle,
+                dst_off,
+                src_off,
+                bytes,
+            )?;
             match stream.synchronize() {
                 Err(Error::KernelError { error, .. }) => assert_eq!(error, DeviceError::Aborted),
                 Ok(()) => {} // a put the device itself refused never reaches the flush
@@ -118,7 +126,7 @@ fn run_bad_put(
                     ..
                 })
             );
-            flush_once::launch(&stream, LaunchConfig::grid(1), (chan.device_handle(),))?;
+            flush_once::launch(&stream, LaunchConfig::grid(1), chan.device_handle())?;
             match comm.synchronize(&stream) {
                 Err(Error::Channel(e)) if stopped => {
                     assert!(matches!(e.cause, ChannelFailure::Stopped { .. }), "{e}");
@@ -270,13 +278,9 @@ fn wait_times_out() {
         for kind in [ChannelKind::Memory, ChannelKind::Port] {
             let started = Instant::now();
             if kind == ChannelKind::Memory {
-                memory_wait_once::launch(
-                    &stream,
-                    LaunchConfig::grid(1),
-                    (memory.device_handle(),),
-                )?;
+                memory_wait_once::launch(&stream, LaunchConfig::grid(1), memory.device_handle())?;
             } else {
-                port_wait_once::launch(&stream, LaunchConfig::grid(1), (port.device_handle(),))?;
+                port_wait_once::launch(&stream, LaunchConfig::grid(1), port.device_handle())?;
             }
             let result = comm.synchronize(&stream);
             let waited = started.elapsed();
@@ -325,7 +329,7 @@ fn zeroed_handle_is_an_error_naming_it() {
     memory_signal_once::launch(
         &stream,
         LaunchConfig::grid(1),
-        (MemoryChannelDeviceHandle::default(),),
+        MemoryChannelDeviceHandle::default(),
     )
     .unwrap();
     match stream.synchronize() {
@@ -345,7 +349,7 @@ fn zeroed_handle_is_an_error_naming_it() {
     port_wait_once::launch(
         &stream,
         LaunchConfig::grid(1),
-        (PortChannelDeviceHandle::default(),),
+        PortChannelDeviceHandle::default(),
     )
     .unwrap();
     assert!(matches!(

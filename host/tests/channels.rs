@@ -43,24 +43,20 @@ impl Ring {
             Ring::Port(pair) => port_ring_exchange::launch(
                 stream,
                 LaunchConfig::grid(1).block(threads),
-                (
-                    pair.0.device_handle(),
-                    pair.1.device_handle(),
-                    rank,
-                    ranks,
-                    bytes,
-                ),
+                pair.0.device_handle(),
+                pair.1.device_handle(),
+                rank,
+                ranks,
+                bytes,
             ),
             Ring::Memory(pair) => memory_ring_exchange::launch(
                 stream,
                 LaunchConfig::grid(1).block(threads),
-                (
-                    pair.0.device_handle(),
-                    pair.1.device_handle(),
-                    rank,
-                    ranks,
-                    bytes,
-                ),
+                pair.0.device_handle(),
+                pair.1.device_handle(),
+                rank,
+                ranks,
+                bytes,
             ),
         }
     }
@@ -131,13 +127,11 @@ fn ring_back_to_back(
             fill_chunk::launch(
                 &stream,
                 one,
-                (
-                    buf.device_slice(),
-                    (rank as usize * chunk) as u64,
-                    chunk as u64,
-                    rank,
-                    round,
-                ),
+                buf.device_slice(),
+                (rank as usize * chunk) as u64,
+                chunk as u64,
+                rank,
+                round,
             )?
         };
         ring.launch(comm, &stream, chunk, 2)?;
@@ -146,15 +140,13 @@ fn ring_back_to_back(
             count_wrong::launch(
                 &stream,
                 one,
-                (
-                    buf.device_slice(),
-                    0,
-                    chunk as u64,
-                    ranks,
-                    0,
-                    round,
-                    errors.device_ptr(),
-                ),
+                buf.device_slice(),
+                0,
+                chunk as u64,
+                ranks,
+                0,
+                round,
+                errors.device_ptr(),
             )?
         };
     }
@@ -190,34 +182,31 @@ fn packets_back_to_back(
             fill_chunk::launch(
                 &stream,
                 one,
-                (data.device_slice(), 0, words as u64, rank, round),
+                data.device_slice(),
+                0,
+                words as u64,
+                rank,
+                round,
             )?
         };
-        let args = (
-            to_next.device_handle(),
-            from_prev.device_handle(),
-            bytes,
-            round + 1,
-        );
+        let (send, receive) = (to_next.device_handle(), from_prev.device_handle());
         if kind == 8 {
-            ll8_exchange::launch(&stream, one, args)?;
+            ll8_exchange::launch(&stream, one, send, receive, bytes, round + 1)?;
         } else {
-            ll16_exchange::launch(&stream, one, args)?;
+            ll16_exchange::launch(&stream, one, send, receive, bytes, round + 1)?;
         }
         // SAFETY: the received half of `data`; `errors` one u64.
         unsafe {
             count_wrong::launch(
                 &stream,
                 one,
-                (
-                    data.device_slice(),
-                    words as u64,
-                    words as u64,
-                    1,
-                    prev,
-                    round,
-                    errors.device_ptr(),
-                ),
+                data.device_slice(),
+                words as u64,
+                words as u64,
+                1,
+                prev,
+                round,
+                errors.device_ptr(),
             )?
         };
     }

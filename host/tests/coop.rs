@@ -42,7 +42,7 @@ fn group_ranks_and_sizes_follow_the_launch() {
         ranks::launch(
             &stream,
             LaunchConfig::grid(blocks).block(threads),
-            (out.device_slice(),),
+            out.device_slice(),
         )
     }
     .unwrap();

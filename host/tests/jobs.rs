@@ -57,11 +57,9 @@ fn one_failing_rank_reports_its_error() {
         put_signal_wait::launch(
             &stream,
             LaunchConfig::grid(1).block(2),
-            (
-                next.device_handle(),
-                prev.device_handle(),
-                (chunk * 4) as u64,
-            ),
+            next.device_handle(),
+            prev.device_handle(),
+            (chunk * 4) as u64,
         )?;
         comm.synchronize(&stream)
     })

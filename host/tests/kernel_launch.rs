@@ -215,14 +215,8 @@ fn stream_with_timeout(device: &Device, timeout: Duration) -> Stream {
 fn assert_grid_ranks_written(device: &Device, stream: &Stream) {
     let out = device.alloc::<u64>(8).unwrap();
     // SAFETY: `out` holds one element per thread of the grid and outlives the launch (synchronized below).
-    unsafe {
-        write_grid_rank::launch(
-            stream,
-            LaunchConfig::grid(2).block(4),
-            (out.device_slice(),),
-        )
-    }
-    .unwrap();
+    unsafe { write_grid_rank::launch(stream, LaunchConfig::grid(2).block(4), out.device_slice()) }
+        .unwrap();
     stream.synchronize().unwrap();
     assert_eq!(out.to_vec().unwrap(), (0..8).collect::<Vec<u64>>());
 }
@@ -251,7 +245,7 @@ fn three_dimensional_indices_follow_cuda() {
         shared_mem_bytes: 0,
     };
     // SAFETY: `out` holds one element per thread of the grid and outlives the launch.
-    unsafe { write_indices::launch(&stream, config, (out.device_slice(),)) }.unwrap();
+    unsafe { write_indices::launch(&stream, config, out.device_slice()) }.unwrap();
     stream.synchronize().unwrap();
     let got = out.to_vec().unwrap();
     let mut seen = 0;
@@ -295,7 +289,9 @@ fn sync_threads_orders_writes_within_a_block() {
         neighbour_exchange::launch(
             &stream,
             LaunchConfig::grid(blocks).block(threads),
-            (scratch.device_slice(), out.device_slice(), rounds),
+            scratch.device_slice(),
+            out.device_slice(),
+            rounds,
         )
     }
     .unwrap();
@@ -324,7 +320,9 @@ fn launches_on_one_stream_run_in_order() {
             append::launch(
                 &stream,
                 LaunchConfig::grid(1),
-                (log.device_slice(), counter.device_ptr(), i),
+                log.device_slice(),
+                counter.device_ptr(),
+                i,
             )
         }
         .unwrap();
@@ -351,12 +349,14 @@ fn two_streams_and_two_devices_run_concurrently() {
             wait_flag::launch(
                 &waiter,
                 LaunchConfig::grid(2).block(4),
-                (flag.device_ptr(), value, out.device_slice()),
+                flag.device_ptr(),
+                value,
+                out.device_slice(),
             )
         }
         .unwrap();
         // SAFETY: `flag` is a live u64 of this test, only accessed atomically by the kernels.
-        unsafe { set_flag::launch(&setter, LaunchConfig::grid(1), (flag.device_ptr(), value)) }
+        unsafe { set_flag::launch(&setter, LaunchConfig::grid(1), flag.device_ptr(), value) }
             .unwrap();
         setter.synchronize().unwrap();
         waiter.synchronize().unwrap();
@@ -383,7 +383,9 @@ fn several_ranks_progress_on_few_cores() {
             all_ranks_meet::launch(
                 stream,
                 LaunchConfig::grid(2).block(4),
-                (flags.device_slice(), rank as u64, out.device_slice()),
+                flags.device_slice(),
+                rank as u64,
+                out.device_slice(),
             )
         }
         .unwrap();
@@ -403,7 +405,7 @@ fn several_ranks_progress_on_few_cores() {
 fn panicking_kernel_reports_kernel_failed_and_stream_recovers() {
     let device = Device::cpu(0);
     let stream = stream_with_timeout(&device, Duration::from_secs(30));
-    panics_in_thread_3::launch(&stream, LaunchConfig::grid(2).block(4), ()).unwrap();
+    panics_in_thread_3::launch(&stream, LaunchConfig::grid(2).block(4)).unwrap();
     match stream.synchronize() {
         Err(Error::KernelFailed { kernel, message }) => {
             assert_eq!(kernel, "panics_in_thread_3");
@@ -426,7 +428,7 @@ fn stuck_kernel_gives_timeout() {
     let mut stream = stream_with_timeout(&device, Duration::from_millis(200));
     let out = device.alloc::<u64>(1).unwrap();
     // SAFETY: `out` is a live u64 of this test.
-    unsafe { wait_for_abort::launch(&stream, LaunchConfig::grid(1), (out.device_ptr(),)) }.unwrap();
+    unsafe { wait_for_abort::launch(&stream, LaunchConfig::grid(1), out.device_ptr()) }.unwrap();
     let started = Instant::now();
     match stream.synchronize() {
         Err(Error::Timeout { what, after }) => {
@@ -471,7 +473,9 @@ fn dropping_a_buffer_waits_for_running_kernels() {
         wait_flag::launch(
             &stream,
             LaunchConfig::grid(1),
-            (gate.device_ptr(), 1, buf.device_slice()),
+            gate.device_ptr(),
+            1,
+            buf.device_slice(),
         )
     }
     .unwrap();
@@ -480,7 +484,7 @@ fn dropping_a_buffer_waits_for_running_kernels() {
         std::thread::sleep(Duration::from_millis(100));
         let stream = other.stream().unwrap();
         // SAFETY: `flag` is a live u64 of this test, only accessed atomically by the kernels.
-        unsafe { set_flag::launch(&stream, LaunchConfig::grid(1), (gate_ptr, 1)) }.unwrap();
+        unsafe { set_flag::launch(&stream, LaunchConfig::grid(1), gate_ptr, 1) }.unwrap();
         stream.synchronize().unwrap();
     });
     let started = Instant::now();
@@ -509,7 +513,9 @@ fn arguments_are_copied_before_launch_returns() {
         wait_flag::launch(
             &stream,
             LaunchConfig::grid(1),
-            (gate.device_ptr(), 1, waited.device_slice()),
+            gate.device_ptr(),
+            1,
+            waited.device_slice(),
         )
     }
     .unwrap();
@@ -526,7 +532,7 @@ fn arguments_are_copied_before_launch_returns() {
     std::hint::black_box(&mut value);
     let opener = device.stream().unwrap();
     // SAFETY: `flag` is a live u64 of this test, only accessed atomically by the kernels.
-    unsafe { set_flag::launch(&opener, LaunchConfig::grid(1), (gate.device_ptr(), 1)) }.unwrap();
+    unsafe { set_flag::launch(&opener, LaunchConfig::grid(1), gate.device_ptr(), 1) }.unwrap();
     opener.synchronize().unwrap();
     stream.synchronize().unwrap();
     assert_eq!(out.to_vec().unwrap(), [7]);
@@ -581,13 +587,13 @@ fn bad_configurations_are_invalid_usage() {
         },
     ];
     for config in bad {
-        match empty::launch(&stream, config, ()) {
+        match empty::launch(&stream, config) {
             Err(Error::InvalidUsage(msg)) => assert!(msg.contains("`empty`"), "{msg}"),
             other => panic!("{config:?}: expected InvalidUsage, got {other:?}"),
         }
     }
     // The largest allowed launch runs.
-    empty::launch(&stream, LaunchConfig::grid(32).block(32), ()).unwrap();
+    empty::launch(&stream, LaunchConfig::grid(32).block(32)).unwrap();
     stream.synchronize().unwrap();
 }
 
@@ -599,7 +605,7 @@ fn barrier_not_reached_by_all_threads_is_an_error() {
     let device = Device::cpu(0);
     let stream = stream_with_timeout(&device, Duration::from_secs(30));
     let started = Instant::now();
-    thread_0_skips_the_barrier::launch(&stream, LaunchConfig::grid(2).block(4), ()).unwrap();
+    thread_0_skips_the_barrier::launch(&stream, LaunchConfig::grid(2).block(4)).unwrap();
     match stream.synchronize() {
         Err(Error::KernelFailed { kernel, message }) => {
             assert_eq!(kernel, "thread_0_skips_the_barrier");
@@ -699,18 +705,18 @@ fn launch_overhead() {
         let config = LaunchConfig::grid(grid).block(block);
         // Warm up: spawn the pool's workers.
         for _ in 0..10 {
-            empty::launch(&stream, config, ()).unwrap();
+            empty::launch(&stream, config).unwrap();
             stream.synchronize().unwrap();
         }
         let start = Instant::now();
         for _ in 0..iters {
-            empty::launch(&stream, config, ()).unwrap();
+            empty::launch(&stream, config).unwrap();
         }
         stream.synchronize().unwrap();
         let queued = start.elapsed() / iters;
         let start = Instant::now();
         for _ in 0..iters {
-            empty::launch(&stream, config, ()).unwrap();
+            empty::launch(&stream, config).unwrap();
             stream.synchronize().unwrap();
         }
         let round_trip = start.elapsed() / iters;

@@ -80,7 +80,7 @@ fn run_with(
                 packet_all_reduce_sum_f32::launch(
                     &stream,
                     LaunchConfig::grid(1).block(threads),
-                    (args,),
+                    args,
                 )?
             };
         }
@@ -172,7 +172,7 @@ fn one_rank_copies() {
         let stream = comm.device().stream()?;
         // SAFETY: input and output hold 33 elements each.
         unsafe {
-            packet_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1).block(4), (args,))?
+            packet_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1).block(4), args)?
         };
         comm.synchronize(&stream)?;
         assert_eq!(output.to_vec()?, data);
@@ -204,7 +204,7 @@ fn oversized_call_and_short_scratch_are_refused() {
             };
             let stream = comm.device().stream()?;
             // SAFETY: `data` holds `n` elements.
-            unsafe { packet_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1), (args,))? };
+            unsafe { packet_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1), args)? };
             match comm.synchronize(&stream) {
                 Err(Error::Channel(e)) => {
                     let text = e.to_string();

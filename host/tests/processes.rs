@@ -31,14 +31,15 @@ fn run_rank() -> Result<u32> {
     // Port channels: the proxy copies into the peer process's mapped memory.
     let (buf, all) = ring_buffer(&comm, chunk)?;
     let (to_next, to_prev) = comm.ring_port_channels(&all, &all[rank as usize])?;
-    let args = (
+    port_ring_exchange::launch(
+        &stream,
+        LaunchConfig::grid(1).block(1),
         to_next.device_handle(),
         to_prev.device_handle(),
         rank,
         ranks,
         (chunk * 4) as u64,
-    );
-    port_ring_exchange::launch(&stream, LaunchConfig::grid(1).block(1), args)?;
+    )?;
     // Complete once our own kernel is: no barrier, so a missing signal order would show.
     comm.synchronize(&stream)?;
     assert_all_gathered(&comm, &buf, chunk, 0);
@@ -46,14 +47,15 @@ fn run_rank() -> Result<u32> {
     // Memory channels: kernel threads store into the peer process's memory directly.
     let (buf, all) = ring_buffer(&comm, chunk)?;
     let (to_next, from_prev) = comm.ring_memory_channels(&all, &all[rank as usize], None)?;
-    let args = (
+    memory_ring_exchange::launch(
+        &stream,
+        LaunchConfig::grid(1).block(2),
         to_next.device_handle(),
         from_prev.device_handle(),
         rank,
         ranks,
         (chunk * 4) as u64,
-    );
-    memory_ring_exchange::launch(&stream, LaunchConfig::grid(1).block(2), args)?;
+    )?;
     // Complete once our own kernel is: no barrier, so a missing signal order would show.
     comm.synchronize(&stream)?;
     assert_all_gathered(&comm, &buf, chunk, 0);
@@ -79,7 +81,7 @@ fn run_rank() -> Result<u32> {
         n_ranks: ranks,
     };
     // SAFETY: `work` holds `2 * n` elements and is only touched through the channels.
-    unsafe { ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1).block(2), (args,))? };
+    unsafe { ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1).block(2), args)? };
     comm.synchronize(&stream)?;
     let got = work.to_vec()?;
     for (i, &have) in got.iter().take(n).enumerate() {

@@ -39,7 +39,8 @@ fn every_thread_gets_the_block_or() {
         vote::launch(
             &stream,
             LaunchConfig::grid(2).block(threads),
-            (out.device_slice(), rounds),
+            out.device_slice(),
+            rounds,
         )
     }
     .unwrap();

@@ -66,18 +66,18 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 ///     use super::*;
 ///     /// Name, parameter layouts and emulator entry point, for backends.
 ///     pub static KERNEL: ::oxccl_device::launch::KernelInfo = /* ... */;
-///     /// Enqueues the kernel on `launcher` (a stream) with `config` and `args`
-///     /// (`unsafe`, as the kernel is).
+///     /// Enqueues the kernel on `launcher` (a stream) with `config` and the kernel's
+///     /// arguments (`unsafe`, as the kernel is).
 ///     pub unsafe fn launch<L: ::oxccl_device::launch::Launcher + ?Sized>(
 ///         launcher: &L,
 ///         config: ::oxccl_device::launch::LaunchConfig,
-///         args: (DeviceSlice<u64>,),
+///         out: DeviceSlice<u64>,
 ///     ) -> Result<(), L::Error>;
 /// }
 /// ```
 ///
 /// so that the host launches it with
-/// `unsafe { write_ranks::launch(&stream, LaunchConfig::grid(2).block(4), (buf.device_slice(),)) }?`.
+/// `unsafe { write_ranks::launch(&stream, LaunchConfig::grid(2).block(4), buf.device_slice()) }?`.
 /// `launch` builds the array of pointers to the arguments (what `cuLaunchKernel` takes as
 /// `kernelParams`) and hands it to [`Launcher::launch_raw`], which copies the values before
 /// returning. `KERNEL.host_entry` is the emulator's way in: it reads the parameters back
@@ -89,6 +89,15 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 /// the lifetime of the host object they came from: write it in the signature
 /// (`chan: PortChannelDeviceHandle<'_>`), so a handle cannot be launched after its channel
 /// is gone.
+///
+/// `launch` takes the launcher and the configuration first, under those names, so a kernel
+/// parameter cannot be called `launcher` or `config`:
+///
+/// ```compile_fail
+/// #[oxccl_device::kernel]
+/// pub fn scaled(config: u32) {}
+/// # fn main() {}
+/// ```
 ///
 /// # Options
 ///
@@ -115,7 +124,7 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 ///
 /// fn forge<L: Launcher>(stream: &L) {
 ///     // error[E0133]: call to unsafe function is unsafe
-///     let _ = store_one::launch(stream, LaunchConfig::grid(1), (0xdead_beef,));
+///     let _ = store_one::launch(stream, LaunchConfig::grid(1), 0xdead_beef);
 /// }
 /// # fn main() {}
 /// ```
@@ -371,7 +380,6 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
             __param_layout::<#sty>()
         }
     });
-    let tuple_ty = quote! { ( #(#tys,)* ) };
     let host_call = if is_unsafe {
         quote! {
             // SAFETY: `HostEntry`'s contract: for an `unsafe` kernel the caller of the
@@ -386,15 +394,15 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
             quote! { unsafe },
             format!(
                 "\n\n# Safety\nThe safety contract of [`{name_str}`](fn@super::{name_str}) \
-                 must hold for `args` and `config`."
+                 must hold for the arguments and `config`."
             ),
         )
     } else {
         (quote! {}, String::new())
     };
     let launch_doc = format!(
-        "Enqueues the kernel on `launcher` (a stream) with `config` and `args`, one tuple \
-         element per kernel parameter. The arguments are copied before this returns; the \
+        "Enqueues the kernel on `launcher` (a stream) with `config` and the kernel's \
+         arguments, in the order of its parameters. They are copied before this returns; the \
          kernel runs asynchronously.\n\n# Errors\nWhatever the launcher refuses: a \
          configuration it cannot run (more blocks than the kernel's `max_blocks`, say), a \
          stream that cannot take work.{launch_safety_doc}"
@@ -455,19 +463,20 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
             }
 
             #[doc = #launch_doc]
-            #[allow(unused_variables)]
+            // The launcher and the configuration come on top of the kernel's own parameters.
+            #[allow(unused_variables, clippy::too_many_arguments)]
             pub #launch_unsafety fn launch<#(#lifetimes,)* L: ::oxccl_device::launch::Launcher + ?Sized>(
                 launcher: &L,
                 config: ::oxccl_device::launch::LaunchConfig,
-                args: #tuple_ty,
+                #(#idents: #tys),*
             ) -> ::core::result::Result<(), L::Error> {
                 let params: [*const ::core::ffi::c_void; #count] = [
-                    #( (&args.#indices as *const #tys).cast::<::core::ffi::c_void>() ),*
+                    #( (&#idents as *const #tys).cast::<::core::ffi::c_void>() ),*
                 ];
                 // SAFETY: `params` holds exactly one pointer per parameter of `KERNEL`, in
-                // order, each to a live value of that parameter's type (`args` outlives the
-                // call, and the launcher copies the values before returning); an `unsafe`
-                // kernel's own contract is this function's caller's to uphold.
+                // order, each to a live value of that parameter's type (the arguments
+                // outlive the call, and the launcher copies the values before returning); an
+                // `unsafe` kernel's own contract is this function's caller's to uphold.
                 unsafe { launcher.launch_raw(&KERNEL, config, &params) }
             }
         }
@@ -559,6 +568,18 @@ fn check(func: &ItemFn) -> syn::Result<Vec<Param>> {
                     push(syn::Error::new(
                         span,
                         "a kernel cannot be generic: `impl Trait` parameters are generic",
+                    ));
+                }
+                if let Some(ident) = &ident
+                    && (ident == "launcher" || ident == "config")
+                {
+                    push(syn::Error::new(
+                        ident.span(),
+                        format!(
+                            "a kernel parameter cannot be named `{ident}`: the generated \
+                             `launch(launcher, config, ..)` takes the launcher and the launch \
+                             configuration under these names before the kernel's parameters"
+                        ),
                     ));
                 }
                 if let Some(ident) = ident {

@@ -187,7 +187,7 @@ mod tests {
         let device = Device::cpu(0);
         let stream = device.stream().unwrap();
         for _ in 0..200 {
-            nothing::launch(&stream, LaunchConfig::grid(2).block(4), ()).unwrap();
+            nothing::launch(&stream, LaunchConfig::grid(2).block(4)).unwrap();
             stream.synchronize().unwrap();
         }
         assert!(pool().spawned() < 200, "{} workers", pool().spawned());

@@ -113,7 +113,7 @@ impl Rank {
             };
             // SAFETY: `input` (our input buffer, or `work` in place) and `work` hold at least
             // `n` elements each and are touched by nothing else until the stream is done.
-            return unsafe { packet_all_reduce_sum_f32::launch(&self.stream, config, (args,)) };
+            return unsafe { packet_all_reduce_sum_f32::launch(&self.stream, config, args) };
         }
         let args = RingAllReduceArgs {
             next: self.next.device_handle(),
@@ -127,7 +127,7 @@ impl Rank {
         };
         // SAFETY: `input` holds at least `n` elements and does not overlap `work` unless it is
         // `work`; `work` holds `2 * capacity`; nothing else touches them meanwhile.
-        unsafe { ring_all_reduce_sum_f32::launch(&self.stream, config, (args,)) }
+        unsafe { ring_all_reduce_sum_f32::launch(&self.stream, config, args) }
     }
 
     /// Runs once from fresh inputs and counts wrong elements.

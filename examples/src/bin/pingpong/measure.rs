@@ -84,14 +84,20 @@ pub(crate) fn run(args: &Args) -> Result<Measurement> {
                 port_pingpong::launch(
                     &stream,
                     cfg,
-                    (p.device_handle(), n, u32::from(rank == 0), args.bytes),
+                    p.device_handle(),
+                    n,
+                    u32::from(rank == 0),
+                    args.bytes,
                 )?;
             }
             if let Some(m) = mem {
                 memory_pingpong::launch(
                     &stream,
                     cfg,
-                    (m.device_handle(), n, u32::from(rank == 0), args.bytes),
+                    m.device_handle(),
+                    n,
+                    u32::from(rank == 0),
+                    args.bytes,
                 )?;
             }
             comm.synchronize(&stream)?;
