@@ -64,8 +64,35 @@ impl SpinHistory {
 #[cfg(not(oxccl_loom))]
 const SWITCH_COST: Duration = Duration::from_micros(1);
 
+/// What the emulator has a thread run at each wait of the kernel thread it runs (see
+/// [`set_wait_hook`]). It may return on another OS thread than the one that called it.
+#[cfg(not(oxccl_loom))]
+pub type WaitHook = fn();
+
+#[cfg(not(oxccl_loom))]
+std::thread_local! {
+    static WAIT_HOOK: Cell<Option<WaitHook>> = const { Cell::new(None) };
+}
+
+/// Makes every [`spin_pause`] of the calling OS thread end by calling `hook` (none: nothing);
+/// returns the hook it replaces.
+///
+/// The emulator installs one on a host thread that runs a kernel thread itself (on a stack
+/// of its own) while it waits for it: at a wait past the host's deadline the hook suspends
+/// the kernel thread there, and a pool thread resumes it. The kernel thread then continues
+/// on another OS thread, which is why every thread-local of this module is reached only
+/// through functions that are never inlined: a kernel's frame never holds a thread-local's
+/// address across a wait.
+#[cfg(not(oxccl_loom))]
+#[inline(never)]
+pub fn set_wait_hook(hook: Option<WaitHook>) -> Option<WaitHook> {
+    WAIT_HOOK.with(|h| h.replace(hook))
+}
+
 /// One back-off step of a wait at poll `iteration` (0 for the first poll of each wait):
-/// spin, then yield the core, then sleep, from 1 µs doubling up to a cap.
+/// spin, then yield the core, then sleep, from 1 µs doubling up to a cap; then the thread's
+/// wait hook, if the emulator installed one (after which the caller may be on another OS
+/// thread).
 ///
 /// How long a thread spins adapts to how its previous waits ended: the first call of a wait (`iteration == 0`) judges the last.
 #[inline]
@@ -77,35 +104,55 @@ pub fn spin_pause(iteration: u32) {
     }
     #[cfg(not(oxccl_loom))]
     {
-        let history = SPIN_HISTORY.with(|h| {
-            let mut history = h.get();
-            if iteration == 0 {
-                history.limit = history.after_wait();
-                history.handed_over = false;
-            }
-            history.last = iteration;
-            h.set(history);
-            history
-        });
-        let spin = history.limit;
-        if iteration < spin {
-            core::hint::spin_loop();
-        } else if iteration < spin + YIELD_ITERATIONS {
-            let before = Instant::now();
-            std::thread::yield_now();
-            if !history.handed_over && before.elapsed() >= SWITCH_COST {
-                SPIN_HISTORY.with(|h| {
-                    h.set(SpinHistory {
-                        handed_over: true,
-                        ..h.get()
-                    })
-                });
-            }
-        } else {
-            let doublings = (iteration - spin - YIELD_ITERATIONS) / 64;
-            let micros = 1u64 << doublings.min(8);
-            std::thread::sleep(Duration::from_micros(micros).min(MAX_SLEEP));
+        pause(iteration);
+        // Last: the hook may move the kernel thread to another OS thread, and nothing of
+        // this call may run after that.
+        if let Some(hook) = wait_hook() {
+            hook();
         }
+    }
+}
+
+/// The calling thread's wait hook.
+#[cfg(not(oxccl_loom))]
+#[inline(never)]
+fn wait_hook() -> Option<WaitHook> {
+    WAIT_HOOK.with(Cell::get)
+}
+
+/// The back-off step of [`spin_pause`]. Never inlined: it reaches thread-locals (see
+/// [`set_wait_hook`]).
+#[cfg(not(oxccl_loom))]
+#[inline(never)]
+fn pause(iteration: u32) {
+    let history = SPIN_HISTORY.with(|h| {
+        let mut history = h.get();
+        if iteration == 0 {
+            history.limit = history.after_wait();
+            history.handed_over = false;
+        }
+        history.last = iteration;
+        h.set(history);
+        history
+    });
+    let spin = history.limit;
+    if iteration < spin {
+        core::hint::spin_loop();
+    } else if iteration < spin + YIELD_ITERATIONS {
+        let before = Instant::now();
+        std::thread::yield_now();
+        if !history.handed_over && before.elapsed() >= SWITCH_COST {
+            SPIN_HISTORY.with(|h| {
+                h.set(SpinHistory {
+                    handed_over: true,
+                    ..h.get()
+                })
+            });
+        }
+    } else {
+        let doublings = (iteration - spin - YIELD_ITERATIONS) / 64;
+        let micros = 1u64 << doublings.min(8);
+        std::thread::sleep(Duration::from_micros(micros).min(MAX_SLEEP));
     }
 }
 

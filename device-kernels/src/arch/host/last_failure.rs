@@ -27,6 +27,7 @@ std::thread_local! {
 
 /// Records a failure of the calling thread (the first since the thread entered its kernel
 /// is kept: it is the cause, later ones are consequences).
+#[inline(never)]
 pub(crate) fn note_failure(error: DeviceError, op: DeviceOp, site: u32, detail: [u64; 3]) {
     LAST.with(|l| {
         if l.get().is_none() {
@@ -41,6 +42,7 @@ pub(crate) fn note_failure(error: DeviceError, op: DeviceOp, site: u32, detail: 
 }
 
 /// Takes the calling thread's recorded failure, if any.
+#[inline(never)]
 pub fn take_last_failure() -> Option<LastFailure> {
     LAST.with(Cell::take)
 }

@@ -16,6 +16,13 @@
 //!
 //! Waits here must back off: several ranks, each with kernel threads and a proxy thread,
 //! share few cores, and a wait that spins forever starves the thread it waits for.
+//!
+//! A kernel thread may continue on another OS thread after a wait ([`set_wait_hook`],
+//! [`detach`], [`attach`]). The compiler assumes a function runs on one thread and may keep
+//! a thread-local's address across a call, so every thread-local here is reached only in
+//! functions marked `#[inline(never)]` that return before any wait: no kernel frame holds
+//! such an address across a wait. Kernel code itself must not use thread-locals (a GPU has
+//! none either).
 
 mod backoff;
 mod block_barrier;
@@ -25,6 +32,8 @@ mod last_failure;
 mod prefetch;
 
 pub use backoff::spin_pause;
+#[cfg(not(oxccl_loom))]
+pub use backoff::{WaitHook, set_wait_hook};
 pub use block_barrier::BlockBarrier;
 pub(crate) use doorbell::ring_doorbell;
 pub use doorbell::{Assist, Doorbell};
@@ -55,7 +64,7 @@ pub struct ThreadContext {
     pub block_barrier: Arc<BlockBarrier>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Indices {
     thread_idx: Dim3,
     block_idx: Dim3,
@@ -77,6 +86,7 @@ std::thread_local! {
 }
 
 /// Makes the calling OS thread an emulated kernel thread at `ctx` until the guard drops.
+#[inline(never)]
 pub fn enter(ctx: ThreadContext) -> ContextGuard {
     INDICES.with(|i| {
         i.set(Indices {
@@ -96,8 +106,46 @@ pub fn enter(ctx: ThreadContext) -> ContextGuard {
 
 /// Whether the calling thread is running a kernel (between [`enter`] and the guard's drop):
 /// the emulator's panic hook stays quiet for kernel threads, whose panics the launch reports.
+#[inline(never)]
 pub fn in_kernel() -> bool {
     IN_KERNEL.with(Cell::get)
+}
+
+/// The emulated kernel thread context of an OS thread, taken off it by [`detach`] to be
+/// put on another by [`attach`]: its indices, its block barrier and its last failure.
+#[derive(Debug)]
+pub struct DetachedContext {
+    indices: Indices,
+    barrier: Option<Arc<BlockBarrier>>,
+    in_kernel: bool,
+    last_failure: Option<LastFailure>,
+}
+
+/// Takes the calling OS thread's kernel thread context off it, leaving it outside any
+/// kernel (as after the guard of [`enter`] dropped): the kernel thread is suspended here,
+/// to continue on another OS thread after [`attach`].
+#[inline(never)]
+pub fn detach() -> DetachedContext {
+    DetachedContext {
+        indices: INDICES.with(|i| i.replace(ALONE)),
+        barrier: BARRIER.with(|b| b.borrow_mut().take()),
+        in_kernel: IN_KERNEL.with(|k| k.replace(false)),
+        last_failure: take_last_failure(),
+    }
+}
+
+/// Puts a kernel thread context taken by [`detach`] on the calling OS thread, replacing
+/// whatever context it had; the guard of the [`enter`] that began it, dropped here later,
+/// ends it here.
+#[inline(never)]
+pub fn attach(ctx: DetachedContext) {
+    INDICES.with(|i| i.set(ctx.indices));
+    BARRIER.with(|b| *b.borrow_mut() = ctx.barrier);
+    IN_KERNEL.with(|k| k.set(ctx.in_kernel));
+    let _ = take_last_failure();
+    if let Some(f) = ctx.last_failure {
+        note_failure(f.error, f.op, f.site, f.detail);
+    }
 }
 
 /// Restores the calling thread to "not in a kernel" when dropped.
@@ -107,6 +155,7 @@ pub struct ContextGuard {
 }
 
 impl Drop for ContextGuard {
+    #[inline(never)]
     fn drop(&mut self) {
         INDICES.with(|i| i.set(ALONE));
         BARRIER.with(|b| *b.borrow_mut() = None);
@@ -114,30 +163,32 @@ impl Drop for ContextGuard {
     }
 }
 
-#[inline]
+#[inline(never)]
 pub(crate) fn thread_idx() -> Dim3 {
     INDICES.with(|i| i.get().thread_idx)
 }
 
-#[inline]
+#[inline(never)]
 pub(crate) fn block_idx() -> Dim3 {
     INDICES.with(|i| i.get().block_idx)
 }
 
-#[inline]
+#[inline(never)]
 pub(crate) fn block_dim() -> Dim3 {
     INDICES.with(|i| i.get().block_dim)
 }
 
-#[inline]
+#[inline(never)]
 pub(crate) fn grid_dim() -> Dim3 {
     INDICES.with(|i| i.get().grid_dim)
 }
 
+#[inline(never)]
 pub(crate) fn sync_threads() {
     sync_threads_or(false);
 }
 
+#[inline(never)]
 pub(crate) fn sync_threads_or(predicate: bool) -> bool {
     let barrier = BARRIER.with(|b| b.borrow().clone());
     // Outside a launch the caller is the block's only thread: nothing to wait for.
