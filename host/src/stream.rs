@@ -113,6 +113,12 @@ impl Stream {
         self.cpu.synchronize(self.timeout)
     }
 
+    /// The emulator's stream.
+    #[cfg(test)]
+    pub(crate) fn cpu_stream(&self) -> &Arc<CpuStream> {
+        &self.cpu
+    }
+
     fn validate(
         &self,
         kernel: &'static KernelInfo,

@@ -4,6 +4,7 @@
 //! Written by the stream (creation) and by the launch's own kernel threads (failures, the
 //! running count); read by the stream when the last thread reports done.
 
+use super::pool::Worker;
 use super::stream::CpuStream;
 use oxccl_device::DeviceError;
 use oxccl_device::arch::Dim3;
@@ -26,6 +27,13 @@ pub(crate) struct Launch {
     params: ParamBlock,
     /// One barrier per block, indexed by linear block rank.
     barriers: Box<[Arc<BlockBarrier>]>,
+    /// Threads claimed so far (see [`Self::claim_thread`]).
+    claimed: AtomicU32,
+    /// The worker given this one-thread launch, until it claims the thread: a host thread
+    /// that claims it first takes the task back from that worker ([`Pool::retract`]).
+    ///
+    /// [`Pool::retract`]: super::pool::Pool::retract
+    pub(crate) worker: Mutex<Option<Arc<Worker>>>,
     /// Threads not yet done; the thread that takes it to zero completes the launch.
     remaining: AtomicU32,
     /// The first failure of a thread of this launch, and how many threads failed.
@@ -77,6 +85,8 @@ impl Launch {
             config,
             params,
             barriers,
+            claimed: AtomicU32::new(0),
+            worker: Mutex::new(None),
             remaining: AtomicU32::new(config.total_threads() as u32),
             failure: Mutex::new(Failure::default()),
             stream,
@@ -86,6 +96,22 @@ impl Launch {
     /// Number of kernel threads of the launch.
     pub(crate) fn total_threads(&self) -> u32 {
         self.config.total_threads() as u32
+    }
+
+    /// Claims a thread of the launch nobody has claimed yet, to run it: its index, or `None`
+    /// if every thread is claimed. Each index is claimed once.
+    ///
+    /// Whoever claims runs the thread to its end on an OS thread of its own, so a launch's
+    /// claimed threads all run at once (a thread may start late, as a slow OS thread would).
+    pub(crate) fn claim_thread(&self) -> Option<u32> {
+        let total = self.total_threads();
+        // Relaxed: the count only hands out indices; the launch itself reached the claimer
+        // through the lock or slot that gave it the `Arc`.
+        self.claimed
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                (c < total).then_some(c + 1)
+            })
+            .ok()
     }
 
     /// Threads of the launch that have not finished yet.

@@ -3,6 +3,8 @@
 //! - [`memory`]: emulated device memory (page-aligned, zeroed host memory).
 //! - [`pool`]: the process-wide pool of OS threads that run kernel threads, all threads of
 //!   a launch at once.
+//! - [`inline`]: a kernel thread run by the host thread that waits for it, on a stack of
+//!   its own, moved to the pool if it runs past the wait's deadline.
 //! - [`launch`]: one launch — its copied parameters, block barriers, running count and
 //!   failures.
 //! - [`stream`]: the in-order queue of launches of one stream, and waiting for it.
@@ -11,6 +13,7 @@
 //! park), so that several ranks, each with kernel threads and a proxy, progress on few
 //! cores.
 
+pub(crate) mod inline;
 pub(crate) mod launch;
 pub(crate) mod memory;
 pub(crate) mod pool;
@@ -150,7 +153,7 @@ impl Default for Signal {
 }
 
 /// How long a host wait polls before it sleeps.
-const HOST_POLL: Duration = Duration::from_micros(50);
+pub(crate) const HOST_POLL: Duration = Duration::from_micros(50);
 
 impl Signal {
     /// Wakes every sleeping waiter. Call after making the condition true.

@@ -5,6 +5,13 @@
 //! takes `n` idle workers, spawning only what is missing: the pool grows to the largest
 //! number of kernel threads running at the same time, and never spawns per launch.
 //!
+//! A worker given a launch claims one of its threads ([`Launch::claim_thread`]) and runs
+//! it; a host thread waiting for the launch may have claimed one first (see
+//! [`super::inline`]), and the worker then finds none left and goes back idle. Every
+//! claimed thread has an OS thread of its own from its claim to its end, so the threads of
+//! a launch still all run at once. A worker may also be given a kernel thread that a host
+//! thread suspended, to finish it.
+//!
 //! Hand-off: the dispatcher puts a [`Task`] in a worker's slot, raises `posted` (Release)
 //! and unparks the worker; the worker polls `posted` (Acquire) for a short while after its
 //! last task (back-to-back launches then cost no wake-up), then parks. `unpark` before
@@ -14,6 +21,7 @@
 //! that the report completes (or the next one it starts) finds the worker idle instead of
 //! spawning another.
 
+use super::inline::Suspended;
 use super::launch::Launch;
 use crossbeam_utils::Backoff;
 use parking_lot::Mutex;
@@ -29,12 +37,14 @@ const IDLE_POLL: Duration = Duration::from_micros(50);
 
 /// Stack of a kernel thread. Kernels are small; the default (2 MiB) is kept so a deep
 /// debug-build kernel still fits.
-const WORKER_STACK: usize = 2 << 20;
+pub(crate) const WORKER_STACK: usize = 2 << 20;
 
-/// One kernel thread to run: thread `index` (linear in the grid) of `launch`.
-pub(crate) struct Task {
-    pub(crate) launch: Arc<Launch>,
-    pub(crate) index: u32,
+/// What a worker is given to do.
+pub(crate) enum Task {
+    /// Run a thread of this launch that nobody has claimed, if one is left.
+    Start(Arc<Launch>),
+    /// Finish a kernel thread suspended on a host thread.
+    Resume(Box<Suspended>),
 }
 
 /// The process-wide pool.
@@ -46,7 +56,7 @@ pub(crate) struct Pool {
 }
 
 /// A parked (or polling) OS thread and its task slot.
-struct Worker {
+pub(crate) struct Worker {
     /// The task handed over, taken by the worker once it sees `posted`.
     slot: Mutex<Option<Task>>,
     /// Raised (Release) after `slot` is filled; pairs with the worker's Acquire poll.
@@ -65,19 +75,80 @@ pub(crate) fn pool() -> &'static Pool {
 }
 
 impl Pool {
-    /// Starts every thread of `launch` on a worker of its own.
+    /// Gives `workers` workers of their own a [`Task::Start`] of `launch` (its caller runs
+    /// the launch's other threads itself, if any).
     ///
-    /// All or nothing: if a worker cannot be spawned, no thread of the launch starts (a
+    /// All or nothing: if a worker cannot be spawned, no worker is given the launch (a
     /// partial launch could leave its threads waiting in `sync_threads` for ones that never
     /// run) and the OS error is returned.
-    pub(crate) fn dispatch(&'static self, launch: &Arc<Launch>) -> std::io::Result<()> {
-        let threads = launch.total_threads() as usize;
+    pub(crate) fn dispatch(
+        &'static self,
+        launch: &Arc<Launch>,
+        workers: u32,
+    ) -> std::io::Result<()> {
+        let workers = self.take(workers as usize)?;
+        if let [worker] = &workers[..]
+            && launch.total_threads() == 1
+        {
+            *launch.worker.lock() = Some(worker.clone());
+        }
+        for worker in workers {
+            worker.post(Task::Start(launch.clone()));
+        }
+        Ok(())
+    }
+
+    /// Takes back the task of the worker given one-thread `launch`, whose thread the caller
+    /// has claimed, if the worker has not taken it yet; the worker goes back idle at once
+    /// instead of waking to find nothing (while the next launch spawned a worker for want
+    /// of it).
+    pub(crate) fn retract(&self, launch: &Launch) {
+        let Some(worker) = launch.worker.lock().take() else {
+            return;
+        };
+        let retracted = {
+            let mut slot = worker.slot.lock();
+            match &*slot {
+                Some(Task::Start(l)) if std::ptr::eq(Arc::as_ptr(l), launch) => {
+                    *slot = None;
+                    // Relaxed: under the slot's lock, which the worker takes before it
+                    // trusts `posted`.
+                    worker.posted.store(false, Ordering::Relaxed);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if retracted {
+            self.put_back(worker);
+        }
+    }
+
+    /// Gives `suspended` to a worker of its own to finish; if none can be had, returns it
+    /// with the OS error.
+    pub(crate) fn resume(
+        &'static self,
+        suspended: Box<Suspended>,
+    ) -> Result<(), (Box<Suspended>, std::io::Error)> {
+        match self.take(1) {
+            Ok(workers) => {
+                if let Some(worker) = workers.into_iter().next() {
+                    worker.post(Task::Resume(suspended));
+                }
+                Ok(())
+            }
+            Err(err) => Err((suspended, err)),
+        }
+    }
+
+    /// `n` idle workers, spawning what is missing; none if one cannot be spawned.
+    fn take(&'static self, n: usize) -> std::io::Result<Vec<Arc<Worker>>> {
         let mut workers = {
             let mut idle = self.idle.lock();
-            let keep = idle.len().saturating_sub(threads);
+            let keep = idle.len().saturating_sub(n);
             idle.split_off(keep)
         };
-        while workers.len() < threads {
+        while workers.len() < n {
             match self.spawn() {
                 Ok(worker) => workers.push(worker),
                 Err(err) => {
@@ -86,13 +157,7 @@ impl Pool {
                 }
             }
         }
-        for (index, worker) in (0u32..).zip(workers) {
-            worker.post(Task {
-                launch: launch.clone(),
-                index,
-            });
-        }
-        Ok(())
+        Ok(workers)
     }
 
     /// Spawns a worker that waits for its first task.
@@ -138,17 +203,33 @@ impl Worker {
 
     /// The worker thread: take a task, run it, go back on the idle list, report it done.
     fn run(self: Arc<Self>, pool: &'static Pool) {
+        let mut idle_since = Instant::now();
         loop {
-            let Task { launch, index } = self.next_task();
-            launch.run_thread(index);
+            let launch = match self.next_task(idle_since) {
+                Task::Start(launch) => match launch.claim_thread() {
+                    Some(index) => {
+                        // Ours now: nothing to take back (and no cycle through the slot).
+                        launch.worker.lock().take();
+                        launch.run_thread(index);
+                        launch
+                    }
+                    None => {
+                        // A host thread ran it: no work done, so the idle time goes on.
+                        pool.put_back(self.clone());
+                        continue;
+                    }
+                },
+                Task::Resume(suspended) => (*suspended).finish(),
+            };
             pool.put_back(self.clone());
             launch.thread_done();
+            idle_since = Instant::now();
         }
     }
 
-    fn next_task(&self) -> Task {
+    /// The next task, polled for until `IDLE_POLL` after `idle_since`, then parked for.
+    fn next_task(&self, idle_since: Instant) -> Task {
         let backoff = Backoff::new();
-        let idle_since = Instant::now();
         loop {
             // Acquire: pairs with the Release in `post`.
             if self.posted.swap(false, Ordering::Acquire)

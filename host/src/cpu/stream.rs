@@ -4,6 +4,16 @@
 //! it; the kernel thread that completes a launch starts the next one. No thread belongs to
 //! a stream, so an idle stream costs nothing and a launch costs one hand-off to the pool.
 //!
+//! A host thread in `synchronize` first *helps* for a while: it runs kernel threads of the
+//! stream itself (see [`super::inline`]) instead of waiting for pool threads to run them. It
+//! claims a thread of the running launch that no worker has claimed yet, and, while it is
+//! registered as a helper (`helpers` in the queue), a launch that becomes the running one
+//! is not dispatched to the pool but left *for a helper*: the helper gives the launch's
+//! other threads to workers and runs one itself. A helper that stops helping (its launches
+//! are done, it goes to sleep, or its deadline passed) dispatches such a launch if it was
+//! the last helper, so no launch waits for a helper that is gone; all of this under the
+//! queue's lock.
+//!
 //! Counters: `submitted` (written by the enqueuing host thread, under `queue`) and
 //! `completed` (written by the completing kernel thread, Release after the launch's
 //! writes; read with Acquire by `synchronize`). Failures are kept in `error` until the
@@ -11,7 +21,7 @@
 
 use super::launch::{FailureKind, Launch};
 use super::pool::pool;
-use super::{CpuDevice, Signal};
+use super::{CpuDevice, HOST_POLL, Signal, inline};
 use crate::Error;
 use oxccl_device::launch::{KernelInfo, LaunchConfig};
 use parking_lot::Mutex;
@@ -38,10 +48,25 @@ pub(crate) struct CpuStream {
 
 #[derive(Default)]
 struct Queue {
-    /// The launch whose threads are running, if any.
+    /// The launch whose threads are running (or left for a helper), if any.
     running: Option<Arc<Launch>>,
+    /// Whether `running` was left for a helper to start, not dispatched (only while
+    /// `helpers > 0`).
+    for_helper: bool,
+    /// Host threads helping in `synchronize`.
+    helpers: u32,
     /// Launches waiting for `running` to complete, oldest first.
     pending: VecDeque<Arc<Launch>>,
+}
+
+impl Queue {
+    /// Makes `next` the running launch; returns it if the caller must dispatch it, or
+    /// leaves it for a helper if there is one.
+    fn run_next(&mut self, next: Option<Arc<Launch>>) -> Option<Arc<Launch>> {
+        self.running = next.clone();
+        self.for_helper = next.is_some() && self.helpers > 0;
+        if self.for_helper { None } else { next }
+    }
 }
 
 impl CpuStream {
@@ -78,14 +103,13 @@ impl CpuStream {
             let mut queue = self.queue.lock();
             self.submitted.fetch_add(1, Ordering::Relaxed);
             if queue.running.is_none() {
-                queue.running = Some(launch.clone());
-                true
+                queue.run_next(Some(launch))
             } else {
-                queue.pending.push_back(launch.clone());
-                false
+                queue.pending.push_back(launch);
+                None
             }
         };
-        if start_now {
+        if let Some(launch) = start_now {
             self.start(launch);
         }
         Ok(())
@@ -100,14 +124,28 @@ impl CpuStream {
     }
 
     /// Waits for every launch enqueued before this call, at most `timeout`, then reports
-    /// (and forgets) the first failure since the last call.
-    pub(crate) fn synchronize(&self, timeout: Duration) -> crate::Result<()> {
+    /// (and forgets) the first failure since the last call. Runs kernel threads of the
+    /// stream on the calling thread while it waits (see the module docs).
+    pub(crate) fn synchronize(self: &Arc<Self>, timeout: Duration) -> crate::Result<()> {
+        self.synchronize_helping(timeout, HOST_POLL)
+    }
+
+    /// [`Self::synchronize`], helping until `help_for` passes without a kernel thread to run
+    /// (tests make sure a launch reaches the helping thread).
+    pub(crate) fn synchronize_helping(
+        self: &Arc<Self>,
+        timeout: Duration,
+        help_for: Duration,
+    ) -> crate::Result<()> {
         let target = self.submitted.load(Ordering::Relaxed);
         let started = Instant::now();
         let deadline = started.checked_add(timeout);
         // SeqCst: acquires the kernels' writes (pairs with the SeqCst increment in
         // `finish`), and is the waiter's half of the `Signal` handshake.
         let done = || self.completed.load(Ordering::SeqCst) >= target;
+        if !done() {
+            self.help(&done, deadline, help_for);
+        }
         if !self.progress.wait_for(target, done, deadline) {
             self.device.mark_stuck();
             return Err(Error::Timeout {
@@ -121,24 +159,121 @@ impl CpuStream {
         }
     }
 
-    /// Dispatches `launch` to the pool; a launch that cannot start is finished as failed
-    /// and the next one tried, in a loop rather than by recursion.
+    /// Runs kernel threads of the stream on the calling thread until `done()`, the
+    /// deadline, or `help_for` without a thread to run; then stops helping.
+    fn help(
+        self: &Arc<Self>,
+        done: &dyn Fn() -> bool,
+        deadline: Option<Instant>,
+        help_for: Duration,
+    ) {
+        // A kernel thread that waits for its own stream (it cannot: it is not a host
+        // thread) must not help, nor may a thread run two kernel threads at once.
+        if inline::running_here() {
+            return;
+        }
+        // Mapped on first use, kept across the kernel threads run here.
+        let Some(mut stack) = inline::stack() else {
+            return;
+        };
+        self.queue.lock().helpers += 1;
+        let backoff = crossbeam_utils::Backoff::new();
+        let mut idle_since = Instant::now();
+        loop {
+            if done() || deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            if let Some((launch, index)) = self.claim_for_helper() {
+                match inline::run(&launch, index, stack, deadline) {
+                    Ok(back) => {
+                        stack = back;
+                        launch.thread_done();
+                    }
+                    Err(suspended) => {
+                        // Past the deadline: a worker finishes the kernel thread, and
+                        // `synchronize` reports the timeout.
+                        if let Err((suspended, err)) = pool().resume(suspended) {
+                            tracing::error!(
+                                stream = self.id,
+                                %err,
+                                "no thread to move a late kernel thread to; it ends here"
+                            );
+                            let launch = (*suspended).finish();
+                            launch.thread_done();
+                        }
+                        self.stop_helping();
+                        return;
+                    }
+                }
+                backoff.reset();
+                idle_since = Instant::now();
+            } else if !backoff.is_completed() {
+                backoff.snooze();
+            } else if idle_since.elapsed() < help_for {
+                std::thread::yield_now();
+            } else {
+                break;
+            }
+        }
+        inline::recycle(stack);
+        self.stop_helping();
+    }
+
+    /// Unregisters a helper; the last one dispatches a launch left for helpers.
+    fn stop_helping(self: &Arc<Self>) {
+        let orphan = {
+            let mut queue = self.queue.lock();
+            queue.helpers -= 1;
+            if queue.helpers == 0 && queue.for_helper {
+                queue.for_helper = false;
+                queue.running.clone()
+            } else {
+                None
+            }
+        };
+        if let Some(launch) = orphan {
+            self.start(launch);
+        }
+    }
+
+    /// A thread for a helper to run, claimed: one of the launch left for helpers (whose
+    /// other threads go to workers), or the unclaimed thread of a running one-thread launch.
+    fn claim_for_helper(self: &Arc<Self>) -> Option<(Arc<Launch>, u32)> {
+        let (launch, left_for_us) = {
+            let mut queue = self.queue.lock();
+            let left_for_us = queue.for_helper;
+            queue.for_helper = false;
+            (queue.running.clone(), left_for_us)
+        };
+        launch.and_then(|launch| {
+            if left_for_us && !self.dispatch(&launch, launch.total_threads() - 1) {
+                // No thread of it runs: it is finished as failed, and the next one left
+                // for a helper again (or dispatched, by `start`).
+                if let Some(next) = self.finish(&launch) {
+                    self.start(next);
+                }
+                return None;
+            }
+            // A dispatched launch only if it has one thread, whose task we take back from
+            // its worker: a worker of a larger one would wake to find nothing, after the
+            // next launch spawned another worker for want of it.
+            if !left_for_us && launch.total_threads() != 1 {
+                return None;
+            }
+            // Left for us: its other threads went to workers, one each, so one is left.
+            let index = launch.claim_thread()?;
+            if !left_for_us {
+                pool().retract(&launch);
+            }
+            Some((launch, index))
+        })
+    }
+
+    /// Dispatches all threads of `launch` to the pool; a launch that cannot start is
+    /// finished as failed and the next one tried, in a loop rather than by recursion.
     fn start(self: &Arc<Self>, launch: Arc<Launch>) {
         let mut launch = launch;
-        loop {
-            let Err(err) = pool().dispatch(&launch) else {
-                return;
-            };
-            self.record(Error::System {
-                context: format!(
-                    "starting {} emulated threads for kernel `{}` on stream {} of cpu device {}",
-                    launch.total_threads(),
-                    launch.kernel.name,
-                    self.id,
-                    self.device.ordinal
-                ),
-                source: err,
-            });
+        while !self.dispatch(&launch, launch.total_threads()) {
             match self.finish(&launch) {
                 Some(next) => launch = next,
                 None => return,
@@ -146,7 +281,27 @@ impl CpuStream {
         }
     }
 
-    /// Marks `launch` (the running one) complete; returns the next launch, now running.
+    /// Gives `workers` threads of `launch` to the pool; if that fails, records why and
+    /// returns false (no thread of the launch was given out).
+    fn dispatch(&self, launch: &Arc<Launch>, workers: u32) -> bool {
+        let Err(err) = pool().dispatch(launch, workers) else {
+            return true;
+        };
+        self.record(Error::System {
+            context: format!(
+                "starting {} emulated threads for kernel `{}` on stream {} of cpu device {}",
+                launch.total_threads(),
+                launch.kernel.name,
+                self.id,
+                self.device.ordinal
+            ),
+            source: err,
+        });
+        false
+    }
+
+    /// Marks `launch` (the running one) complete; returns the next launch if the caller
+    /// must dispatch it (else there is none, or it is left for a helper).
     fn finish(&self, launch: &Launch) -> Option<Arc<Launch>> {
         if let Some((kind, message)) = launch.failure() {
             let error = match kind {
@@ -168,8 +323,7 @@ impl CpuStream {
         let next = {
             let mut queue = self.queue.lock();
             let next = queue.pending.pop_front();
-            queue.running = next.clone();
-            next
+            queue.run_next(next)
         };
         // SeqCst (a Release at least, pairing with `synchronize`): the Dekker pair of
         // `Signal::notify`.
@@ -209,5 +363,228 @@ impl CpuStream {
             }
             None => format!("{head}: launches did not complete"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Device, Error, Stream};
+    use oxccl_device::arch;
+    use oxccl_device::error::DeviceError;
+    use oxccl_device::kernel;
+    use oxccl_device::launch::LaunchConfig;
+    use parking_lot::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::thread::ThreadId;
+    use std::time::{Duration, Instant};
+
+    /// Long enough that a synchronizing thread is still helping when the gate opens.
+    const HELP_FOR: Duration = Duration::from_secs(20);
+
+    /// Gates of the tests below, one each (tests run at the same time).
+    static GATES: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
+
+    /// Waits (with back-off) until gate `gate` opens.
+    #[kernel]
+    fn wait_for_gate(gate: u32) {
+        let mut i = 0;
+        while !GATES[gate as usize].load(Ordering::Acquire) {
+            arch::spin_pause(i);
+            i = i.saturating_add(1);
+        }
+    }
+
+    /// Opens gate `gate` after `after`, from another thread.
+    fn open_gate_after(gate: usize, after: Duration) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            GATES[gate].store(true, Ordering::Release);
+        })
+    }
+
+    fn stream_of(ordinal: usize) -> Stream {
+        Device::cpu(ordinal).stream().unwrap()
+    }
+
+    /// Where each thread of `record_grid_ranks` ran, by grid rank, and how many arrived.
+    static RANKS: Mutex<Vec<Option<ThreadId>>> = Mutex::new(Vec::new());
+    static ARRIVED: AtomicU32 = AtomicU32::new(0);
+
+    /// Records the OS thread of each grid rank; then waits until every thread of the grid
+    /// has arrived, which only threads running at the same time can do.
+    #[kernel]
+    fn record_grid_ranks() {
+        let rank = arch::thread_rank_in_grid() as usize;
+        RANKS.lock()[rank] = Some(std::thread::current().id());
+        let all = arch::grid_dim().volume() as u32 * arch::block_dim().volume() as u32;
+        ARRIVED.fetch_add(1, Ordering::AcqRel);
+        let mut i = 0;
+        while ARRIVED.load(Ordering::Acquire) < all {
+            arch::spin_pause(i);
+            i = i.saturating_add(1);
+        }
+    }
+
+    /// Guards against a launch left for the synchronizing thread running with wrong
+    /// indices, running some of its threads one after another (they wait for each other
+    /// here, so that would hang), or not running on the synchronizing thread at all.
+    #[test]
+    fn launch_left_for_the_synchronizing_thread_runs_there_with_all_its_threads() {
+        *RANKS.lock() = vec![None; 6];
+        let stream = stream_of(20);
+        wait_for_gate::launch(&stream, LaunchConfig::grid(1), 0).unwrap();
+        record_grid_ranks::launch(&stream, LaunchConfig::grid(2).block(3)).unwrap();
+        let opener = open_gate_after(0, Duration::from_millis(20));
+        let cpu = stream.cpu_stream();
+        cpu.synchronize_helping(Duration::from_secs(30), HELP_FOR)
+            .unwrap();
+        opener.join().unwrap();
+        let ranks: Vec<ThreadId> = RANKS.lock().iter().map(|r| r.unwrap()).collect();
+        let me = std::thread::current().id();
+        assert_eq!(ranks.iter().filter(|&&t| t == me).count(), 1, "{ranks:?}");
+        let mut distinct = ranks.clone();
+        distinct.sort_by_key(|t| format!("{t:?}"));
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            6,
+            "threads of one launch shared an OS thread"
+        );
+    }
+
+    static ORDER: Mutex<Vec<(u64, ThreadId)>> = Mutex::new(Vec::new());
+
+    /// Appends `seq` and its OS thread to `ORDER`.
+    #[kernel]
+    fn append(seq: u64) {
+        ORDER.lock().push((seq, std::thread::current().id()));
+    }
+
+    /// Guards against launches run by the synchronizing thread overtaking each other or
+    /// the launch before them.
+    #[test]
+    fn launches_run_by_the_synchronizing_thread_stay_in_order() {
+        let stream = stream_of(21);
+        wait_for_gate::launch(&stream, LaunchConfig::grid(1), 1).unwrap();
+        for seq in 0..50 {
+            append::launch(&stream, LaunchConfig::grid(1), seq).unwrap();
+        }
+        let opener = open_gate_after(1, Duration::from_millis(20));
+        stream
+            .cpu_stream()
+            .synchronize_helping(Duration::from_secs(30), HELP_FOR)
+            .unwrap();
+        opener.join().unwrap();
+        let order = ORDER.lock().clone();
+        assert_eq!(
+            order.iter().map(|o| o.0).collect::<Vec<_>>(),
+            (0..50).collect::<Vec<_>>()
+        );
+        let me = std::thread::current().id();
+        assert!(order.iter().any(|o| o.1 == me), "none ran here");
+    }
+
+    /// Panics.
+    #[kernel]
+    fn panics() {
+        panic!("gives up on purpose");
+    }
+
+    /// Returns an error.
+    #[kernel]
+    fn returns_an_error() -> Result<(), DeviceError> {
+        Err(DeviceError::InvalidArgument)
+    }
+
+    /// Guards against failures of kernels run by the synchronizing thread going unreported
+    /// (or taking the host thread down), and against the stream being unusable after.
+    #[test]
+    fn failures_of_kernels_run_by_the_synchronizing_thread_are_reported() {
+        let stream = stream_of(22);
+        wait_for_gate::launch(&stream, LaunchConfig::grid(1), 2).unwrap();
+        panics::launch(&stream, LaunchConfig::grid(1)).unwrap();
+        let opener = open_gate_after(2, Duration::from_millis(20));
+        match stream
+            .cpu_stream()
+            .synchronize_helping(Duration::from_secs(30), HELP_FOR)
+        {
+            Err(Error::KernelFailed { kernel, message }) => {
+                assert_eq!(kernel, "panics");
+                assert!(message.contains("gives up on purpose"), "{message}");
+            }
+            other => panic!("expected KernelFailed, got {other:?}"),
+        }
+        opener.join().unwrap();
+        wait_for_gate::launch(&stream, LaunchConfig::grid(1), 4).unwrap();
+        returns_an_error::launch(&stream, LaunchConfig::grid(1)).unwrap();
+        let opener = open_gate_after(4, Duration::from_millis(20));
+        match stream
+            .cpu_stream()
+            .synchronize_helping(Duration::from_secs(30), HELP_FOR)
+        {
+            Err(Error::KernelError { kernel, error, .. }) => {
+                assert_eq!(kernel, "returns_an_error");
+                assert_eq!(error, DeviceError::InvalidArgument);
+            }
+            other => panic!("expected KernelError, got {other:?}"),
+        }
+        opener.join().unwrap();
+        stream.synchronize().unwrap();
+    }
+
+    /// Released by `late_kernel_moves_to_a_worker_at_the_deadline` once it saw its timeout.
+    static LATE_RELEASE: AtomicBool = AtomicBool::new(false);
+    /// (thread index, OS thread before the wait, OS thread after it, index after it).
+    static LATE: Mutex<Vec<(u32, ThreadId, ThreadId, u32)>> = Mutex::new(Vec::new());
+
+    /// Waits for `LATE_RELEASE`, then records where it ran and its index again.
+    #[kernel]
+    fn late() {
+        let before = (arch::thread_idx().x, std::thread::current().id());
+        let mut i = 0;
+        while !LATE_RELEASE.load(Ordering::Acquire) {
+            arch::spin_pause(i);
+            i = i.saturating_add(1);
+        }
+        let after = (std::thread::current().id(), arch::thread_idx().x);
+        LATE.lock().push((before.0, before.1, after.0, after.1));
+    }
+
+    /// Guards against a kernel thread run by the synchronizing thread holding
+    /// `synchronize` past its timeout, and against it losing its indices (or its progress)
+    /// when a worker takes it over.
+    #[test]
+    fn late_kernel_moves_to_a_worker_at_the_deadline() {
+        let mut stream = stream_of(23);
+        stream.set_timeout(Duration::from_millis(300));
+        wait_for_gate::launch(&stream, LaunchConfig::grid(1), 3).unwrap();
+        late::launch(&stream, LaunchConfig::grid(1).block(2)).unwrap();
+        let opener = open_gate_after(3, Duration::from_millis(20));
+        let started = Instant::now();
+        match stream
+            .cpu_stream()
+            .synchronize_helping(Duration::from_millis(300), HELP_FOR)
+        {
+            Err(Error::Timeout { what, .. }) => assert!(what.contains("late"), "{what}"),
+            other => panic!("expected Timeout, got {other:?}"),
+        }
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        opener.join().unwrap();
+        LATE_RELEASE.store(true, Ordering::Release);
+        stream.set_timeout(Duration::from_secs(30));
+        stream.synchronize().unwrap();
+        let late = LATE.lock().clone();
+        let me = std::thread::current().id();
+        assert_eq!(late.len(), 2);
+        for &(index, before, after, index_after) in &late {
+            assert_eq!(index, index_after, "index changed across the move");
+            assert_ne!(
+                after, me,
+                "still on the synchronizing thread after its timeout"
+            );
+            let _ = before;
+        }
+        assert_eq!(late.iter().filter(|l| l.1 == me).count(), 1, "{late:?}");
     }
 }
