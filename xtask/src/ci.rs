@@ -13,19 +13,21 @@
 //!    [`STEP_TIME_LIMIT`]; fails if a crate's models ran no test
 //! 6. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90, where each build,
 //!    each ptxas run and the installation of ptxas has its own limit
-//!    ([`build_ptx::BUILD_TIME_LIMIT`], [`crate::ptxas`])
+//!    ([`oxccl_build::ptx::BUILD_TIME_LIMIT`], [`oxccl_build::ptxas`])
 //!
-//! Every command runs under a deadline (see [`crate::bounded`]): one that hangs fails its
+//! Every command runs under a deadline (see [`oxccl_build::bounded`]): one that hangs fails its
 //! step, named in the error, instead of holding CI until the runner's own limit.
 //!
 //! Under `CI=true` the rustup components all steps need are installed first.
 
-use crate::bounded::{run_bounded, run_bounded_tee};
-use crate::build_ptx::{self, DEFAULT_ARCHES};
+use crate::build_ptx;
 use crate::libtest::{self, Summary};
-use crate::util::{Tool, ensure_components, fmt_duration, is_ci, show};
-use crate::workspace::Workspace;
 use anyhow::{Context, Result, bail};
+use oxccl_build::Workspace;
+use oxccl_build::arch::DEFAULT_ARCHES;
+use oxccl_build::bounded::{fmt_duration, run_bounded, run_bounded_tee, show};
+use oxccl_build::tool::{Tool, is_ci};
+use oxccl_build::toolchain::{self, ensure_components};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -60,7 +62,7 @@ enum Outcome {
 pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
     if is_ci() {
         let mut all = vec!["rustfmt", "clippy"];
-        all.extend_from_slice(build_ptx::COMPONENTS);
+        all.extend_from_slice(toolchain::COMPONENTS);
         ensure_components("ci", &all)?;
     }
     let cargo = || {
@@ -96,22 +98,22 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
         (
             "fmt",
             show(&fmt),
-            Box::new(move || run_bounded(&mut fmt, FMT_TIME_LIMIT)),
+            Box::new(move || Ok(run_bounded(&mut fmt, FMT_TIME_LIMIT)?)),
         ),
         (
             "clippy",
             show(&clippy),
-            Box::new(move || run_bounded(&mut clippy, STEP_TIME_LIMIT)),
+            Box::new(move || Ok(run_bounded(&mut clippy, STEP_TIME_LIMIT)?)),
         ),
         (
             "doc",
             format!("RUSTDOCFLAGS='-D warnings' {}", show(&doc)),
-            Box::new(move || run_bounded(&mut doc, STEP_TIME_LIMIT)),
+            Box::new(move || Ok(run_bounded(&mut doc, STEP_TIME_LIMIT)?)),
         ),
         (
             "test",
             show(&test),
-            Box::new(move || run_bounded(&mut test, STEP_TIME_LIMIT)),
+            Box::new(move || Ok(run_bounded(&mut test, STEP_TIME_LIMIT)?)),
         ),
         (
             "loom",
