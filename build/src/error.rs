@@ -77,6 +77,24 @@ pub enum Error {
     },
 }
 
+/// `e` and each of its causes, after a colon: what `anyhow`'s `{:#}` shows, for a build
+/// script's `panic!` or a tool's message.
+///
+/// ```
+/// let e = oxccl_build::Ptx::new("my-kernels").arch("sm_60").build().unwrap_err();
+/// assert!(oxccl_build::error::with_causes(&e).contains("below sm_70"));
+/// ```
+pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
+}
+
 /// A result of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

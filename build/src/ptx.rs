@@ -122,6 +122,8 @@ impl Ptx {
     /// - [`Error::NoPtx`], [`Error::Io`]: the module was not produced or not copied;
     /// - [`Error::Metadata`]: cargo could not read the workspace.
     pub fn build(&self) -> Result<PathBuf> {
+        // Before reading the workspace: a typo fails at once.
+        validate_arch(&self.arch)?;
         let ws = match &self.manifest_path {
             Some(m) => Workspace::load_manifest(m)?,
             None => Workspace::load()?,

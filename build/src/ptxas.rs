@@ -478,17 +478,6 @@ ptxas fatal   : Ptx assembly aborted due to errors
         assert!(parse_verbose(BAD).is_empty());
     }
 
-    /// `e` and its causes, as `anyhow`'s `{:#}` shows them.
-    fn chain(e: &dyn std::error::Error) -> String {
-        let mut s = e.to_string();
-        let mut cause = e.source();
-        while let Some(c) = cause {
-            s = format!("{s}: {c}");
-            cause = c.source();
-        }
-        s
-    }
-
     /// A ptxas stand-in: a shell script with `body`, in a directory of its own.
     fn fake_ptxas(name: &str, body: &str) -> (PathBuf, PathBuf) {
         use std::os::unix::fs::PermissionsExt;
@@ -513,7 +502,7 @@ ptxas fatal   : Ptx assembly aborted due to errors
             .time_limit(Duration::from_millis(500))
             .assemble(Path::new("/tmp/k.ptx"), "sm_70", &dir.join("k.cubin"))
             .unwrap_err();
-        let msg = chain(&err);
+        let msg = crate::error::with_causes(&err);
         assert!(started.elapsed() < Duration::from_secs(10));
         assert!(msg.contains("/tmp/k.ptx for sm_70"), "{msg}");
         assert!(msg.contains("did not finish within"), "{msg}");

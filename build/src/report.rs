@@ -4,6 +4,19 @@
 use crate::ptxas::FunctionStats;
 use std::fmt::Write;
 
+/// The warning for a function that spills registers, or `None` if it does not:
+/// ``WARNING: sm_90 my_kernels: `name` spills registers (8 bytes stored, 8 loaded)``.
+pub fn spill_warning(arch: &str, lib: &str, f: &FunctionStats) -> Option<String> {
+    f.spills().then(|| {
+        format!(
+            "WARNING: {arch} {lib}: `{}` spills registers ({} bytes stored, {} loaded)",
+            f.name,
+            f.spill_stores.unwrap_or(0),
+            f.spill_loads.unwrap_or(0)
+        )
+    })
+}
+
 /// The per-kernel table: one row per kernel and architecture of `rows` (`(arch, crate,
 /// what ptxas said)`) with registers, stack frame, spill stores and loads and static shared
 /// memory, and a `(no kernels)` row for each module of `modules` (`(arch, crate)`) that has
@@ -80,6 +93,23 @@ pub fn text_table<const N: usize>(cells: &[[String; N]], left_columns: usize) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spills_are_warned_about() {
+        let mut f = FunctionStats {
+            name: "ll16_exchange".into(),
+            spill_stores: Some(0),
+            spill_loads: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(spill_warning("sm_70", "k", &f), None);
+        f.spill_stores = Some(36);
+        f.spill_loads = Some(28);
+        assert_eq!(
+            spill_warning("sm_70", "k", &f).unwrap(),
+            "WARNING: sm_70 k: `ll16_exchange` spills registers (36 bytes stored, 28 loaded)"
+        );
+    }
 
     #[test]
     fn table_lists_kernels_and_empty_modules() {

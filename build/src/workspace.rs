@@ -183,6 +183,29 @@ impl Workspace {
             .collect()
     }
 
+    /// The kernel crates named `names` (see [`Workspace::kernel_crate`]), or every kernel
+    /// crate of the workspace if `names` is empty, as `-p` options select them.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUsage`] if a name is not a kernel crate of the workspace, or if none
+    /// is named and the workspace has none.
+    pub fn select_kernel_crates(&self, names: &[String]) -> Result<Vec<&Package>> {
+        if !names.is_empty() {
+            return names.iter().map(|n| self.kernel_crate(n)).collect();
+        }
+        let crates = self.kernel_crates();
+        if crates.is_empty() {
+            return Err(Error::InvalidUsage(format!(
+                "no kernel crates in the workspace at {}: a kernel crate's library depends on \
+                 `{DEVICE_CRATE}` and its Cargo.toml declares \
+                 `[package.metadata.oxccl] kernels = true`",
+                self.root.display()
+            )));
+        }
+        Ok(crates)
+    }
+
     fn load_from(manifest_path: Option<&Path>) -> Result<Workspace> {
         let mut cmd = MetadataCommand::new();
         cmd.no_deps();
@@ -347,6 +370,10 @@ mod tests {
         );
         let err = ws.kernel_crate("xtask").unwrap_err().to_string();
         assert!(err.contains("no library"), "{err}");
+        let all: Vec<_> = ws.select_kernel_crates(&[]).unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].name, "tutorial-kernels");
+        assert!(ws.select_kernel_crates(&["oxccl-proxy".into()]).is_err());
         assert!(matches!(
             ws.kernel_crate("nope"),
             Err(Error::InvalidUsage(_))

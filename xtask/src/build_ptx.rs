@@ -21,7 +21,7 @@ use crate::ptx_rules;
 use anyhow::{Context, Result, bail};
 use oxccl_build::arch::validate_arch;
 use oxccl_build::bounded::fmt_duration;
-use oxccl_build::report::kernel_table;
+use oxccl_build::report::{kernel_table, spill_warning};
 use oxccl_build::toolchain::{COMPONENTS, ensure_components};
 use oxccl_build::workspace::{DEVICE_CRATE, Package, Workspace};
 use oxccl_build::{FunctionStats, Ptx, Ptxas};
@@ -48,7 +48,7 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
     for arch in &opts.arches {
         validate_arch(arch)?;
     }
-    let crates = select_crates(ws, &opts.packages)?;
+    let crates = ws.select_kernel_crates(&opts.packages)?;
     ensure_components("build-ptx", COMPONENTS)?;
     // The device library's sources: kernels call its functions (a block barrier inside
     // `block_agrees`, say), and counting a kernel's barrier sites follows those calls.
@@ -100,15 +100,8 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
                 }
             };
             for f in stats {
-                if f.spills() {
-                    println!(
-                        "WARNING: {} {}: `{}` spills registers ({} bytes stored, {} loaded)",
-                        out.arch,
-                        out.lib(),
-                        f.name,
-                        f.spill_stores.unwrap_or(0),
-                        f.spill_loads.unwrap_or(0)
-                    );
+                if let Some(warning) = spill_warning(&out.arch, out.lib(), &f) {
+                    println!("{warning}");
                     if !opts.allow_spills {
                         failures.push(format!(
                             "{} {}: `{}` spills registers (--allow-spills to accept)",
@@ -177,23 +170,6 @@ impl Output {
     fn lib(&self) -> &str {
         self.pkg.lib_name().unwrap_or(&self.pkg.name)
     }
-}
-
-fn select_crates<'w>(ws: &'w Workspace, names: &[String]) -> Result<Vec<&'w Package>> {
-    if names.is_empty() {
-        let crates = ws.kernel_crates();
-        if crates.is_empty() {
-            bail!(
-                "no kernel crates in the workspace: a kernel crate's library depends on \
-                 `{DEVICE_CRATE}` and its Cargo.toml declares `[package.metadata.oxccl] kernels = true`"
-            );
-        }
-        return Ok(crates);
-    }
-    Ok(names
-        .iter()
-        .map(|n| ws.kernel_crate(n))
-        .collect::<Result<_, _>>()?)
 }
 
 /// The `#[kernel]` functions of `pkg`'s sources, their barrier sites counted through calls
