@@ -166,4 +166,137 @@ mod tests {
         found.sort();
         assert!(found.is_empty(), "unbounded commands: {found:#?}");
     }
+
+    /// Guards against a thread-local of the CPU emulator read through a stale address after
+    /// its kernel thread moved to another OS thread. A host thread runs kernel threads on
+    /// stacks of their own and hands one that waits past its deadline to a pool thread
+    /// (`host/src/cpu/inline.rs`); the compiler takes a thread-local's address to be fixed
+    /// for a whole function and may keep it across calls, so a function that reaches a
+    /// thread-local and is inlined into a kernel's frame could read or write the first OS
+    /// thread's variable after the move. Optimized builds only, so no run-time test sees
+    /// it: hence this rule. Every function of the emulator's arch layer and of the host's
+    /// CPU backend that names a thread-local must be `#[inline(never)]` (and return before
+    /// any wait, which review checks).
+    #[test]
+    fn thread_locals_only_in_never_inlined_fns() {
+        use syn::visit::Visit;
+
+        /// The names a file declares in `thread_local!`.
+        fn declared(file: &syn::File) -> Vec<String> {
+            struct Decls(Vec<String>);
+            impl<'ast> Visit<'ast> for Decls {
+                fn visit_macro(&mut self, m: &'ast syn::Macro) {
+                    if m.path.is_ident("thread_local")
+                        || m.path
+                            .segments
+                            .last()
+                            .is_some_and(|s| s.ident == "thread_local")
+                    {
+                        let mut after_static = false;
+                        for token in m.tokens.clone() {
+                            if let proc_macro2::TokenTree::Ident(i) = token {
+                                if after_static {
+                                    self.0.push(i.to_string());
+                                }
+                                after_static = i == "static";
+                            } else {
+                                after_static = false;
+                            }
+                        }
+                    }
+                }
+            }
+            let mut d = Decls(Vec::new());
+            d.visit_file(file);
+            d.0
+        }
+
+        struct Uses<'a> {
+            file: &'a str,
+            names: &'a [String],
+            /// The enclosing functions: name and whether it is `#[inline(never)]`.
+            fns: Vec<(String, bool)>,
+            found: Vec<String>,
+        }
+        fn never_inlined(attrs: &[syn::Attribute]) -> bool {
+            attrs.iter().any(|a| {
+                a.path().is_ident("inline")
+                    && a.parse_args::<syn::Ident>().is_ok_and(|i| i == "never")
+            })
+        }
+        impl<'ast> Visit<'ast> for Uses<'_> {
+            fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+                let is_test = m.attrs.iter().any(|a| {
+                    a.path().is_ident("cfg")
+                        && a.parse_args::<syn::Meta>()
+                            .is_ok_and(|meta| cfg_names(&meta, "test"))
+                });
+                if !is_test {
+                    syn::visit::visit_item_mod(self, m);
+                }
+            }
+            fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+                self.fns
+                    .push((f.sig.ident.to_string(), never_inlined(&f.attrs)));
+                syn::visit::visit_item_fn(self, f);
+                self.fns.pop();
+            }
+            fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+                self.fns
+                    .push((f.sig.ident.to_string(), never_inlined(&f.attrs)));
+                syn::visit::visit_impl_item_fn(self, f);
+                self.fns.pop();
+            }
+            fn visit_ident(&mut self, i: &'ast proc_macro2::Ident) {
+                if self.names.iter().any(|n| i == n)
+                    && let Some((f, false)) = self.fns.last()
+                {
+                    self.found.push(format!("{}: fn {f} names {i}", self.file));
+                }
+            }
+        }
+        /// Whether a `cfg(...)` names `word` anywhere (`test`, `all(test, ...)`).
+        fn cfg_names(meta: &syn::Meta, word: &str) -> bool {
+            match meta {
+                syn::Meta::Path(p) => p.is_ident(word),
+                syn::Meta::List(l) => l
+                    .tokens
+                    .clone()
+                    .into_iter()
+                    .any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == word)),
+                syn::Meta::NameValue(_) => false,
+            }
+        }
+
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut found = Vec::new();
+        let mut names_seen = 0;
+        for dir in ["device-kernels/src/arch/host", "host/src/cpu"] {
+            for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_none_or(|e| e != "rs") {
+                    continue;
+                }
+                let name = path.display().to_string();
+                let file = syn::parse_file(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                let names = declared(&file);
+                names_seen += names.len();
+                let mut uses = Uses {
+                    file: &name,
+                    names: &names,
+                    fns: Vec::new(),
+                    found: Vec::new(),
+                };
+                uses.visit_file(&file);
+                found.extend(uses.found);
+            }
+        }
+        // The rule must see the thread-locals it is about (a parser change would hide them).
+        assert!(names_seen >= 5, "found only {names_seen} thread-locals");
+        found.sort();
+        assert!(
+            found.is_empty(),
+            "thread-locals named outside #[inline(never)] functions: {found:#?}"
+        );
+    }
 }

@@ -16,7 +16,15 @@
 //! wait hook, before the kernel thread can move.
 //!
 //! A kernel thread that never waits cannot be suspended: it holds its host thread until it
-//! returns.
+//! returns, past the deadline if it must (a kernel that spins on a flag without
+//! `spin_pause`, or waits with anything but the device library's waits, does that). Nor is
+//! one suspended while it unwinds (see [`due`]).
+//!
+//! Thread-locals: a kernel thread's frames may continue on another OS thread after any
+//! wait, and the compiler may keep a thread-local's address across calls within one
+//! function. So every function here (and in the device arch layer) that reaches a
+//! thread-local is never inlined and returns before any wait (see [`install`]); kernel code
+//! must not use thread-locals of its own (a GPU has none either).
 //!
 //! [`spin_pause`]: oxccl_device::arch::spin_pause
 
@@ -91,12 +99,9 @@ pub(crate) fn run(
         enter_inline(yielder);
         kernel_launch.run_thread(index);
     });
-    let previous_hook = set_wait_hook(Some(wait_hook));
-    let previous_deadline = DEADLINE.with(|d| d.replace(deadline));
+    let previous = install(deadline);
     let outcome = coroutine.resume(None);
-    DEADLINE.with(|d| d.set(previous_deadline));
-    YIELDER.with(|y| y.set(std::ptr::null()));
-    set_wait_hook(previous_hook);
+    uninstall(previous);
     match outcome {
         CoroutineResult::Return(()) => Ok(coroutine.into_stack()),
         CoroutineResult::Yield(context) => Err(Box::new(Suspended {
@@ -124,6 +129,7 @@ pub(crate) fn recycle(stack: Stack) {
 }
 
 /// Whether the calling thread is running a kernel thread of its own (inside [`run`]).
+#[inline(never)]
 pub(crate) fn running_here() -> bool {
     !YIELDER.with(Cell::get).is_null()
 }
@@ -143,9 +149,41 @@ std::thread_local! {
         const { Cell::new(std::ptr::null()) };
 }
 
+/// What [`install`] replaced on the calling thread, for [`uninstall`].
+struct Installed {
+    hook: Option<oxccl_device::arch::host::WaitHook>,
+    deadline: Option<Instant>,
+}
+
+/// Makes the calling (host) thread's waits call [`wait_hook`] and sets the deadline past
+/// which it suspends the kernel thread it runs.
+///
+/// Never inlined, as every function here that reaches a thread-local: the compiler takes a
+/// thread-local's address to be the same for the whole of a function, and may compute it
+/// once and keep it across calls; a function whose frame is on a kernel thread's stack when
+/// it moves to another OS thread would then read the old thread's variable. Keeping each
+/// access in a small function that returns before any wait makes that impossible, whatever
+/// inlines the rest (a source rule checks it: the test `thread_locals_only_in_never_inlined_fns`
+/// of `xtask`).
+#[inline(never)]
+fn install(deadline: Option<Instant>) -> Installed {
+    Installed {
+        hook: set_wait_hook(Some(wait_hook)),
+        deadline: DEADLINE.with(|d| d.replace(deadline)),
+    }
+}
+
+/// Undoes [`install`] once the coroutine returned or suspended: the thread is no longer
+/// running a kernel thread of its own.
+#[inline(never)]
+fn uninstall(previous: Installed) {
+    DEADLINE.with(|d| d.set(previous.deadline));
+    YIELDER.with(|y| y.set(std::ptr::null()));
+    set_wait_hook(previous.hook);
+}
+
 /// Records the running coroutine's yielder for [`wait_hook`]; runs on the host thread, in
-/// the coroutine, before the kernel thread starts. Never inlined, as every access to the
-/// thread-locals here: the kernel thread may move to another OS thread.
+/// the coroutine, before the kernel thread starts. Never inlined (see [`install`]).
 #[inline(never)]
 fn enter_inline(yielder: &Yielder<Option<DetachedContext>, DetachedContext>) {
     YIELDER.with(|y| y.set(yielder));
