@@ -18,7 +18,8 @@
 //! A kernel thread that never waits cannot be suspended: it holds its host thread until it
 //! returns, past the deadline if it must (a kernel that spins on a flag without
 //! `spin_pause`, or waits with anything but the device library's waits, does that). Nor is
-//! one suspended while it unwinds (see [`due`]).
+//! one suspended while it unwinds (see [`due`]); and a host thread that is itself unwinding
+//! runs none (`synchronize` from a drop during a panic only waits).
 //!
 //! Thread-locals: a kernel thread's frames may continue on another OS thread after any
 //! wait, and the compiler may keep a thread-local's address across calls within one
@@ -226,3 +227,6 @@ fn wait_hook() {
         attach(context);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -168,8 +168,11 @@ impl CpuStream {
         help_for: Duration,
     ) {
         // A kernel thread that waits for its own stream (it cannot: it is not a host
-        // thread) must not help, nor may a thread run two kernel threads at once.
-        if inline::running_here() {
+        // thread) must not help, nor may a thread run two kernel threads at once. Nor may a
+        // thread that is unwinding (a `synchronize` in a drop during a panic): a kernel
+        // thread it ran could not be suspended at the deadline (see `inline::due`), and a
+        // kernel that never finishes would hold `synchronize` for good.
+        if inline::running_here() || std::thread::panicking() {
             return;
         }
         // Mapped on first use, kept across the kernel threads run here.
@@ -217,6 +220,12 @@ impl CpuStream {
         }
         inline::recycle(stack);
         self.stop_helping();
+    }
+
+    /// Host threads helping now.
+    #[cfg(test)]
+    pub(crate) fn helpers(&self) -> u32 {
+        self.queue.lock().helpers
     }
 
     /// Unregisters a helper; the last one dispatches a launch left for helpers.

@@ -1,0 +1,513 @@
+//! Kernel threads run by the host thread in `synchronize`, and moved to a pool thread at
+//! its deadline: what they keep, what they leave behind, and what may happen meanwhile.
+//!
+//! Each test makes the synchronizing thread run the kernel thread it is about: a first
+//! launch holds the stream until a gate opens while that thread is already helping, so the
+//! launch under test becomes the running one *for the helper*, which runs it (one of its
+//! threads) itself. None of them times anything: a wait past a deadline shows as a
+//! different outcome (`Timeout` where `Ok` was due, or the reverse), or as a hang that a
+//! watchdog ends.
+
+use crate::cpu::stream::CpuStream;
+use crate::{Device, Error, Stream};
+use oxccl_device::arch;
+use oxccl_device::arch::host::in_kernel;
+use oxccl_device::kernel;
+use oxccl_device::launch::LaunchConfig;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+/// Long enough that a synchronizing thread is still helping when its gate opens.
+const HELP_FOR: Duration = Duration::from_secs(20);
+/// The deadline of a `synchronize` that must time out.
+const SHORT: Duration = Duration::from_millis(300);
+/// The deadline of a `synchronize` that must not.
+const LONG: Duration = Duration::from_secs(60);
+/// When a watchdog releases a kernel that a broken emulator would wait for in
+/// `synchronize` (far past `SHORT`, well within `LONG`).
+const WATCHDOG: Duration = Duration::from_secs(15);
+
+/// One gate per use (tests run at the same time in one process); see [`gate`].
+static GATES: [AtomicBool; 32] = [const { AtomicBool::new(false) }; 32];
+static NEXT_GATE: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh, closed gate.
+fn gate() -> u32 {
+    let g = NEXT_GATE.fetch_add(1, Ordering::Relaxed);
+    assert!((g as usize) < GATES.len(), "more gates than GATES holds");
+    g
+}
+
+fn open(gate: u32) {
+    GATES[gate as usize].store(true, Ordering::Release);
+}
+
+/// Opens `gate` after `after`, from another thread.
+fn open_after(gate: u32, after: Duration) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        open(gate);
+    })
+}
+
+/// Waits (through the emulator's back-off, as every device wait) until `gate` opens.
+fn pass(gate: u32) {
+    let mut i = 0;
+    while !GATES[gate as usize].load(Ordering::Acquire) {
+        arch::spin_pause(i);
+        i = i.saturating_add(1);
+    }
+}
+
+/// Holds its stream until `gate` opens.
+#[kernel]
+fn hold(gate: u32) {
+    pass(gate);
+}
+
+/// A stream whose next launch is left for the thread that synchronizes it: a `hold`
+/// launch runs first, and its gate opens once a thread helps in `synchronize`.
+fn stream_held(ordinal: usize) -> (Stream, std::thread::JoinHandle<()>) {
+    stream_held_at_most(ordinal, LONG)
+}
+
+/// [`stream_held`], but the gate opens after `at_most` if no thread helps by then.
+fn stream_held_at_most(ordinal: usize, at_most: Duration) -> (Stream, std::thread::JoinHandle<()>) {
+    let stream = Device::cpu(ordinal).stream().unwrap();
+    let g = gate();
+    hold::launch(&stream, LaunchConfig::grid(1), g).unwrap();
+    let cpu = stream.cpu_stream().clone();
+    let opener = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + at_most;
+        while cpu.helpers() == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        open(g);
+    });
+    (stream, opener)
+}
+
+fn sync(stream: &Stream, timeout: Duration) -> crate::Result<()> {
+    stream.cpu_stream().synchronize_helping(timeout, HELP_FOR)
+}
+
+/// Where a kernel thread of [`moves`] was before and after its wait, and what it saw.
+#[derive(Clone, Debug)]
+struct Moved {
+    index: u32,
+    before: ThreadId,
+    after: ThreadId,
+    index_after: u32,
+    in_kernel_after: bool,
+    all_agree: bool,
+}
+
+static MOVED: Mutex<Vec<Moved>> = Mutex::new(Vec::new());
+
+/// Both threads meet, wait for `gate`, then meet again through `sync_threads_or`, where
+/// only thread 0 passes true: both must see true.
+#[kernel]
+fn moves(gate: u32) {
+    let index = arch::thread_idx().x;
+    let before = std::thread::current().id();
+    arch::sync_threads();
+    pass(gate);
+    let all_agree = arch::sync_threads_or(arch::thread_idx().x == 0);
+    MOVED.lock().push(Moved {
+        index,
+        before,
+        after: std::thread::current().id(),
+        index_after: arch::thread_idx().x,
+        in_kernel_after: in_kernel(),
+        all_agree,
+    });
+}
+
+/// Guards against a kernel thread that moves to a pool thread at the deadline without its
+/// emulated context (its indices, its block barrier, "in a kernel"), and against the
+/// synchronizing thread keeping that context after it gave the kernel thread away (later
+/// code on it would take itself for a kernel thread).
+#[test]
+fn moved_kernel_thread_keeps_its_context_and_leaves_none_behind() {
+    let (stream, opener) = stream_held(40);
+    let g = gate();
+    moves::launch(&stream, LaunchConfig::grid(1).block(2), g).unwrap();
+    match sync(&stream, SHORT) {
+        Err(Error::Timeout { what, .. }) => assert!(what.contains("moves"), "{what}"),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    opener.join().unwrap();
+    assert!(
+        !in_kernel(),
+        "the synchronizing thread is still in a kernel"
+    );
+    assert_eq!(arch::thread_idx(), arch::Dim3::ZERO);
+    assert_eq!(arch::block_dim(), arch::Dim3::ONE);
+    open(g);
+    sync(&stream, LONG).unwrap();
+    let moved = MOVED.lock().clone();
+    assert_eq!(moved.len(), 2, "{moved:?}");
+    let me = std::thread::current().id();
+    assert_eq!(
+        moved.iter().filter(|m| m.before == me).count(),
+        1,
+        "{moved:?}"
+    );
+    for m in &moved {
+        assert_ne!(m.after, me, "still on the synchronizing thread: {m:?}");
+        assert_eq!(m.index, m.index_after, "{m:?}");
+        assert!(m.in_kernel_after, "{m:?}");
+        assert!(m.all_agree, "the block barrier did not move along: {m:?}");
+    }
+}
+
+/// Waits for `gate`, then panics.
+#[kernel]
+fn panics_after(gate: u32) {
+    pass(gate);
+    panic!("gives up after the move");
+}
+
+/// Guards against a kernel thread that panics after its move to a pool thread going
+/// unreported, taking that pool thread down, or leaving the stream unusable.
+#[test]
+fn panic_after_the_move_is_reported() {
+    let (stream, opener) = stream_held(41);
+    let g = gate();
+    panics_after::launch(&stream, LaunchConfig::grid(1), g).unwrap();
+    assert!(matches!(sync(&stream, SHORT), Err(Error::Timeout { .. })));
+    opener.join().unwrap();
+    open(g);
+    match sync(&stream, LONG) {
+        Err(Error::KernelFailed { kernel, message }) => {
+            assert_eq!(kernel, "panics_after");
+            assert!(message.contains("gives up after the move"), "{message}");
+        }
+        other => panic!("expected KernelFailed, got {other:?}"),
+    }
+    assert!(!std::thread::panicking());
+    let again = gate();
+    open(again);
+    hold::launch(&stream, LaunchConfig::grid(1), again).unwrap();
+    sync(&stream, LONG).unwrap();
+}
+
+/// Waits for its gate when dropped.
+struct WaitOnDrop(u32);
+
+impl Drop for WaitOnDrop {
+    fn drop(&mut self) {
+        pass(self.0);
+    }
+}
+
+/// Panics, and waits for `gate` while unwinding.
+#[kernel]
+fn waits_while_unwinding(gate: u32) {
+    let _wait = WaitOnDrop(gate);
+    panic!("unwinds slowly");
+}
+
+/// Guards against a kernel thread suspended (and moved) in the middle of unwinding: the
+/// panic count is the OS thread's, so the synchronizing thread would stay "panicking" for
+/// good (and the pool thread's count would underflow). Such a thread runs to its end where
+/// it is, past the deadline, and its failure is reported.
+#[test]
+fn kernel_thread_unwinding_is_not_moved() {
+    let (stream, opener) = stream_held(42);
+    let g = gate();
+    waits_while_unwinding::launch(&stream, LaunchConfig::grid(1), g).unwrap();
+    // Opens far past the deadline, while the kernel thread waits in its drop.
+    let late = open_after(g, Duration::from_secs(1));
+    match sync(&stream, SHORT) {
+        Err(Error::KernelFailed { message, .. }) => {
+            assert!(message.contains("unwinds slowly"), "{message}")
+        }
+        other => panic!("expected KernelFailed, got {other:?}"),
+    }
+    assert!(!std::thread::panicking(), "the panic count stayed raised");
+    opener.join().unwrap();
+    late.join().unwrap();
+    sync(&stream, LONG).unwrap();
+}
+
+/// Calls `synchronize` (with a short timeout) when dropped, and keeps its result.
+struct SynchronizeOnDrop<'a> {
+    stream: &'a Stream,
+    result: &'a Mutex<Option<crate::Result<()>>>,
+}
+
+impl Drop for SynchronizeOnDrop<'_> {
+    fn drop(&mut self) {
+        *self.result.lock() = Some(sync(self.stream, SHORT));
+    }
+}
+
+/// Guards against a `synchronize` called while its thread unwinds (from a drop during a
+/// panic) running a kernel thread itself: it could not suspend it at the deadline, and
+/// would wait for a kernel that never ends instead of timing out. (Here the kernel ends
+/// when a watchdog opens its gate, far past the deadline: a broken `synchronize` returns
+/// `Ok` then.)
+#[test]
+fn synchronize_while_unwinding_still_times_out() {
+    // Nobody helps when this works: the first launch ends after a while all the same.
+    let (stream, opener) = stream_held_at_most(43, Duration::from_secs(1));
+    let g = gate();
+    hold::launch(&stream, LaunchConfig::grid(1), g).unwrap();
+    let watchdog = open_after(g, WATCHDOG);
+    let result = Mutex::new(None);
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _sync = SynchronizeOnDrop {
+            stream: &stream,
+            result: &result,
+        };
+        // Unwinds without the panic hook (nothing printed), `panicking()` all the same.
+        std::panic::resume_unwind(Box::new("the caller's own panic"));
+    }));
+    assert!(unwound.is_err());
+    match result.lock().take() {
+        Some(Err(Error::Timeout { what, .. })) => assert!(what.contains("hold"), "{what}"),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    opener.join().unwrap();
+    open(g);
+    sync(&stream, LONG).unwrap();
+    drop(watchdog);
+}
+
+/// The OS thread that synchronizes in [`kernel_blocked_at_a_barrier_times_out`].
+static BARRIER_HOST: Mutex<Option<ThreadId>> = Mutex::new(None);
+
+/// Threads on other OS threads than `BARRIER_HOST` wait for `gate`; then all meet at the
+/// block barrier (so the one that thread runs blocks there, not in the gate).
+#[kernel]
+fn barrier_after_gate(gate: u32) {
+    if Some(std::thread::current().id()) != *BARRIER_HOST.lock() {
+        pass(gate);
+    }
+    arch::sync_threads();
+}
+
+/// Guards against a kernel thread run by the synchronizing thread that blocks in
+/// `sync_threads` (not only in a device wait) holding `synchronize` past its deadline.
+#[test]
+fn kernel_blocked_at_a_barrier_times_out() {
+    let (stream, opener) = stream_held(44);
+    let g = gate();
+    *BARRIER_HOST.lock() = Some(std::thread::current().id());
+    barrier_after_gate::launch(&stream, LaunchConfig::grid(1).block(2), g).unwrap();
+    let watchdog = open_after(g, WATCHDOG);
+    match sync(&stream, SHORT) {
+        Err(Error::Timeout { what, .. }) => assert!(what.contains("barrier_after_gate"), "{what}"),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    // Again, with the kernel still blocked: the stream stays stuck, `synchronize` does not.
+    match sync(&stream, SHORT) {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    opener.join().unwrap();
+    open(g);
+    sync(&stream, LONG).unwrap();
+    drop(watchdog);
+}
+
+/// The OS thread that synchronizes in [`wide_launch_runs_all_its_threads_at_once`].
+static WIDE_HOST: Mutex<Option<ThreadId>> = Mutex::new(None);
+/// Arrivals at each launch's meeting point, by `launch` number.
+static WIDE_ARRIVED: [AtomicU32; 2] = [const { AtomicU32::new(0) }; 2];
+/// (launch, OS thread at the start, OS thread at the end) of each finished thread.
+static WIDE_ENDS: Mutex<Vec<(u32, ThreadId, ThreadId)>> = Mutex::new(Vec::new());
+
+/// Every thread of the grid arrives and waits until all `all` have (which only threads
+/// running at the same time can do); then the thread that `WIDE_HOST` runs waits for
+/// `gate`, the rest of its block waiting for it at the block barrier.
+#[kernel]
+fn wide(launch: u32, gate: u32, all: u32) {
+    let start = std::thread::current().id();
+    let arrived = &WIDE_ARRIVED[launch as usize];
+    arrived.fetch_add(1, Ordering::AcqRel);
+    let mut i = 0;
+    while arrived.load(Ordering::Acquire) < all {
+        arch::spin_pause(i);
+        i = i.saturating_add(1);
+    }
+    if Some(start) == *WIDE_HOST.lock() {
+        pass(gate);
+    }
+    arch::sync_threads();
+    WIDE_ENDS
+        .lock()
+        .push((launch, start, std::thread::current().id()));
+}
+
+/// Guards against the threads of a launch the synchronizing thread helps with not all
+/// running at once (a thread of a launch may wait for any other: were the others started
+/// only after the helper's own thread, it would wait for them until the deadline and end
+/// on a pool thread), and against a launch whose helper's thread moves at the deadline
+/// not finishing there with the others.
+#[test]
+fn wide_launch_runs_all_its_threads_at_once() {
+    let me = std::thread::current().id();
+    *WIDE_HOST.lock() = Some(me);
+    let config = LaunchConfig::grid(4).block(16);
+    let (stream, opener) = stream_held(45);
+    let open_gate = gate();
+    open(open_gate);
+    wide::launch(&stream, config, 0, open_gate, 64).unwrap();
+    sync(&stream, LONG).unwrap();
+    opener.join().unwrap();
+    let ends: Vec<_> = WIDE_ENDS.lock().clone();
+    let here: Vec<_> = ends.iter().filter(|e| e.1 == me).collect();
+    assert_eq!(ends.len(), 64);
+    assert_eq!(here.len(), 1, "{here:?}");
+    assert_eq!(
+        here[0].2, me,
+        "the helper's own thread was moved: it waited alone"
+    );
+
+    let (stream, opener) = stream_held(49);
+    let g = gate();
+    wide::launch(&stream, config, 1, g, 64).unwrap();
+    let watchdog = open_after(g, WATCHDOG);
+    match sync(&stream, SHORT) {
+        Err(Error::Timeout { what, .. }) => assert!(what.contains("wide"), "{what}"),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    opener.join().unwrap();
+    open(g);
+    sync(&stream, LONG).unwrap();
+    let ends: Vec<_> = WIDE_ENDS
+        .lock()
+        .iter()
+        .filter(|e| e.0 == 1)
+        .cloned()
+        .collect();
+    assert_eq!(ends.len(), 64);
+    let moved: Vec<_> = ends.iter().filter(|e| e.1 == me).collect();
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert_ne!(moved[0].2, me, "{moved:?}");
+    drop(watchdog);
+}
+
+/// (which stream, OS thread at the end) of each [`meet`] that finished.
+static MET: Mutex<Vec<(u32, ThreadId)>> = Mutex::new(Vec::new());
+static MEET_FLAGS: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
+
+/// Raises flag `me`, waits for flag `peer` (raised by a kernel on another stream), and
+/// records where it ended.
+#[kernel]
+fn meet(me: u32, peer: u32) {
+    MEET_FLAGS[me as usize].store(true, Ordering::Release);
+    let mut i = 0;
+    while !MEET_FLAGS[peer as usize].load(Ordering::Acquire) {
+        arch::spin_pause(i);
+        i = i.saturating_add(1);
+    }
+    MET.lock().push((me, std::thread::current().id()));
+}
+
+/// Guards against state of the kernel threads a host thread runs that is not that host
+/// thread's own (its deadline, its coroutine): two host threads each synchronize their own
+/// stream and run a kernel thread there, the two waiting for each other; then one of them
+/// times out on a third kernel while the other keeps running its own, which must neither
+/// be cut off at the first one's deadline nor move.
+#[test]
+fn host_threads_synchronizing_streams_of_their_own_do_not_interfere() {
+    let (a, opener_a) = stream_held(46);
+    let (b, opener_b) = stream_held(47);
+    meet::launch(&a, LaunchConfig::grid(1), 0, 1).unwrap();
+    meet::launch(&b, LaunchConfig::grid(1), 1, 0).unwrap();
+    let stuck = gate();
+    hold::launch(&a, LaunchConfig::grid(1), stuck).unwrap();
+    let slow = gate();
+    hold::launch(&b, LaunchConfig::grid(1), slow).unwrap();
+    record_thread::launch(&b, LaunchConfig::grid(1), 7).unwrap();
+    let watchdog = open_after(stuck, WATCHDOG);
+    let (thread_a, result_a) = std::thread::scope(|s| {
+        let on_b = s.spawn(|| (std::thread::current().id(), sync(&b, LONG)));
+        let result_a = sync(&a, SHORT);
+        // `b` keeps going well past `a`'s deadline, then finishes.
+        std::thread::sleep(SHORT * 2);
+        open(slow);
+        let (thread_b, result_b) = on_b.join().unwrap();
+        result_b.unwrap();
+        let met = MET.lock().clone();
+        assert_eq!(met.len(), 2, "{met:?}");
+        assert!(
+            met.contains(&(1, thread_b)),
+            "b's kernel did not end on b's thread: {met:?}"
+        );
+        let ended_b = *RECORDED.lock();
+        assert_eq!(ended_b, Some((7, thread_b)), "b's last kernel moved");
+        (std::thread::current().id(), result_a)
+    });
+    match result_a {
+        Err(Error::Timeout { what, .. }) => assert!(what.contains("hold"), "{what}"),
+        other => panic!("expected Timeout on a, got {other:?}"),
+    }
+    assert!(MET.lock().contains(&(0, thread_a)), "{:?}", MET.lock());
+    opener_a.join().unwrap();
+    opener_b.join().unwrap();
+    open(stuck);
+    sync(&a, LONG).unwrap();
+    drop(watchdog);
+}
+
+/// (tag, OS thread) of the last [`record_thread`].
+static RECORDED: Mutex<Option<(u32, ThreadId)>> = Mutex::new(None);
+
+/// Records its OS thread, under `tag`, after a wait of its own.
+#[kernel]
+fn record_thread(tag: u32) {
+    // A wait, so a broken emulator has a chance to move it.
+    let mut i = 0;
+    while i < 64 {
+        arch::spin_pause(i);
+        i += 1;
+    }
+    *RECORDED.lock() = Some((tag, std::thread::current().id()));
+}
+
+/// Counts finished [`count_after`] kernels.
+static COUNTED: AtomicU32 = AtomicU32::new(0);
+
+/// Waits for `gate`, then counts itself.
+#[kernel]
+fn count_after(gate: u32) {
+    pass(gate);
+    COUNTED.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Guards against a kernel thread moved to a pool thread depending on the stream handle
+/// it was launched on: the handle (and its device handle) are dropped while the kernel
+/// thread waits, and the launch queued behind it must still run when it finishes.
+#[test]
+fn stream_dropped_while_its_kernel_thread_is_moved() {
+    let (stream, opener) = stream_held(48);
+    let device = stream.cpu_stream().device.clone();
+    let g = gate();
+    count_after::launch(&stream, LaunchConfig::grid(1), g).unwrap();
+    let open_gate = gate();
+    open(open_gate);
+    count_after::launch(&stream, LaunchConfig::grid(1), open_gate).unwrap();
+    assert!(matches!(sync(&stream, SHORT), Err(Error::Timeout { .. })));
+    opener.join().unwrap();
+    let cpu: Arc<CpuStream> = stream.cpu_stream().clone();
+    drop(stream);
+    drop(cpu);
+    open(g);
+    // Not `wait_idle`: the timeout marked the device stuck, so that returns at once.
+    let deadline = std::time::Instant::now() + LONG;
+    while !device.is_idle() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the launches never completed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(COUNTED.load(Ordering::Acquire), 2);
+}
