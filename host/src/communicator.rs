@@ -13,10 +13,10 @@
 
 use crate::backend::Backend;
 use crate::channel_abort::ChannelAbort;
+use crate::cpu::memory::PeerMapping;
 use crate::device::Device;
 use crate::device_buffer::DeviceBuffer;
 use crate::error::{ChannelError, ChannelFailure, ChannelKind, ChannelRef, Error, Result};
-use crate::host_ipc::HostIpcMapping;
 use crate::host_ipc_connection::HostIpcConnection;
 use crate::memory_channel::MemoryChannel;
 use crate::out_of_band::{BootstrapExchange, OutOfBand};
@@ -122,8 +122,9 @@ pub struct Communicator {
     /// Memory channels built so far (the next one's site).
     memory_channels: u32,
     /// Memory of other ranks mapped here, by (node, pid, inode): shared with every region
-    /// built on it, so a mapping lives as long as its last user.
-    mappings: HashMap<(String, u32, u64), Arc<HostIpcMapping>>,
+    /// built on it, so a mapping lives as long as its last user, and is unmapped only when
+    /// no kernel of this rank's device runs.
+    mappings: HashMap<(String, u32, u64), Arc<PeerMapping>>,
     /// What the host said when it stopped the rank ([`RankStopper`]).
     stop_why: Arc<Mutex<Option<String>>>,
 }
@@ -387,7 +388,13 @@ impl Communicator {
         let key = (handle.node.clone(), handle.pid, handle.inode);
         let mapping = match self.mappings.entry(key) {
             Entry::Occupied(e) => e.get().clone(),
-            Entry::Vacant(e) => e.insert(Arc::new(handle.map()?)).clone(),
+            Entry::Vacant(e) => e
+                .insert(Arc::new(PeerMapping::new(
+                    handle.map()?,
+                    self.device.cpu_device().clone(),
+                    self.config.wait_timeout,
+                )))
+                .clone(),
         };
         let fits = offset
             .checked_add(memory.size())

@@ -13,7 +13,7 @@
 //! arrived") fails on the emulator as it would on a GPU.
 
 use super::CpuDevice;
-use crate::host_ipc::{HostIpcHandle, MEMFD_NAME, map_shared};
+use crate::host_ipc::{HostIpcHandle, HostIpcMapping, MEMFD_NAME, map_shared};
 use rustix::fd::{AsRawFd, OwnedFd};
 use rustix::fs::{MemfdFlags, SealFlags};
 use std::ptr::NonNull;
@@ -165,21 +165,88 @@ impl DeviceMemory {
 
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
-        if self.device.is_idle() {
-            return;
-        }
-        // A kernel still running may use this memory: wait for the device (bounded), and
-        // leak the memory if it does not go idle rather than free it under the kernel.
-        if !self.device.wait_idle(self.drop_wait) {
-            let memory = self.memory.take();
-            tracing::warn!(
-                device = self.device.ordinal,
-                bytes = memory.as_ref().map_or(0, HostMemory::capacity),
-                "device memory released while kernels of its device still run; leaking it"
-            );
-            std::mem::forget(memory);
+        let bytes = self.memory.as_ref().map_or(0, HostMemory::capacity);
+        release_after_kernels(
+            &self.device,
+            self.drop_wait,
+            self.memory.take(),
+            bytes,
+            "device memory",
+        );
+    }
+}
+
+/// A peer's memory mapped into this process for the kernels of `device` (this rank's), and
+/// unmapped like [`DeviceMemory`] is freed: not under a running kernel of that device.
+///
+/// Shared by the memory regions and channels built on it; the last one to let go unmaps it.
+/// Invariant: `mapping` is `None` only once `Drop` has leaked it.
+#[derive(Debug)]
+pub(crate) struct PeerMapping {
+    mapping: Option<HostIpcMapping>,
+    device: Arc<CpuDevice>,
+    /// How long the drop waits for the device.
+    drop_wait: Duration,
+}
+
+impl PeerMapping {
+    pub(crate) fn new(
+        mapping: HostIpcMapping,
+        device: Arc<CpuDevice>,
+        drop_wait: Duration,
+    ) -> Self {
+        PeerMapping {
+            mapping: Some(mapping),
+            device,
+            drop_wait,
         }
     }
+
+    /// Address of the first byte in this process (0 only after `Drop` leaked it).
+    pub(crate) fn addr(&self) -> u64 {
+        self.mapping.as_ref().map_or(0, HostIpcMapping::addr)
+    }
+
+    /// Bytes mapped.
+    pub(crate) fn len(&self) -> u64 {
+        self.mapping.as_ref().map_or(0, HostIpcMapping::len)
+    }
+}
+
+impl Drop for PeerMapping {
+    fn drop(&mut self) {
+        let bytes = self.len() as usize;
+        release_after_kernels(
+            &self.device,
+            self.drop_wait,
+            self.mapping.take(),
+            bytes,
+            "a peer's memory mapped here",
+        );
+    }
+}
+
+/// Drops `memory` once no launch of `device` is queued or running, waiting at most
+/// `drop_wait`; if the device stays busy, leaks it instead: a kernel still running (one
+/// that timed out, say, and went on in the background) may use it, and freeing or
+/// unmapping it would crash the process under that kernel.
+fn release_after_kernels<T>(
+    device: &CpuDevice,
+    drop_wait: Duration,
+    memory: Option<T>,
+    bytes: usize,
+    what: &str,
+) {
+    if device.is_idle() || device.wait_idle(drop_wait) {
+        drop(memory);
+        return;
+    }
+    tracing::warn!(
+        device = device.ordinal,
+        bytes,
+        "{what} released while kernels of its device still run; leaking it"
+    );
+    std::mem::forget(memory);
 }
 
 #[cfg(test)]

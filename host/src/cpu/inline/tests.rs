@@ -12,8 +12,12 @@ use crate::cpu::stream::CpuStream;
 use crate::{Device, Error, Stream};
 use oxccl_device::arch;
 use oxccl_device::arch::host::in_kernel;
+use oxccl_device::block::block_agrees;
+use oxccl_device::coop::Block;
+use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::launch::LaunchConfig;
+use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -510,4 +514,82 @@ fn stream_dropped_while_its_kernel_thread_is_moved() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(COUNTED.load(Ordering::Acquire), 2);
+}
+
+/// Ranks of [`communicator_dropped_while_its_kernel_thread_is_moved`] whose kernel went
+/// all the way through, after their communicators were gone.
+static RING_DONE: AtomicU32 = AtomicU32::new(0);
+
+/// Waits for `gate`; then puts `bytes` into the next rank's buffer, signals it and waits
+/// for the previous rank's signal.
+#[kernel(max_blocks = 1)]
+fn gated_ring(
+    gate: u32,
+    next: MemoryChannelDeviceHandle<'_>,
+    prev: MemoryChannelDeviceHandle<'_>,
+    bytes: u64,
+) -> Result<(), DeviceError> {
+    pass(gate);
+    next.put(Block, 0, 0, bytes)?;
+    arch::sync_threads();
+    block_agrees(|| {
+        next.signal()?;
+        prev.wait()
+    })?;
+    RING_DONE.fetch_add(1, Ordering::AcqRel);
+    Ok(())
+}
+
+/// Guards against a kernel thread moved to a pool thread losing what it works on when its
+/// rank's communicator, channels and buffers are dropped meanwhile: both ranks' kernels
+/// write into each other's buffers and signal after every host object is gone. A buffer
+/// freed, or a peer's buffer unmapped, under them crashes the test process (the peer's
+/// mapping was unmapped at once until it learned to wait for the device, as buffers do).
+#[test]
+fn communicator_dropped_while_its_kernel_thread_is_moved() {
+    let g = gate();
+    let mut config = crate::in_process::InProcessConfig::default();
+    // Bounds each rank's teardown (its wait for the stuck kernel) and the kernels' waits.
+    config.communicator.wait_timeout = Duration::from_secs(2);
+    crate::in_process::run(2, config, |comm| {
+        let rank = comm.rank();
+        let buf = comm.alloc::<u64>(512)?;
+        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let mine = all[rank as usize].clone();
+        let (next, prev) = comm.ring_memory_channels(&all, &mine, None)?;
+        let stream = comm.device().stream()?;
+        let held = gate();
+        hold::launch(&stream, LaunchConfig::grid(1), held)?;
+        let cpu = stream.cpu_stream().clone();
+        let opener = std::thread::spawn(move || {
+            while cpu.helpers() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            open(held);
+        });
+        gated_ring::launch(
+            &stream,
+            LaunchConfig::grid(1).block(2),
+            g,
+            next.device_handle(),
+            prev.device_handle(),
+            4096,
+        )?;
+        match sync(&stream, SHORT) {
+            Err(Error::Timeout { what, .. }) => assert!(what.contains("gated_ring"), "{what}"),
+            other => panic!("expected Timeout, got {other:?}"),
+        }
+        opener.join().unwrap();
+        Ok(())
+    })
+    .unwrap();
+    open(g);
+    let deadline = std::time::Instant::now() + LONG;
+    while RING_DONE.load(Ordering::Acquire) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ranks' kernels never finished"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
