@@ -188,6 +188,79 @@ pub unsafe fn store_value(out: DevicePtr<u64>, value: u64) {
 #[kernel]
 pub fn empty() {}
 
+/// A parameter larger, and more aligned, than the values a launch keeps in itself.
+#[repr(C, align(32))]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Wide {
+    words: [u64; 40],
+}
+
+/// Stores a checksum of its parameters at `out`.
+///
+/// # Safety
+/// `out` must point to a writable u64.
+#[kernel]
+pub unsafe fn wide_checksum(small: u8, wide: Wide, tail: u16, out: DevicePtr<u64>) {
+    let sum = wide.words.iter().enumerate().fold(0u64, |acc, (i, w)| {
+        acc.wrapping_add((i as u64 + 1).wrapping_mul(*w))
+    });
+    let checksum = sum ^ (u64::from(small) << 56) ^ (u64::from(tail) << 40);
+    // SAFETY: one thread writes; the host reads after synchronize.
+    unsafe { out.as_ptr().write(checksum) };
+}
+
+/// Stores a weighted sum of its seventeen values at `out`.
+///
+/// # Safety
+/// `out` must point to a writable u64.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn seventeen(
+    p0: u64,
+    p1: u8,
+    p2: u64,
+    p3: u16,
+    p4: u64,
+    p5: u32,
+    p6: u64,
+    p7: u8,
+    p8: u64,
+    p9: u64,
+    p10: u64,
+    p11: u64,
+    p12: u64,
+    p13: u64,
+    p14: u64,
+    p15: u64,
+    p16: u64,
+    out: DevicePtr<u64>,
+) {
+    let values = [
+        p0,
+        u64::from(p1),
+        p2,
+        u64::from(p3),
+        p4,
+        u64::from(p5),
+        p6,
+        u64::from(p7),
+        p8,
+        p9,
+        p10,
+        p11,
+        p12,
+        p13,
+        p14,
+        p15,
+        p16,
+    ];
+    let sum = values.iter().enumerate().fold(0u64, |acc, (i, v)| {
+        acc.wrapping_add((i as u64 + 1).wrapping_mul(*v))
+    });
+    // SAFETY: one thread writes; the host reads after synchronize.
+    unsafe { out.as_ptr().write(sum) };
+}
+
 /// Thread 0 of each block returns at once; the others wait at the block barrier for it.
 #[kernel]
 pub fn thread_0_skips_the_barrier() {
@@ -536,6 +609,70 @@ fn arguments_are_copied_before_launch_returns() {
     opener.synchronize().unwrap();
     stream.synchronize().unwrap();
     assert_eq!(out.to_vec().unwrap(), [7]);
+}
+
+/// Guards against parameter values that a launch cannot keep in itself (more bytes, or
+/// more aligned, than it holds; more parameters than it keeps offsets for) arriving wrong:
+/// those take an allocation of their own, and each value must still land at its aligned
+/// place with its bytes intact.
+#[test]
+fn large_aligned_and_many_parameters_arrive_intact() {
+    let device = Device::cpu(0);
+    let stream = stream_with_timeout(&device, Duration::from_secs(30));
+    let (out_wide, out_many) = (
+        device.alloc::<u64>(1).unwrap(),
+        device.alloc::<u64>(1).unwrap(),
+    );
+    let mut wide = Wide { words: [0; 40] };
+    for (i, w) in wide.words.iter_mut().enumerate() {
+        *w = 0x0101_0101_0101_0101u64.wrapping_mul(i as u64 + 3);
+    }
+    // SAFETY: each output holds a u64, alive until the stream is synchronized.
+    unsafe {
+        wide_checksum::launch(
+            &stream,
+            LaunchConfig::grid(1),
+            0xa5,
+            wide,
+            0xbeef,
+            out_wide.device_ptr(),
+        )
+        .unwrap();
+        seventeen::launch(
+            &stream,
+            LaunchConfig::grid(1),
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+            7,
+            8,
+            9,
+            10,
+            11,
+            12,
+            13,
+            14,
+            15,
+            16,
+            u64::MAX - 16,
+            out_many.device_ptr(),
+        )
+        .unwrap();
+    }
+    stream.synchronize().unwrap();
+    let sum = wide.words.iter().enumerate().fold(0u64, |acc, (i, w)| {
+        acc.wrapping_add((i as u64 + 1).wrapping_mul(*w))
+    });
+    let wide_expected = sum ^ (0xa5u64 << 56) ^ (0xbeefu64 << 40);
+    let seventeen_expected = (1..=16u64)
+        .map(|v| v * v)
+        .fold(0u64, u64::wrapping_add)
+        .wrapping_add(17u64.wrapping_mul(u64::MAX - 16));
+    assert_eq!(out_wide.to_vec().unwrap(), [wide_expected]);
+    assert_eq!(out_many.to_vec().unwrap(), [seventeen_expected]);
 }
 
 /// Guards against a launch whose pointer array does not match the kernel's parameters

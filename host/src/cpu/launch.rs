@@ -13,8 +13,10 @@ use oxccl_device::arch::host::{
 };
 use oxccl_device::launch::{KernelInfo, LaunchConfig};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::alloc::Layout;
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -25,7 +27,8 @@ pub(crate) struct Launch {
     pub(crate) kernel: &'static KernelInfo,
     pub(crate) config: LaunchConfig,
     params: ParamBlock,
-    /// One barrier per block, indexed by linear block rank.
+    /// One barrier per block, indexed by linear block rank; none if a block has one thread
+    /// (it has nobody to wait for, and a launch then costs no allocation for them).
     barriers: Box<[Arc<BlockBarrier>]>,
     /// Threads claimed so far (see [`Self::claim_thread`]).
     claimed: AtomicU32,
@@ -72,25 +75,36 @@ impl Launch {
         config: LaunchConfig,
         params: &[*const c_void],
         stream: Arc<CpuStream>,
-    ) -> crate::Result<Self> {
+    ) -> crate::Result<Arc<Self>> {
         super::quiet_kernel_panics();
-        // SAFETY: forwarded contract.
-        let params = unsafe { ParamBlock::copy(kernel, params)? };
         let threads_per_block = config.block.volume() as u32;
-        let barriers = (0..config.grid.volume())
-            .map(|_| Arc::new(BlockBarrier::new(threads_per_block)))
-            .collect();
-        Ok(Self {
+        let barriers = if threads_per_block > 1 {
+            (0..config.grid.volume())
+                .map(|_| Arc::new(BlockBarrier::new(threads_per_block)))
+                .collect()
+        } else {
+            Box::default()
+        };
+        let mut launch = Arc::new(Self {
             kernel,
             config,
-            params,
+            params: ParamBlock::empty(),
             barriers,
             claimed: AtomicU32::new(0),
             worker: Mutex::new(None),
             remaining: AtomicU32::new(config.total_threads() as u32),
             failure: Mutex::new(Failure::default()),
             stream,
-        })
+        });
+        // The values are copied where they stay, inside the launch: its pointer array can
+        // then be made once, not by every thread.
+        let Some(fresh) = Arc::get_mut(&mut launch) else {
+            return Err(crate::Error::Internal("a new launch was shared".into()));
+        };
+        // SAFETY: forwarded contract; the block sits in its launch's allocation and never
+        // moves again.
+        unsafe { fresh.params.fill(kernel, params)? };
+        Ok(launch)
     }
 
     /// Number of kernel threads of the launch.
@@ -130,20 +144,20 @@ impl Launch {
         let threads_per_block = self.config.block.volume() as u32;
         let block = index / threads_per_block;
         let thread = index % threads_per_block;
-        let barrier = &self.barriers[block as usize];
+        let barrier = self.barriers.get(block as usize);
         let ctx = ThreadContext {
             thread_idx: delinearize(thread, self.config.block),
             block_idx: delinearize(block, self.config.grid),
             block_dim: self.config.block,
             grid_dim: self.config.grid,
-            block_barrier: barrier.clone(),
+            block_barrier: barrier.cloned(),
         };
         let entry = self.kernel.host_entry;
         let params = self.params.pointers.as_ptr();
         let guard = enter(ctx);
         // SAFETY: `params` holds one pointer per parameter of `self.kernel`, each aligned
         // for and pointing to a copy of a valid value of that parameter's type
-        // (`ParamBlock::copy`), alive as long as `self`.
+        // (`ParamBlock::fill`), alive as long as `self`.
         let outcome = catch_unwind(AssertUnwindSafe(|| unsafe { entry(params) }));
         let last_failure = take_last_failure();
         drop(guard);
@@ -162,14 +176,18 @@ impl Launch {
                     FailureKind::Panicked,
                     &format!("panicked: {message}"),
                 );
-                barrier.poison();
+                if let Some(barrier) = barrier {
+                    barrier.poison();
+                }
                 // A payload whose drop panics must not take the worker down with it.
                 if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
                     std::mem::forget(again);
                 }
             }
         }
-        barrier.thread_exited();
+        if let Some(barrier) = barrier {
+            barrier.thread_exited();
+        }
     }
 
     /// Reports one thread done; the last one completes the launch on its stream (which may
@@ -237,38 +255,67 @@ fn delinearize(linear: u32, extent: Dim3) -> Dim3 {
     }
 }
 
+/// Bytes of parameter values a launch keeps in itself, without an allocation of their own
+/// (the shipped collectives' argument structs take 248 and 256).
+const INLINE_PARAM_BYTES: usize = 256;
+/// Largest alignment of a parameter kept in the launch itself.
+const INLINE_PARAM_ALIGN: usize = 16;
+/// Parameters whose pointers a launch keeps in itself (more take an allocation).
+const INLINE_PARAMS: usize = 16;
+
+/// Storage for the parameter values of a launch that fit in it.
+#[repr(C, align(16))]
+struct InlineParams([MaybeUninit<u8>; INLINE_PARAM_BYTES]);
+
+const _: () = assert!(core::mem::align_of::<InlineParams>() == INLINE_PARAM_ALIGN);
+
 /// The launch's own copy of its parameter values, each aligned as its [`ParamLayout`]
 /// says, and the pointer array (`kernelParams`) into it.
 ///
-/// Invariants: `storage` was allocated with `layout` (non-zero size) and is freed only by
-/// `Drop`; `pointers[i]` points into `storage` at an offset aligned to
-/// `kernel.params[i].align` with `kernel.params[i].size` bytes after it.
+/// The values sit in `inline` if they fit (most launches: a launch then costs no
+/// allocation for them), else in `heap`. The block is filled in place, inside its launch
+/// ([`Self::fill`]), and never moves after: `pointers` may point into `inline`.
+///
+/// Invariants: `heap`, if set, was allocated with its layout (non-zero size) and is freed
+/// only by `Drop`; once filled, `pointers[i]` points into `heap` or else `inline`, aligned
+/// to `kernel.params[i].align`, with `kernel.params[i].size` initialized bytes after it
+/// inside that storage.
 ///
 /// [`ParamLayout`]: oxccl_device::launch::ParamLayout
 struct ParamBlock {
-    storage: NonNull<u8>,
-    layout: Layout,
-    pointers: Box<[*const c_void]>,
+    inline: InlineParams,
+    heap: Option<(NonNull<u8>, Layout)>,
+    pointers: SmallVec<[*const c_void; INLINE_PARAMS]>,
 }
 
-// SAFETY: the block owns its storage; the pointers point into it. After `copy` the storage
-// is only read (kernel threads read parameters by value), so sharing between the kernel
-// threads of a launch is sound.
+// SAFETY: the block owns its storage, and its pointers point into it. After `fill` the
+// storage is only read (kernel threads read parameters by value), so sharing between the
+// kernel threads of a launch is sound.
 unsafe impl Send for ParamBlock {}
 // SAFETY: as above.
 unsafe impl Sync for ParamBlock {}
 
 impl ParamBlock {
-    /// Copies the values `params` points to.
+    /// A block with no values yet, to be filled where it will stay.
+    fn empty() -> Self {
+        Self {
+            inline: InlineParams([MaybeUninit::uninit(); INLINE_PARAM_BYTES]),
+            heap: None,
+            pointers: SmallVec::new(),
+        }
+    }
+
+    /// Copies the values `params` points to into this (empty) block, and makes the pointer
+    /// array.
     ///
     /// # Safety
-    /// As [`Launch::new`].
-    unsafe fn copy(kernel: &KernelInfo, params: &[*const c_void]) -> crate::Result<Self> {
+    /// As [`Launch::new`]; and the block must not move after (it is inside its launch).
+    unsafe fn fill(&mut self, kernel: &KernelInfo, params: &[*const c_void]) -> crate::Result<()> {
         let refuse = |why: String| {
             crate::Error::InvalidUsage(format!("launch of kernel `{}`: {why}", kernel.name))
         };
         let mut layout = Layout::new::<()>();
-        let mut offsets = Vec::with_capacity(kernel.params.len());
+        let mut offsets = SmallVec::<[usize; INLINE_PARAMS]>::with_capacity(kernel.params.len());
         for (i, p) in kernel.params.iter().enumerate() {
             let field = Layout::from_size_align(p.size, p.align).map_err(|_| {
                 refuse(format!(
@@ -282,54 +329,140 @@ impl ParamBlock {
             layout = grown;
             offsets.push(offset);
         }
-        // At least one byte, so there is always an allocation to point into (zero-sized
-        // parameters and kernels without parameters included).
-        let layout = Layout::from_size_align(layout.size().max(1), layout.align())
-            .map_err(|_| refuse("the parameters do not fit in memory".into()))?;
-        // SAFETY: `layout` has a non-zero size.
-        let raw = unsafe { std::alloc::alloc(layout) };
-        let Some(storage) = NonNull::new(raw) else {
-            return Err(crate::Error::System {
-                context: format!(
-                    "allocating {} bytes of parameters for kernel `{}`",
-                    layout.size(),
-                    kernel.name
-                ),
-                source: std::io::ErrorKind::OutOfMemory.into(),
-            });
+        let base = if layout.size() > INLINE_PARAM_BYTES || layout.align() > INLINE_PARAM_ALIGN {
+            // SAFETY: `layout` has a non-zero size (larger than the inline storage, or
+            // aligned above 16, hence at least that large).
+            let raw = unsafe { std::alloc::alloc(layout) };
+            let Some(heap) = NonNull::new(raw) else {
+                return Err(crate::Error::System {
+                    context: format!(
+                        "allocating {} bytes of parameters for kernel `{}`",
+                        layout.size(),
+                        kernel.name
+                    ),
+                    source: std::io::ErrorKind::OutOfMemory.into(),
+                });
+            };
+            self.heap = Some((heap, layout));
+            heap.as_ptr()
+        } else {
+            self.inline.0.as_mut_ptr().cast::<u8>()
         };
-        let pointers = offsets
-            .iter()
-            .zip(kernel.params)
-            .zip(params)
-            .map(|((&offset, p), &src)| {
-                // SAFETY: `offset + p.size <= layout.size()` by construction of `layout`.
-                let dst = unsafe { storage.as_ptr().add(offset) };
-                // SAFETY: `src` points to `p.size` readable bytes (the caller's contract);
-                // `dst` has room for them in our fresh allocation, so they do not overlap.
-                unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst, p.size) };
-                dst.cast_const().cast::<c_void>()
-            })
-            .collect();
-        Ok(Self {
-            storage,
-            layout,
-            pointers,
-        })
+        for ((&offset, p), &src) in offsets.iter().zip(kernel.params).zip(params) {
+            // SAFETY: `offset + p.size <= layout.size()` by construction of `layout`, and
+            // the storage holds `layout` (the inline one: its size and alignment at most).
+            let dst = unsafe { base.add(offset) };
+            // SAFETY: `src` points to `p.size` readable bytes (the caller's contract); `dst`
+            // has room for them in our own storage, so they do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst, p.size) };
+            self.pointers.push(dst.cast_const().cast::<c_void>());
+        }
+        Ok(())
     }
 }
 
 impl Drop for ParamBlock {
     fn drop(&mut self) {
-        // SAFETY: by the invariant, `storage` came from `alloc(self.layout)` and is freed
-        // only here.
-        unsafe { std::alloc::dealloc(self.storage.as_ptr(), self.layout) };
+        if let Some((heap, layout)) = self.heap {
+            // SAFETY: by the invariant, `heap` came from `alloc(layout)` and is freed only
+            // here.
+            unsafe { std::alloc::dealloc(heap.as_ptr(), layout) };
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Eight bytes aligned to 64, more than a launch's own storage is.
+    #[repr(C, align(64))]
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    struct Aligned64 {
+        word: u64,
+        _pad: [u8; 56],
+    }
+
+    #[oxccl_device::kernel]
+    fn small(_a: u8, _b: u64) {}
+
+    #[oxccl_device::kernel]
+    fn over_aligned(_a: u8, _b: Aligned64) {}
+
+    #[oxccl_device::kernel]
+    fn large(_a: u16, _b: [u64; 40]) {}
+
+    #[oxccl_device::kernel]
+    #[allow(clippy::too_many_arguments)]
+    fn many(
+        _p0: u8,
+        _p1: u64,
+        _p2: u8,
+        _p3: u64,
+        _p4: u8,
+        _p5: u64,
+        _p6: u8,
+        _p7: u64,
+        _p8: u8,
+        _p9: u64,
+        _p10: u8,
+        _p11: u64,
+        _p12: u8,
+        _p13: u64,
+        _p14: u8,
+        _p15: u64,
+        _p16: u8,
+    ) {
+    }
+
+    /// Copies each value of `values` (one per parameter of `kernel`, as bytes) into a
+    /// parameter block, and checks each pointer's alignment and bytes.
+    fn round_trip(kernel: &KernelInfo, values: &[Vec<u8>], on_heap: bool) {
+        use bytemuck::Zeroable;
+        // Each value in storage aligned for any parameter here.
+        let storage: Vec<Vec<Aligned64>> = values
+            .iter()
+            .map(|v| {
+                let mut words = vec![Aligned64::zeroed(); v.len().div_ceil(64).max(1)];
+                bytemuck::cast_slice_mut::<Aligned64, u8>(&mut words)[..v.len()].copy_from_slice(v);
+                words
+            })
+            .collect();
+        let params: Vec<*const c_void> = storage.iter().map(|w| w.as_ptr().cast()).collect();
+        let mut block = Box::new(ParamBlock::empty());
+        // SAFETY: one pointer per parameter, each to `size` readable bytes of its value;
+        // the block stays in its box.
+        unsafe { block.fill(kernel, &params) }.unwrap();
+        assert_eq!(block.heap.is_some(), on_heap, "{}", kernel.name);
+        let pointers = &block.pointers;
+        assert_eq!(pointers.len(), values.len());
+        for ((p, layout), value) in pointers.iter().zip(kernel.params).zip(values) {
+            assert_eq!(*p as usize % layout.align, 0, "{}: misaligned", kernel.name);
+            // SAFETY: the block holds `layout.size` bytes at `p`.
+            let got = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), layout.size) };
+            assert_eq!(got, &value[..], "{}", kernel.name);
+        }
+    }
+
+    /// Bytes 1, 2, 3, ... of length `n`, starting at `seed`.
+    fn bytes(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| seed.wrapping_add(i as u8)).collect()
+    }
+
+    /// Guards against parameter values that land misaligned or wrong in a launch's copy:
+    /// kept in the launch (small ones), or given an allocation of their own (more bytes,
+    /// or more aligned, than the launch keeps), with offsets kept in the launch or not
+    /// (more than sixteen parameters).
+    #[test]
+    fn parameter_blocks_keep_values_aligned_and_intact() {
+        round_trip(&small::KERNEL, &[bytes(1, 7), bytes(8, 20)], false);
+        round_trip(&over_aligned::KERNEL, &[bytes(1, 7), bytes(64, 30)], true);
+        round_trip(&large::KERNEL, &[bytes(2, 7), bytes(320, 40)], true);
+        let many: Vec<Vec<u8>> = (0..17)
+            .map(|i| bytes(if i % 2 == 0 { 1 } else { 8 }, i as u8 * 9))
+            .collect();
+        round_trip(&many::KERNEL, &many, false);
+    }
 
     /// Guards against kernel threads seeing indices that do not match CUDA's row-major
     /// `threadIdx`/`blockIdx` (x fastest).

@@ -25,6 +25,7 @@ use super::inline::Suspended;
 use super::launch::Launch;
 use crossbeam_utils::Backoff;
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
@@ -46,6 +47,10 @@ pub(crate) enum Task {
     /// Finish a kernel thread suspended on a host thread.
     Resume(Box<Suspended>),
 }
+
+/// Workers taken for one task: a launch of a few threads (or one resumed kernel thread)
+/// takes them without an allocation.
+type Workers = SmallVec<[Arc<Worker>; 4]>;
 
 /// The process-wide pool.
 pub(crate) struct Pool {
@@ -142,17 +147,20 @@ impl Pool {
     }
 
     /// `n` idle workers, spawning what is missing; none if one cannot be spawned.
-    fn take(&'static self, n: usize) -> std::io::Result<Vec<Arc<Worker>>> {
-        let mut workers = {
+    fn take(&'static self, n: usize) -> std::io::Result<Workers> {
+        if n == 0 {
+            return Ok(Workers::new());
+        }
+        let mut workers: Workers = {
             let mut idle = self.idle.lock();
             let keep = idle.len().saturating_sub(n);
-            idle.split_off(keep)
+            idle.drain(keep..).collect()
         };
         while workers.len() < n {
             match self.spawn() {
                 Ok(worker) => workers.push(worker),
                 Err(err) => {
-                    self.idle.lock().append(&mut workers);
+                    self.idle.lock().extend(workers);
                     return Err(err);
                 }
             }

@@ -60,8 +60,9 @@ pub struct ThreadContext {
     pub block_dim: Dim3,
     /// `gridDim` of the launch.
     pub grid_dim: Dim3,
-    /// The barrier shared by the threads of this block, for [`super::sync_threads`].
-    pub block_barrier: Arc<BlockBarrier>,
+    /// The barrier shared by the threads of this block, for [`super::sync_threads`]; none
+    /// for a block of one thread, which has nobody to wait for.
+    pub block_barrier: Option<Arc<BlockBarrier>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -96,7 +97,7 @@ pub fn enter(ctx: ThreadContext) -> ContextGuard {
             grid_dim: ctx.grid_dim,
         })
     });
-    BARRIER.with(|b| *b.borrow_mut() = Some(ctx.block_barrier));
+    BARRIER.with(|b| *b.borrow_mut() = ctx.block_barrier);
     IN_KERNEL.with(|k| k.set(true));
     let _ = take_last_failure();
     ContextGuard {
@@ -191,7 +192,8 @@ pub(crate) fn sync_threads() {
 #[inline(never)]
 pub(crate) fn sync_threads_or(predicate: bool) -> bool {
     let barrier = BARRIER.with(|b| b.borrow().clone());
-    // Outside a launch the caller is the block's only thread: nothing to wait for.
+    // No barrier: a block of one thread (see `ThreadContext`), or code outside a launch;
+    // either way the caller is the block's only thread, with nobody to wait for.
     match barrier {
         Some(barrier) => barrier.wait_or(predicate),
         None => predicate,
@@ -233,7 +235,7 @@ mod tests {
             block_idx: Dim3::index(1),
             block_dim: Dim3::extent(8),
             grid_dim: Dim3::extent(2),
-            block_barrier: Arc::new(BlockBarrier::new(8)),
+            block_barrier: Some(Arc::new(BlockBarrier::new(8))),
         };
         {
             let _g = enter(ctx);
