@@ -19,6 +19,22 @@ const YIELD_ITERATIONS: u32 = 768;
 /// Longest sleep of one poll: bounds the extra latency a long wait sees at its end.
 #[cfg(not(oxccl_loom))]
 const MAX_SLEEP: Duration = Duration::from_micros(200);
+/// Waits in a row that ended only after a yield ran another thread, from which a thread
+/// takes it that it shares its core with the thread it waits for (see [`escape`]).
+#[cfg(not(oxccl_loom))]
+const SHARED_WAITS: u32 = 64;
+/// Each thread waits for a random number below this of shared waits more before it
+/// escapes, so that of two threads sharing a core one escapes first and alone.
+#[cfg(not(oxccl_loom))]
+const ESCAPE_JITTER: u32 = 256;
+/// Least time between two escapes of one thread; it doubles while escapes keep failing (to
+/// [`MAX_ESCAPE_GAP`]), and comes back once the thread goes a while without needing one.
+#[cfg(not(oxccl_loom))]
+const MIN_ESCAPE_GAP: Duration = Duration::from_millis(1);
+/// Most time between two escapes: where every core is busy anyway, an escape (some 50 µs
+/// asleep) then costs a thread about a thousandth of its time.
+#[cfg(not(oxccl_loom))]
+const MAX_ESCAPE_GAP: Duration = Duration::from_millis(64);
 
 /// The calling thread's spin budget and how far its current (or last) wait went.
 #[cfg(not(oxccl_loom))]
@@ -30,12 +46,31 @@ struct SpinHistory {
     last: u32,
     /// Whether a yield of the current wait gave the core to another thread.
     handed_over: bool,
+    /// Waits in a row that ended only after a yield that ran another thread.
+    shared: u32,
+    /// When the thread last escaped its core (see [`escape`]).
+    escaped: Option<Instant>,
+    /// Least time until the next escape.
+    escape_gap: Duration,
+    /// Shared waits after which the thread escapes next (0: not drawn yet).
+    escape_after: u32,
+    /// State of the thread's random draws (0: not seeded yet).
+    random: u32,
 }
 
 #[cfg(not(oxccl_loom))]
 std::thread_local! {
     static SPIN_HISTORY: Cell<SpinHistory> = const {
-        Cell::new(SpinHistory { limit: MAX_SPIN_ITERATIONS, last: 0, handed_over: false })
+        Cell::new(SpinHistory {
+            limit: MAX_SPIN_ITERATIONS,
+            last: 0,
+            handed_over: false,
+            shared: 0,
+            escaped: None,
+            escape_gap: MIN_ESCAPE_GAP,
+            escape_after: 0,
+            random: 0,
+        })
     };
 }
 
@@ -49,6 +84,10 @@ impl SpinHistory {
     /// because it shares our core, so spinning only delayed the hand-over (with two ranks'
     /// kernel threads on one core, 3 µs of spinning per wait made an 8-byte all-reduce take
     /// 15–20 µs instead of 3). A wait that went on to sleep leaves the budget alone.
+    fn ended_after_hand_over(self) -> bool {
+        self.handed_over && self.last >= self.limit && self.last < self.limit + YIELD_ITERATIONS
+    }
+
     fn after_wait(self) -> u32 {
         if self.last < self.limit || !self.handed_over {
             (self.limit * 2).min(MAX_SPIN_ITERATIONS)
@@ -128,6 +167,11 @@ fn pause(iteration: u32) {
     let history = SPIN_HISTORY.with(|h| {
         let mut history = h.get();
         if iteration == 0 {
+            history.shared = if history.ended_after_hand_over() {
+                history.shared.saturating_add(1)
+            } else {
+                0
+            };
             history.limit = history.after_wait();
             history.handed_over = false;
         }
@@ -139,6 +183,9 @@ fn pause(iteration: u32) {
     if iteration < spin {
         core::hint::spin_loop();
     } else if iteration < spin + YIELD_ITERATIONS {
+        if history.shared >= SHARED_WAITS && escape(history) {
+            return;
+        }
         let before = Instant::now();
         std::thread::yield_now();
         if !history.handed_over && before.elapsed() >= SWITCH_COST {
@@ -156,6 +203,85 @@ fn pause(iteration: u32) {
     }
 }
 
+/// Sleeps once, briefly, if the thread's waits ended after a hand-over often enough and it
+/// did not escape less than its escape gap ago; returns whether it did.
+///
+/// Why: two threads that wait for each other and share a core (the two ranks' kernel
+/// threads of a collective, say) hand the core back and forth at each wait, a context switch
+/// of microseconds each time, even while another core idles: Linux moves a thread to an
+/// idle core when it wakes up, not while it runs, and these threads never sleep (they spin
+/// and yield). A sleep makes the thread wake up again, and the scheduler then places it on
+/// an idle core if there is one. Only one of the two may sleep at a time: the timer slack
+/// would wake both in one interrupt, onto the core they left, hence a random share of
+/// [`ESCAPE_JITTER`] in each thread's threshold. Where every core is busy an escape only
+/// costs its sleep: one that comes as soon as the gap allows failed to help, and doubles
+/// the gap.
+#[cfg(not(oxccl_loom))]
+#[inline(never)]
+fn escape(history: SpinHistory) -> bool {
+    let mut h = history;
+    if h.random == 0 {
+        // Seeded by where this thread's variable lives: distinct for every thread.
+        h.random = (SPIN_HISTORY.with(|cell| cell as *const _ as usize) >> 4) as u32 | 1;
+    }
+    let escaping = h.plan_escape(Instant::now());
+    let (random, escape_after, escape_gap, escaped, shared) =
+        (h.random, h.escape_after, h.escape_gap, h.escaped, h.shared);
+    SPIN_HISTORY.with(|cell| {
+        cell.set(SpinHistory {
+            random,
+            escape_after,
+            escape_gap,
+            escaped,
+            shared,
+            ..cell.get()
+        })
+    });
+    if escaping {
+        // The shortest sleep there is; the OS rounds it up (by its timer slack, 50 µs by
+        // default on Linux).
+        std::thread::sleep(Duration::from_micros(1));
+    }
+    escaping
+}
+
+#[cfg(not(oxccl_loom))]
+impl SpinHistory {
+    /// Whether to escape now (see [`escape`]), updating the escape state either way: draws
+    /// the threshold if none is drawn; on an escape, resets the count, draws the next
+    /// threshold and sets the next gap (doubled if this escape came soon after the last).
+    fn plan_escape(&mut self, now: Instant) -> bool {
+        if self.escape_after == 0 {
+            self.escape_after = SHARED_WAITS + draw(&mut self.random) % ESCAPE_JITTER;
+        }
+        let since = self.escaped.map(|at| now.duration_since(at));
+        if self.shared < self.escape_after || since.is_some_and(|s| s < self.escape_gap) {
+            return false;
+        }
+        self.escape_gap = match since {
+            // Sharing again soon after the last escape: it did not help.
+            Some(since) if since < 4 * self.escape_gap => (self.escape_gap * 2).min(MAX_ESCAPE_GAP),
+            _ => MIN_ESCAPE_GAP,
+        };
+        self.escaped = Some(now);
+        self.shared = 0;
+        self.escape_after = SHARED_WAITS + draw(&mut self.random) % ESCAPE_JITTER;
+        true
+    }
+}
+
+/// The next number of a xorshift sequence (`state` never 0), its bits mixed by a
+/// multiplication (a raw xorshift of a small seed keeps its low bits alike).
+#[cfg(not(oxccl_loom))]
+fn draw(state: &mut u32) -> u32 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    *state = x;
+    x.wrapping_mul(0x9e37_79b9).rotate_left(16)
+}
+
 #[cfg(all(test, not(oxccl_loom)))]
 mod tests {
     use super::*;
@@ -170,6 +296,11 @@ mod tests {
             limit,
             last,
             handed_over,
+            shared: 0,
+            escaped: None,
+            escape_gap: MIN_ESCAPE_GAP,
+            escape_after: 0,
+            random: 1,
         };
         let max = MAX_SPIN_ITERATIONS;
         // Ended while spinning: doubles back, capped.
@@ -185,6 +316,63 @@ mod tests {
         assert_eq!(at(64, 64 + 5, false).after_wait(), 128);
         // Went on to sleep: unchanged.
         assert_eq!(at(64, 64 + YIELD_ITERATIONS + 1, true).after_wait(), 64);
+    }
+
+    /// Guards against escapes (see `escape`) that come before their thread's threshold of
+    /// shared waits, more often than the gap allows, with a gap that does not double while
+    /// they keep failing (to its cap) or does not come back once they stop, and against
+    /// thresholds that do not differ between threads.
+    #[test]
+    fn escapes_follow_shared_waits_and_back_off() {
+        let fresh = |random| SpinHistory {
+            limit: MAX_SPIN_ITERATIONS,
+            last: 0,
+            handed_over: false,
+            shared: 0,
+            escaped: None,
+            escape_gap: MIN_ESCAPE_GAP,
+            escape_after: 0,
+            random,
+        };
+        let t0 = Instant::now();
+        let mut h = fresh(12345);
+        h.shared = SHARED_WAITS - 1;
+        assert!(!h.plan_escape(t0), "below any threshold");
+        let threshold = h.escape_after;
+        assert!((SHARED_WAITS..SHARED_WAITS + ESCAPE_JITTER).contains(&threshold));
+        h.shared = threshold;
+        assert!(h.plan_escape(t0));
+        assert_eq!((h.shared, h.escape_gap), (0, MIN_ESCAPE_GAP));
+        // Sharing again at once: not before the gap, then with a doubled gap, up to the cap.
+        let mut at = t0;
+        let mut gap = MIN_ESCAPE_GAP;
+        for _ in 0..10 {
+            h.shared = h.escape_after;
+            assert!(!h.plan_escape(at + gap / 2), "escaped within the gap");
+            at += gap;
+            assert!(h.plan_escape(at));
+            gap = (gap * 2).min(MAX_ESCAPE_GAP);
+            assert_eq!(h.escape_gap, gap);
+        }
+        assert_eq!(h.escape_gap, MAX_ESCAPE_GAP);
+        // Long after: back to the least gap.
+        h.shared = h.escape_after;
+        assert!(h.plan_escape(at + 10 * MAX_ESCAPE_GAP));
+        assert_eq!(h.escape_gap, MIN_ESCAPE_GAP);
+        // Threads draw different thresholds (from different seeds), in range.
+        let thresholds: std::collections::BTreeSet<u32> = (1..=32u32)
+            .map(|seed| {
+                let mut h = fresh(seed * 7919);
+                h.plan_escape(t0);
+                h.escape_after
+            })
+            .collect();
+        assert!(thresholds.len() > 16, "{thresholds:?}");
+        assert!(
+            thresholds
+                .iter()
+                .all(|t| (SHARED_WAITS..SHARED_WAITS + ESCAPE_JITTER).contains(t))
+        );
     }
 
     /// Guards against a wait with a shrunken spin budget that misses or delays the progress
