@@ -4,15 +4,17 @@
 //! it; the kernel thread that completes a launch starts the next one. No thread belongs to
 //! a stream, so an idle stream costs nothing and a launch costs one hand-off to the pool.
 //!
-//! A host thread in `synchronize` first *helps* for a while: it runs kernel threads of the
-//! stream itself (see [`super::inline`]) instead of waiting for pool threads to run them. It
-//! claims a thread of the running launch that no worker has claimed yet, and, while it is
-//! registered as a helper (`helpers` in the queue), a launch that becomes the running one
-//! is not dispatched to the pool but left *for a helper*: the helper gives the launch's
-//! other threads to workers and runs one itself. A helper that stops helping (its launches
-//! are done, it goes to sleep, or its deadline passed) dispatches such a launch if it was
-//! the last helper, so no launch waits for a helper that is gone; all of this under the
-//! queue's lock.
+//! A host thread in `synchronize` *helps* until its launches are done or its deadline
+//! passes: it runs kernel threads of the stream itself (see [`super::inline`]) instead of
+//! waiting for pool threads to run them. It claims a thread of the running launch that no
+//! worker has claimed yet, and, while it is registered as a helper (`helpers` in the
+//! queue), a launch that becomes the running one is not dispatched to the pool but left
+//! *for a helper*: the helper gives the launch's other threads to workers and runs one
+//! itself. With nothing to claim (a worker runs the launch) it stays a helper and sleeps
+//! until the stream completes a launch; the next one is then left for it. A helper that
+//! stops helping (its launches are done, or its deadline passed) dispatches such a launch
+//! if it was the last helper, so no launch waits for a helper that is gone; all of this
+//! under the queue's lock.
 //!
 //! Counters: `submitted` (written by the enqueuing host thread, under `queue`) and
 //! `completed` (written by the completing kernel thread, Release after the launch's
@@ -21,7 +23,7 @@
 
 use super::launch::{FailureKind, Launch};
 use super::pool::pool;
-use super::{CpuDevice, HOST_POLL, Signal, inline};
+use super::{CpuDevice, Signal, inline};
 use crate::Error;
 use oxccl_device::launch::{KernelInfo, LaunchConfig};
 use parking_lot::Mutex;
@@ -127,16 +129,6 @@ impl CpuStream {
     /// (and forgets) the first failure since the last call. Runs kernel threads of the
     /// stream on the calling thread while it waits (see the module docs).
     pub(crate) fn synchronize(self: &Arc<Self>, timeout: Duration) -> crate::Result<()> {
-        self.synchronize_helping(timeout, HOST_POLL)
-    }
-
-    /// [`Self::synchronize`], helping until `help_for` passes without a kernel thread to run
-    /// (tests make sure a launch reaches the helping thread).
-    pub(crate) fn synchronize_helping(
-        self: &Arc<Self>,
-        timeout: Duration,
-        help_for: Duration,
-    ) -> crate::Result<()> {
         let target = self.submitted.load(Ordering::Relaxed);
         let started = Instant::now();
         let deadline = started.checked_add(timeout);
@@ -144,7 +136,7 @@ impl CpuStream {
         // `finish`), and is the waiter's half of the `Signal` handshake.
         let done = || self.completed.load(Ordering::SeqCst) >= target;
         if !done() {
-            self.help(&done, deadline, help_for);
+            self.help(target, deadline);
         }
         if !self.progress.wait_for(target, done, deadline) {
             self.device.mark_stuck();
@@ -159,14 +151,9 @@ impl CpuStream {
         }
     }
 
-    /// Runs kernel threads of the stream on the calling thread until `done()`, the
-    /// deadline, or `help_for` without a thread to run; then stops helping.
-    fn help(
-        self: &Arc<Self>,
-        done: &dyn Fn() -> bool,
-        deadline: Option<Instant>,
-        help_for: Duration,
-    ) {
+    /// Runs kernel threads of the stream on the calling thread until `target` launches have
+    /// completed, or the deadline; then stops helping.
+    fn help(self: &Arc<Self>, target: u64, deadline: Option<Instant>) {
         // A kernel thread that waits for its own stream (it cannot: it is not a host
         // thread) must not help, nor may a thread run two kernel threads at once. Nor may a
         // thread that is unwinding (a `synchronize` in a drop during a panic): a kernel
@@ -180,11 +167,12 @@ impl CpuStream {
             return;
         };
         self.queue.lock().helpers += 1;
-        let backoff = crossbeam_utils::Backoff::new();
-        // Since when nothing was left to run here (unset while running kernel threads).
-        let mut idle_since = None;
         loop {
-            if done() {
+            // Read before the claim: a launch completed after it (whose successor is then
+            // left for this thread) ends the sleep below at once.
+            // SeqCst: as in `done`.
+            let seen = self.completed.load(Ordering::SeqCst);
+            if seen >= target {
                 break;
             }
             if let Some((launch, index)) = self.claim_for_helper() {
@@ -209,8 +197,6 @@ impl CpuStream {
                         return;
                     }
                 }
-                backoff.reset();
-                idle_since = None;
                 // The clock once per kernel thread run here (a read costs some 20 ns here,
                 // a few percent of a launch): a kernel thread that ran past the deadline
                 // without waiting ends the help here.
@@ -219,16 +205,16 @@ impl CpuStream {
                 }
                 continue;
             }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                break;
-            }
-            let idle = *idle_since.get_or_insert(now);
-            if !backoff.is_completed() {
-                backoff.snooze();
-            } else if now.duration_since(idle) < help_for {
-                std::thread::yield_now();
-            } else {
+            // Nothing to run here: a pool thread runs the stream's launch (or has all of
+            // its threads). Stay a helper, so that the launch after it is left for this
+            // thread, and wait (polling, then asleep) until the stream completes a launch,
+            // or the deadline. A helper that gave up after a while left the rest of a long
+            // queue to the pool thread, which then competed for the cores with this thread
+            // and with other ranks' threads.
+            let next = seen + 1;
+            // SeqCst: as in `done`, and the waiter's half of the `Signal` handshake.
+            let progressed = || self.completed.load(Ordering::SeqCst) >= next;
+            if !self.progress.wait_for(next, progressed, deadline) {
                 break;
             }
         }
@@ -401,9 +387,6 @@ mod tests {
     use std::thread::ThreadId;
     use std::time::{Duration, Instant};
 
-    /// Long enough that a synchronizing thread is still helping when the gate opens.
-    const HELP_FOR: Duration = Duration::from_secs(20);
-
     /// Gates of the tests below, one each (tests run at the same time).
     static GATES: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
 
@@ -459,8 +442,7 @@ mod tests {
         record_grid_ranks::launch(&stream, LaunchConfig::grid(2).block(3)).unwrap();
         let opener = open_gate_after(0, Duration::from_millis(20));
         let cpu = stream.cpu_stream();
-        cpu.synchronize_helping(Duration::from_secs(30), HELP_FOR)
-            .unwrap();
+        cpu.synchronize(Duration::from_secs(30)).unwrap();
         opener.join().unwrap();
         let ranks: Vec<ThreadId> = RANKS.lock().iter().map(|r| r.unwrap()).collect();
         let me = std::thread::current().id();
@@ -495,7 +477,7 @@ mod tests {
         let opener = open_gate_after(1, Duration::from_millis(20));
         stream
             .cpu_stream()
-            .synchronize_helping(Duration::from_secs(30), HELP_FOR)
+            .synchronize(Duration::from_secs(30))
             .unwrap();
         opener.join().unwrap();
         let order = ORDER.lock().clone();
@@ -527,10 +509,7 @@ mod tests {
         wait_for_gate::launch(&stream, LaunchConfig::grid(1), 2).unwrap();
         panics::launch(&stream, LaunchConfig::grid(1)).unwrap();
         let opener = open_gate_after(2, Duration::from_millis(20));
-        match stream
-            .cpu_stream()
-            .synchronize_helping(Duration::from_secs(30), HELP_FOR)
-        {
+        match stream.cpu_stream().synchronize(Duration::from_secs(30)) {
             Err(Error::KernelFailed { kernel, message }) => {
                 assert_eq!(kernel, "panics");
                 assert!(message.contains("gives up on purpose"), "{message}");
@@ -541,10 +520,7 @@ mod tests {
         wait_for_gate::launch(&stream, LaunchConfig::grid(1), 4).unwrap();
         returns_an_error::launch(&stream, LaunchConfig::grid(1)).unwrap();
         let opener = open_gate_after(4, Duration::from_millis(20));
-        match stream
-            .cpu_stream()
-            .synchronize_helping(Duration::from_secs(30), HELP_FOR)
-        {
+        match stream.cpu_stream().synchronize(Duration::from_secs(30)) {
             Err(Error::KernelError { kernel, error, .. }) => {
                 assert_eq!(kernel, "returns_an_error");
                 assert_eq!(error, DeviceError::InvalidArgument);
@@ -584,10 +560,7 @@ mod tests {
         late::launch(&stream, LaunchConfig::grid(1).block(2)).unwrap();
         let opener = open_gate_after(3, Duration::from_millis(20));
         let started = Instant::now();
-        match stream
-            .cpu_stream()
-            .synchronize_helping(Duration::from_millis(300), HELP_FOR)
-        {
+        match stream.cpu_stream().synchronize(Duration::from_millis(300)) {
             Err(Error::Timeout { what, .. }) => assert!(what.contains("late"), "{what}"),
             other => panic!("expected Timeout, got {other:?}"),
         }

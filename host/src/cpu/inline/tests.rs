@@ -24,8 +24,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::thread::ThreadId;
 use std::time::Duration;
 
-/// Long enough that a synchronizing thread is still helping when its gate opens.
-const HELP_FOR: Duration = Duration::from_secs(20);
 /// The deadline of a `synchronize` that must time out.
 const SHORT: Duration = Duration::from_millis(300);
 /// The deadline of a `synchronize` that must not.
@@ -95,7 +93,7 @@ fn stream_held_at_most(ordinal: usize, at_most: Duration) -> (Stream, std::threa
 }
 
 fn sync(stream: &Stream, timeout: Duration) -> crate::Result<()> {
-    stream.cpu_stream().synchronize_helping(timeout, HELP_FOR)
+    stream.cpu_stream().synchronize(timeout)
 }
 
 /// Where a kernel thread of [`moves`] was before and after its wait, and what it saw.
@@ -592,4 +590,56 @@ fn communicator_dropped_while_its_kernel_thread_is_moved() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// Set by [`note_start_then_hold`] once it runs.
+static HELD_STARTED: AtomicBool = AtomicBool::new(false);
+/// (tag, OS thread) of each [`note_where`].
+static WHERE: Mutex<Vec<(u32, ThreadId)>> = Mutex::new(Vec::new());
+
+/// Says it started, then holds its stream until `gate` opens.
+#[kernel]
+fn note_start_then_hold(gate: u32) {
+    HELD_STARTED.store(true, Ordering::Release);
+    pass(gate);
+}
+
+/// Records its OS thread under `tag`.
+#[kernel]
+fn note_where(tag: u32) {
+    WHERE.lock().push((tag, std::thread::current().id()));
+}
+
+/// Guards against a synchronizing thread that, finding the running launch on a pool thread,
+/// stops helping after a while and leaves the launches queued behind it to that pool
+/// thread (which then competes for the cores with it): it must stay a helper, wait, and
+/// run them itself.
+#[test]
+fn helper_waits_for_a_pool_thread_and_runs_what_follows() {
+    let stream = Device::cpu(50).stream().unwrap();
+    let g = gate();
+    note_start_then_hold::launch(&stream, LaunchConfig::grid(1), g).unwrap();
+    // Running on a pool thread before `synchronize` starts, so the helper cannot take it.
+    let started = std::time::Instant::now();
+    while !HELD_STARTED.load(Ordering::Acquire) {
+        assert!(started.elapsed() < LONG, "the first launch never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for tag in 0..5 {
+        note_where::launch(&stream, LaunchConfig::grid(1), tag).unwrap();
+    }
+    // Long after a helper that polls for a while would have given up.
+    let opener = open_after(g, Duration::from_millis(200));
+    sync(&stream, LONG).unwrap();
+    opener.join().unwrap();
+    let me = std::thread::current().id();
+    let seen = WHERE.lock().clone();
+    assert_eq!(
+        seen.iter().map(|w| w.0).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4]
+    );
+    assert!(
+        seen.iter().all(|w| w.1 == me),
+        "not run by the helper: {seen:?}"
+    );
 }
