@@ -22,11 +22,11 @@ const MAX_SLEEP: Duration = Duration::from_micros(200);
 /// Waits in a row that ended only after a yield ran another thread, from which a thread
 /// takes it that it shares its core with the thread it waits for (see [`escape`]).
 #[cfg(not(oxccl_loom))]
-const SHARED_WAITS: u32 = 64;
+const SHARED_WAITS: u32 = 16;
 /// Each thread waits for a random number below this of shared waits more before it
 /// escapes, so that of two threads sharing a core one escapes first and alone.
 #[cfg(not(oxccl_loom))]
-const ESCAPE_JITTER: u32 = 256;
+const ESCAPE_JITTER: u32 = 64;
 /// Least time between two escapes of one thread; it doubles while escapes keep failing (to
 /// [`MAX_ESCAPE_GAP`]), and comes back once the thread goes a while without needing one.
 #[cfg(not(oxccl_loom))]
