@@ -95,6 +95,7 @@ pub mod launch;
 pub mod memory_channel;
 pub mod packet;
 pub mod port_channel;
+pub mod reduce;
 pub mod semaphore;
 pub mod wait;
 

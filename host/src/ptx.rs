@@ -62,9 +62,10 @@ impl fmt::Display for PtxNotFound {
         }
         write!(
             f,
-            "\nbuild it with `cargo xtask build-ptx` (or set {PTX_DIR_ENV} to a directory \
-             holding <arch>/{}.ptx)",
-            self.crate_name
+            "\nbuild it with `cargo xtask build-ptx` in the oxccl workspace, or with \
+             `oxccl-build --package {} --arch <arch>` for a kernel crate of your own (or set \
+             {PTX_DIR_ENV} to a directory holding <arch>/{}.ptx)",
+            self.crate_name, self.crate_name
         )
     }
 }

@@ -1,58 +1,33 @@
 //! `cargo xtask build-ptx`: builds the kernel crates to PTX, one module per architecture, and
 //! with `--check` validates it.
 //!
-//! For each architecture and kernel crate (see [`crate::workspace`] for which crates):
-//!
-//! ```text
-//! RUSTC_BOOTSTRAP=1 RUSTFLAGS="-C target-cpu=<arch> -Zmir-enable-passes=-JumpThreading" \
-//!     cargo rustc -p <crate> --release \
-//!     --target nvptx64-nvidia-cuda -Zbuild-std=core --crate-type cdylib \
-//!     --target-dir <target>/nvptx/<arch>
-//! ```
-//!
-//! then copies llvm-bitcode-linker's `<crate>.ptx` to `<target>/ptx/<arch>/<crate>.ptx`, where
-//! `oxccl::ptx::locate` finds it. Each architecture has its own target directory, so
-//! building one does not invalidate another. `RUSTC_BOOTSTRAP` is needed because the nvptx
-//! `rust-std` is not distributed: `core` is built from `rust-src` (`-Zbuild-std`); MIR jump
-//! threading is off because it can break block barriers (see `rustflags`).
+//! Each kernel crate of the workspace (see [`oxccl_build::workspace`]) is built for each
+//! architecture with [`oxccl_build::Ptx`], which says how, into `<target>/ptx/<arch>/<crate>.ptx`,
+//! where `oxccl::ptx::locate` finds it.
 //!
 //! Every `#[kernel]` in the crate's sources must appear as a `.entry` in its PTX, and every
 //! `.entry` must come from a `#[kernel]`.
 //!
-//! `--check` also runs `ptxas -arch=<arch> -v` on every module (see [`crate::ptxas`]),
+//! `--check` also runs `ptxas -arch=<arch> -v` on every module (see [`oxccl_build::ptxas`]),
 //! prints registers, spills and shared memory per kernel, then the probe kernels' table
 //! beside MSCCL++'s references (see [`crate::probe_table`]), and applies the memory-model
 //! rules of [`crate::ptx_rules`]. A kernel that spills fails the check unless
 //! `--allow-spills`: a communication primitive that spills has regressed.
 
-use crate::bounded::run_bounded;
 use crate::kernels::{self, KernelFn};
 use crate::probe_table;
 use crate::ptx::Module;
 use crate::ptx_rules;
-use crate::ptxas::{self, FunctionStats};
-use crate::text_table::text_table;
-use crate::util::{Tool, ensure_components, fmt_duration};
-use crate::workspace::{DEVICE_CRATE, Package, Workspace};
 use anyhow::{Context, Result, bail};
+use oxccl_build::arch::validate_arch;
+use oxccl_build::bounded::fmt_duration;
+use oxccl_build::report::{kernel_table, spill_warning};
+use oxccl_build::toolchain::{COMPONENTS, ensure_components};
+use oxccl_build::workspace::{DEVICE_CRATE, Package, Workspace};
+use oxccl_build::{FunctionStats, Ptx, Ptxas};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-/// The LLVM target of NVIDIA GPUs.
-pub const TARGET: &str = "nvptx64-nvidia-cuda";
-
-/// Architectures built when `--arch` is not given: Volta (the floor: acquire/release and
-/// `nanosleep` need sm_70), Ampere, Hopper.
-pub const DEFAULT_ARCHES: &[&str] = &["sm_70", "sm_80", "sm_90"];
-
-/// Longest one `cargo rustc` of a kernel crate for one architecture may take. From a cold
-/// cache it builds `core` too, a few minutes on two cores; past the limit the build is
-/// killed and build-ptx fails naming the crate and the architecture.
-pub const BUILD_TIME_LIMIT: Duration = Duration::from_secs(20 * 60);
-
-/// Rustup components the nvptx build needs.
-pub const COMPONENTS: &[&str] = &["rust-src", "llvm-tools", "llvm-bitcode-linker"];
+use std::time::Instant;
 
 /// What to build and check.
 #[derive(Debug, Clone)]
@@ -73,7 +48,7 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
     for arch in &opts.arches {
         validate_arch(arch)?;
     }
-    let crates = select_crates(ws, &opts.packages)?;
+    let crates = ws.select_kernel_crates(&opts.packages)?;
     ensure_components("build-ptx", COMPONENTS)?;
     // The device library's sources: kernels call its functions (a block barrier inside
     // `block_agrees`, say), and counting a kernel's barrier sites follows those calls.
@@ -83,7 +58,8 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
     for arch in &opts.arches {
         for pkg in &crates {
             let started = Instant::now();
-            let ptx = build_one(ws, pkg, arch)?;
+            println!("build-ptx: building {} for {arch}", pkg.name);
+            let ptx = Ptx::new(&pkg.name).arch(arch).build_in(ws)?;
             println!(
                 "build-ptx: wrote {} ({})",
                 ptx.display(),
@@ -112,29 +88,20 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
     }
 
     if opts.check {
-        let ptxas = ptxas::ensure(&ws.target_dir)?;
+        let ptxas = Ptxas::locate(&ws.target_dir)?;
         let mut rows = Vec::new();
         for (out, kernels) in outputs.iter().zip(&sources) {
             let cubin = cubin_path(&ws.target_dir, &out.arch, out.lib());
-            let assembled =
-                ptxas::assemble(&ptxas, &out.arch, &out.ptx, &cubin, ptxas::RUN_TIME_LIMIT);
-            let stderr = match assembled {
+            let stats = match ptxas.assemble(&out.ptx, &out.arch, &cubin) {
                 Ok(s) => s,
                 Err(e) => {
-                    failures.push(format!("{e:#}"));
+                    failures.push(format!("{:#}", anyhow::Error::new(e)));
                     continue;
                 }
             };
-            for f in ptxas::parse_verbose(&stderr) {
-                if f.spills() {
-                    println!(
-                        "WARNING: {} {}: `{}` spills registers ({} bytes stored, {} loaded)",
-                        out.arch,
-                        out.lib(),
-                        f.name,
-                        f.spill_stores.unwrap_or(0),
-                        f.spill_loads.unwrap_or(0)
-                    );
+            for f in stats {
+                if let Some(warning) = spill_warning(&out.arch, out.lib(), &f) {
+                    println!("{warning}");
                     if !opts.allow_spills {
                         failures.push(format!(
                             "{} {}: `{}` spills registers (--allow-spills to accept)",
@@ -164,7 +131,9 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
         let (probes, kernels): (Vec<_>, Vec<_>) = rows
             .into_iter()
             .partition(|(_, _, f)| f.name.starts_with(probe_table::PREFIX));
-        print!("{}", table(&kernels, &outputs));
+        let modules: Vec<(&str, &str)> =
+            outputs.iter().map(|o| (o.arch.as_str(), o.lib())).collect();
+        print!("{}", kernel_table(&kernels, &modules));
         let probes: Vec<(String, FunctionStats)> =
             probes.into_iter().map(|(arch, _, f)| (arch, f)).collect();
         if !probes.is_empty() {
@@ -191,45 +160,6 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
     Ok(())
 }
 
-/// Checks `arch` names an architecture this project can build for.
-pub fn validate_arch(arch: &str) -> Result<()> {
-    match arch_number(arch) {
-        Some(n) if n >= 70 => Ok(()),
-        Some(_) => bail!(
-            "`{arch}` is below sm_70, the floor: acquire/release and nanosleep need it \
-             (and llc crashes on atomics for older targets)"
-        ),
-        None => bail!("`{arch}` is not an architecture name like `sm_90`"),
-    }
-}
-
-/// `90` for `sm_90` and `sm_90a`.
-fn arch_number(arch: &str) -> Option<u32> {
-    arch.strip_prefix("sm_")
-        .map(|n| n.trim_end_matches(|c: char| c.is_ascii_alphabetic()))
-        .and_then(|n| n.parse().ok())
-}
-
-/// Code generation flags for `arch`.
-///
-/// MIR jump threading is off: it may duplicate a block that ends in a barrier into the
-/// arms of a branch, so threads of one block reach different `bar.sync` instructions, which
-/// the aligned barrier forbids (a hang or worse; rust-lang/rust#137086). rustc lacks a
-/// `convergent` notion in MIR to stop it, and turns the pass off for GPU targets only from
-/// rust-lang/rust#149637 on. `-Z` needs `RUSTC_BOOTSTRAP`, which [`build_one`] sets.
-///
-/// LLVM emits PTX ISA 6.0 for sm_70 and 6.1 for sm_72, but `nanosleep` (in every bounded
-/// wait) needs 6.3, so ptxas rejects those modules; sm_75 and later default to 6.3 or newer.
-/// The ISA is raised only where needed: asking for less than an architecture's minimum is an
-/// LLVM error. rustc calls `ptx63` an unstable target feature and says so in one warning.
-fn rustflags(arch: &str) -> String {
-    let mut flags = format!("-C target-cpu={arch} -Zmir-enable-passes=-JumpThreading");
-    if arch_number(arch).is_some_and(|n| n < 75) {
-        flags.push_str(" -C target-feature=+ptx63");
-    }
-    flags
-}
-
 struct Output {
     arch: String,
     pkg: Package,
@@ -242,35 +172,6 @@ impl Output {
     }
 }
 
-fn select_crates<'w>(ws: &'w Workspace, names: &[String]) -> Result<Vec<&'w Package>> {
-    if names.is_empty() {
-        let crates = ws.kernel_crates();
-        if crates.is_empty() {
-            bail!(
-                "no kernel crates in the workspace: a kernel crate's library depends on \
-                 `{DEVICE_CRATE}` and its Cargo.toml declares `[package.metadata.oxccl] kernels = true`"
-            );
-        }
-        return Ok(crates);
-    }
-    names
-        .iter()
-        .map(|n| {
-            let p = ws.package(n)?;
-            if p.lib.is_none() {
-                bail!("`{n}` has no library to build to PTX");
-            }
-            if !p.is_kernel_crate() {
-                bail!(
-                    "`{n}` is not a kernel crate: its library must depend on `{DEVICE_CRATE}` \
-                     and its Cargo.toml declare `[package.metadata.oxccl] kernels = true`"
-                );
-            }
-            Ok(p)
-        })
-        .collect()
-}
-
 /// The `#[kernel]` functions of `pkg`'s sources, their barrier sites counted through calls
 /// into `device_src` (the device library's sources) too.
 fn scan_kernels(pkg: &Package, device_src: Option<&std::path::Path>) -> Result<Vec<KernelFn>> {
@@ -278,51 +179,6 @@ fn scan_kernels(pkg: &Package, device_src: Option<&std::path::Path>) -> Result<V
         Some(dir) => kernels::scan_dir(&dir, device_src),
         None => Ok(Vec::new()),
     }
-}
-
-/// Builds `pkg` for `arch` and copies its PTX to `<target>/ptx/<arch>/<crate>.ptx`.
-fn build_one(ws: &Workspace, pkg: &Package, arch: &str) -> Result<PathBuf> {
-    let lib = pkg
-        .lib_name()
-        .with_context(|| format!("`{}` has no library", pkg.name))?;
-    let target_dir = ws.target_dir.join("nvptx").join(arch);
-    println!("build-ptx: building {} for {arch}", pkg.name);
-    let mut cmd = Tool::cargo().cmd();
-    cmd.current_dir(&ws.root)
-        .env("RUSTC_BOOTSTRAP", "1")
-        .env("RUSTFLAGS", rustflags(arch))
-        // The workspace's release profile has `debug = 1`. The PTX is the same without it
-        // (llvm-bitcode-linker drops debug info), and the build is faster.
-        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
-        // Would take precedence over RUSTFLAGS.
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .args(["rustc", "-p", &pkg.name, "--release", "--target", TARGET])
-        .args(["-Zbuild-std=core", "--crate-type", "cdylib", "--target-dir"])
-        .arg(&target_dir);
-    run_bounded(&mut cmd, BUILD_TIME_LIMIT)
-        .with_context(|| format!("building {} for {arch}", pkg.name))?;
-
-    let release = target_dir.join(TARGET).join("release");
-    let built = [
-        release.join(format!("{lib}.ptx")),
-        release.join("deps").join(format!("{lib}.ptx")),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .with_context(|| {
-        format!(
-            "cargo built {} for {arch} but left no {lib}.ptx in {}",
-            pkg.name,
-            release.display()
-        )
-    })?;
-    let dest_dir = ws.target_dir.join("ptx").join(arch);
-    std::fs::create_dir_all(&dest_dir)
-        .with_context(|| format!("creating {}", dest_dir.display()))?;
-    let dest = dest_dir.join(format!("{lib}.ptx"));
-    std::fs::copy(&built, &dest)
-        .with_context(|| format!("copying {} to {}", built.display(), dest.display()))?;
-    Ok(dest)
 }
 
 /// Checks every kernel in `own` became an entry and every entry comes from `own` or
@@ -361,49 +217,6 @@ fn check_entries(module: &Module, own: &[KernelFn]) -> Result<()> {
     }
 }
 
-/// The per-kernel table: one row per kernel entry and architecture.
-fn table(rows: &[(String, String, FunctionStats)], outputs: &[Output]) -> String {
-    let opt = |v: Option<u64>| v.map_or("?".to_string(), |v| v.to_string());
-    let mut cells: Vec<[String; 8]> = vec![[
-        "arch".into(),
-        "crate".into(),
-        "kernel".into(),
-        "registers".into(),
-        "stack".into(),
-        "spill st".into(),
-        "spill ld".into(),
-        "smem".into(),
-    ]];
-    for (arch, lib, f) in rows {
-        cells.push([
-            arch.clone(),
-            lib.clone(),
-            f.name.clone(),
-            opt(f.registers.map(u64::from)),
-            opt(f.stack_frame),
-            opt(f.spill_stores),
-            opt(f.spill_loads),
-            f.shared_mem.to_string(),
-        ]);
-    }
-    for out in outputs {
-        if !rows
-            .iter()
-            .any(|(a, l, _)| *a == out.arch && l == out.lib())
-        {
-            let mut empty: [String; 8] = Default::default();
-            empty[0] = out.arch.clone();
-            empty[1] = out.lib().to_string();
-            empty[2] = "(no kernels)".into();
-            cells.push(empty);
-        }
-    }
-    let mut s = String::from("\n");
-    s.push_str(&text_table(&cells, 3));
-    s.push('\n');
-    s
-}
-
 /// Where `--check` leaves a module's cubin (kept for inspection with `cuobjdump -sass`).
 fn cubin_path(target_dir: &Path, arch: &str, lib: &str) -> PathBuf {
     target_dir
@@ -430,55 +243,6 @@ mod tests {
             .map(|e| format!(".visible .entry {e}()\n{{\nret;\n}}\n"))
             .collect();
         Module::parse(&text)
-    }
-
-    #[test]
-    fn arches() {
-        assert!(validate_arch("sm_70").is_ok());
-        assert!(validate_arch("sm_90a").is_ok());
-        assert!(validate_arch("sm_120").is_ok());
-        let low = validate_arch("sm_60").unwrap_err().to_string();
-        assert!(low.contains("floor"), "{low}");
-        assert!(validate_arch("compute_90").is_err());
-        assert!(validate_arch("sm_").is_err());
-        assert!(validate_arch("").is_err());
-    }
-
-    /// Guards against a block barrier split across call sites: MIR jump threading can copy
-    /// a `bar.sync` into both arms of a branch (rust-lang/rust#137086), so each
-    /// architecture's build must turn the pass off, and `-Z` flags need `RUSTC_BOOTSTRAP`,
-    /// which every build sets.
-    #[test]
-    fn mir_jump_threading_is_off_for_every_arch() {
-        for arch in ["sm_70", "sm_75", "sm_80", "sm_90", "sm_90a", "sm_120"] {
-            let flags = rustflags(arch);
-            let words: Vec<&str> = flags.split_whitespace().collect();
-            assert!(
-                words.contains(&"-Zmir-enable-passes=-JumpThreading"),
-                "{arch}: {flags}"
-            );
-            assert!(
-                words.contains(&format!("target-cpu={arch}").as_str()),
-                "{arch}: {flags}"
-            );
-        }
-    }
-
-    /// Guards against sm_70/sm_72 modules that ptxas rejects (`nanosleep` needs PTX ISA
-    /// 6.3), and against asking newer architectures for less than their minimum ISA.
-    #[test]
-    fn ptx_isa_is_raised_only_below_sm_75() {
-        const NO_JT: &str = "-Zmir-enable-passes=-JumpThreading";
-        assert_eq!(
-            rustflags("sm_70"),
-            format!("-C target-cpu=sm_70 {NO_JT} -C target-feature=+ptx63")
-        );
-        assert_eq!(
-            rustflags("sm_72"),
-            format!("-C target-cpu=sm_72 {NO_JT} -C target-feature=+ptx63")
-        );
-        assert_eq!(rustflags("sm_75"), format!("-C target-cpu=sm_75 {NO_JT}"));
-        assert_eq!(rustflags("sm_90a"), format!("-C target-cpu=sm_90a {NO_JT}"));
     }
 
     #[test]
@@ -511,49 +275,5 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains("mine"), "{err}");
-    }
-
-    #[test]
-    fn table_lists_kernels_and_empty_modules() {
-        let stats = FunctionStats {
-            name: "port_pingpong".into(),
-            is_entry: true,
-            registers: Some(14),
-            stack_frame: Some(0),
-            spill_stores: Some(0),
-            spill_loads: Some(0),
-            shared_mem: 0,
-        };
-        let pkg = Package {
-            name: "oxccl-device".into(),
-            dir: PathBuf::new(),
-            lib: Some(("oxccl_device".into(), PathBuf::new())),
-            depends_on_device: false,
-            declares_kernels: false,
-        };
-        let outputs = vec![
-            Output {
-                arch: "sm_70".into(),
-                pkg: pkg.clone(),
-                ptx: PathBuf::new(),
-            },
-            Output {
-                arch: "sm_80".into(),
-                pkg,
-                ptx: PathBuf::new(),
-            },
-        ];
-        let t = table(&[("sm_70".into(), "oxccl_device".into(), stats)], &outputs);
-        let lines: Vec<&str> = t.lines().filter(|l| !l.is_empty()).collect();
-        assert_eq!(lines.len(), 4, "{t}");
-        assert!(lines[0].starts_with("arch   crate"), "{t}");
-        assert!(
-            lines[2].contains("port_pingpong") && lines[2].contains("14"),
-            "{t}"
-        );
-        assert!(
-            lines[3].contains("sm_80") && lines[3].contains("(no kernels)"),
-            "{t}"
-        );
     }
 }

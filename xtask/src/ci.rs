@@ -13,19 +13,25 @@
 //!    [`STEP_TIME_LIMIT`]; fails if a crate's models ran no test
 //! 6. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90, where each build,
 //!    each ptxas run and the installation of ptxas has its own limit
-//!    ([`build_ptx::BUILD_TIME_LIMIT`], [`crate::ptxas`])
+//!    ([`oxccl_build::ptx::BUILD_TIME_LIMIT`], [`oxccl_build::ptxas`]); then the ignored
+//!    end-to-end test of oxccl-build that builds a kernel crate outside this workspace to
+//!    PTX, as a user builds theirs ([`USER_KERNELS_TEST`], within [`STEP_TIME_LIMIT`]; it
+//!    builds `core` for nvptx64 once more, in a target directory of its own, about half a
+//!    minute on two cores); fails if it ran no test
 //!
-//! Every command runs under a deadline (see [`crate::bounded`]): one that hangs fails its
+//! Every command runs under a deadline (see [`oxccl_build::bounded`]): one that hangs fails its
 //! step, named in the error, instead of holding CI until the runner's own limit.
 //!
 //! Under `CI=true` the rustup components all steps need are installed first.
 
-use crate::bounded::{run_bounded, run_bounded_tee};
-use crate::build_ptx::{self, DEFAULT_ARCHES};
+use crate::build_ptx;
 use crate::libtest::{self, Summary};
-use crate::util::{Tool, ensure_components, fmt_duration, is_ci, show};
-use crate::workspace::Workspace;
 use anyhow::{Context, Result, bail};
+use oxccl_build::Workspace;
+use oxccl_build::arch::DEFAULT_ARCHES;
+use oxccl_build::bounded::{fmt_duration, run_bounded, run_bounded_tee, show};
+use oxccl_build::tool::{Tool, is_ci};
+use oxccl_build::toolchain::{self, ensure_components};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -42,6 +48,18 @@ pub const STEP_TIME_LIMIT: Duration = Duration::from_secs(20 * 60);
 
 /// Longest the `fmt` step may take (it takes seconds).
 pub const FMT_TIME_LIMIT: Duration = Duration::from_secs(5 * 60);
+
+/// The `cargo test` arguments that run oxccl-build's end-to-end test: the ignored tests of
+/// `build/tests/user_kernels.rs` only (the others ran in the `test` step).
+pub const USER_KERNELS_TEST: &[&str] = &[
+    "test",
+    "-p",
+    "oxccl-build",
+    "--test",
+    "user_kernels",
+    "--",
+    "--ignored",
+];
 
 /// Options of `cargo xtask ci`.
 #[derive(Debug, Clone, Default)]
@@ -60,7 +78,7 @@ enum Outcome {
 pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
     if is_ci() {
         let mut all = vec!["rustfmt", "clippy"];
-        all.extend_from_slice(build_ptx::COMPONENTS);
+        all.extend_from_slice(toolchain::COMPONENTS);
         ensure_components("ci", &all)?;
     }
     let cargo = || {
@@ -84,6 +102,8 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
         .env("RUSTDOCFLAGS", "-D warnings");
     let mut test = cargo();
     test.args(["test", "--workspace"]);
+    let mut user_kernels = cargo();
+    user_kernels.args(USER_KERNELS_TEST);
     let ptx_opts = build_ptx::Options {
         packages: Vec::new(),
         arches: DEFAULT_ARCHES.iter().map(|s| s.to_string()).collect(),
@@ -96,22 +116,22 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
         (
             "fmt",
             show(&fmt),
-            Box::new(move || run_bounded(&mut fmt, FMT_TIME_LIMIT)),
+            Box::new(move || Ok(run_bounded(&mut fmt, FMT_TIME_LIMIT)?)),
         ),
         (
             "clippy",
             show(&clippy),
-            Box::new(move || run_bounded(&mut clippy, STEP_TIME_LIMIT)),
+            Box::new(move || Ok(run_bounded(&mut clippy, STEP_TIME_LIMIT)?)),
         ),
         (
             "doc",
             format!("RUSTDOCFLAGS='-D warnings' {}", show(&doc)),
-            Box::new(move || run_bounded(&mut doc, STEP_TIME_LIMIT)),
+            Box::new(move || Ok(run_bounded(&mut doc, STEP_TIME_LIMIT)?)),
         ),
         (
             "test",
             show(&test),
-            Box::new(move || run_bounded(&mut test, STEP_TIME_LIMIT)),
+            Box::new(move || Ok(run_bounded(&mut test, STEP_TIME_LIMIT)?)),
         ),
         (
             "loom",
@@ -121,10 +141,18 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
         (
             "build-ptx",
             format!(
-                "cargo xtask build-ptx --check --arch {}",
-                DEFAULT_ARCHES.join(",")
+                "cargo xtask build-ptx --check --arch {}, then {}",
+                DEFAULT_ARCHES.join(","),
+                show(&user_kernels)
             ),
-            Box::new(move || build_ptx::run_build_ptx(ws, &ptx_opts)),
+            Box::new(move || {
+                build_ptx::run_build_ptx(ws, &ptx_opts)?;
+                let stdout = run_bounded_tee(&mut user_kernels, STEP_TIME_LIMIT)?;
+                check_ran(
+                    "oxccl-build's user_kernels test",
+                    &libtest::summaries(&stdout),
+                )
+            }),
         ),
     ];
 
@@ -233,6 +261,15 @@ pub fn run_loom(ws: &Workspace, args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Checks that a test binary that must run tests (`what`, for the message) reported at
+/// least one passed: a renamed or removed test would otherwise pass while checking nothing.
+pub fn check_ran(what: &str, summaries: &[Summary]) -> Result<()> {
+    if summaries.iter().map(|s| s.passed).sum::<u64>() == 0 {
+        bail!("{what} ran no test (`running 0 tests`, or no `test result:` line)");
+    }
+    Ok(())
+}
+
 /// Checks that the loom runs, `(crate, the test result lines of its binary)`, ran a test,
 /// and returns how many passed.
 ///
@@ -289,6 +326,17 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Guards against a build-ptx step that passes with the end-to-end test of a user's
+    /// kernel crate gone: renamed, no longer ignored (so `--ignored` runs nothing), or its
+    /// binary printing no result.
+    #[test]
+    fn a_required_test_must_have_run() {
+        assert!(check_ran("t", &ran(1, 0, 0)).is_ok());
+        let err = check_ran("t", &ran(0, 0, 0)).unwrap_err().to_string();
+        assert!(err.contains("t ran no test"), "{err}");
+        assert!(check_ran("t", &[]).is_err());
     }
 
     /// Guards against failing the step when every crate ran its models.

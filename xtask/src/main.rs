@@ -7,10 +7,8 @@
 //! - `ci`: everything CI checks, in order (see [`ci`]).
 
 mod barrier_sites;
-mod bounded;
 mod build_ptx;
 mod ci;
-mod interrupt;
 mod kernels;
 mod layouts;
 mod libtest;
@@ -19,10 +17,6 @@ mod ptx;
 mod ptx_cfg;
 mod ptx_flow;
 mod ptx_rules;
-mod ptxas;
-mod text_table;
-mod util;
-mod workspace;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -53,7 +47,7 @@ enum Task {
         #[arg(
             long,
             value_delimiter = ',',
-            default_values_t = build_ptx::DEFAULT_ARCHES.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+            default_values_t = oxccl_build::arch::DEFAULT_ARCHES.iter().map(|s| s.to_string()).collect::<Vec<_>>()
         )]
         arch: Vec<String>,
         /// Assemble with ptxas (installed on first use), print registers and spills per
@@ -94,7 +88,7 @@ fn main() -> ExitCode {
 }
 
 fn run(task: Task) -> anyhow::Result<()> {
-    let ws = workspace::Workspace::load()?;
+    let ws = oxccl_build::Workspace::load()?;
     match task {
         Task::BuildPtx {
             packages,
@@ -112,5 +106,64 @@ fn run(task: Task) -> anyhow::Result<()> {
         ),
         Task::Loom { args } => ci::run_loom(&ws, &args),
         Task::Ci { allow_spills } => ci::run_ci(&ws, &ci::CiOptions { allow_spills }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Guards against a step that can hang CI again: xtask and oxccl-build start programs
+    /// only through `oxccl_build::bounded::run_bounded` and its siblings (outside that
+    /// file), never with `Command::status`, `output` or `spawn`, which wait without a limit.
+    #[test]
+    fn no_command_runs_unbounded() {
+        use syn::visit::Visit;
+
+        struct Calls<'a> {
+            file: &'a str,
+            found: Vec<String>,
+        }
+        impl<'ast> Visit<'ast> for Calls<'_> {
+            fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+                let is_test = m.attrs.iter().any(|a| {
+                    a.path().is_ident("cfg")
+                        && a.parse_args::<syn::Ident>().is_ok_and(|i| i == "test")
+                });
+                if !is_test {
+                    syn::visit::visit_item_mod(self, m);
+                }
+            }
+            fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+                let method = call.method.to_string();
+                if call.args.is_empty() && ["status", "output", "spawn"].contains(&&*method) {
+                    self.found.push(format!("{}: .{method}()", self.file));
+                }
+                syn::visit::visit_expr_method_call(self, call);
+            }
+        }
+
+        let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut paths = Vec::new();
+        for src in [here.join("src"), here.join("../build/src")] {
+            for entry in std::fs::read_dir(&src).unwrap() {
+                paths.push(entry.unwrap().path());
+            }
+        }
+        let bounded = here.join("../build/src/bounded.rs");
+        let mut found = Vec::new();
+        for path in paths {
+            let name = path.display().to_string();
+            if !name.ends_with(".rs") || path == bounded {
+                continue;
+            }
+            let file = syn::parse_file(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let mut calls = Calls {
+                file: &name,
+                found: Vec::new(),
+            };
+            calls.visit_file(&file);
+            found.extend(calls.found);
+        }
+        found.sort();
+        assert!(found.is_empty(), "unbounded commands: {found:#?}");
     }
 }

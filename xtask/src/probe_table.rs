@@ -7,8 +7,8 @@
 //! sm_70 and sm_80 compare across architectures and read as a trend only. Spills fail the
 //! check elsewhere; registers above the reference are reported, not failed.
 
-use crate::ptxas::FunctionStats;
-use crate::text_table::text_table;
+use oxccl_build::FunctionStats;
+use oxccl_build::report::text_table;
 use std::fmt::Write as _;
 
 /// Name prefix of the probe kernels.

@@ -1,25 +1,33 @@
-//! `ptxas`: where it comes from, and what its `-v` report says.
+//! `ptxas`: where it comes from, running it, and what its `-v` report says.
 //!
-//! `ptxas` assembles PTX to machine code without a GPU, so it is how CI knows the PTX a CUDA
+//! `ptxas` assembles PTX to machine code without a GPU, so it tells whether the PTX a CUDA
 //! driver would load is valid, and what each kernel costs in registers, spills and shared
 //! memory. It comes from the PyPI wheel `nvidia-cuda-nvcc-cu12==12.9.86` (12.x still accepts
-//! `sm_70`, which ptxas 13 dropped), installed into a private virtualenv under the target
-//! directory (`<target>/ptxas-venv`). `OXCCL_PTXAS=/path/to/ptxas` uses another one.
+//! `sm_70`, which ptxas 13 dropped), installed on first use into a private virtualenv under
+//! the target directory (`<target>/ptxas-venv`, which needs `python3` with `venv` and
+//! network access to PyPI). `OXCCL_PTXAS=/path/to/ptxas` uses another one (a CUDA 12
+//! installation's, say) and installs nothing.
 //!
 //! Each step of the installation and each ptxas run has a time limit, so that a network or
-//! a tool that hangs fails build-ptx with the command it was running instead of holding CI.
+//! a tool that hangs fails with the command it was running instead of holding the build.
 
-use crate::bounded::{output_bounded, run_bounded};
-use crate::util::{Tool, is_ci, is_root};
-use anyhow::{Context, Result, bail};
+use crate::arch::validate_arch;
+use crate::bounded::{CommandError, output_bounded, run_bounded};
+use crate::error::{Error, Result};
+use crate::tool::{Tool, is_ci, is_root};
+use crate::workspace::Workspace;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+/// Environment variable naming a ptxas to use instead of installing one.
+pub const PTXAS_ENV: &str = "OXCCL_PTXAS";
+
 /// The wheel that provides ptxas.
 pub const WHEEL: &str = "nvidia-cuda-nvcc-cu12==12.9.86";
 
-/// Longest one ptxas run (one module, one architecture) may take; it takes seconds.
+/// Longest one ptxas run (one module, one architecture) may take by default; it takes
+/// seconds.
 pub const RUN_TIME_LIMIT: Duration = Duration::from_secs(5 * 60);
 
 /// Longest `python3 -m venv` may take (it installs pip from a wheel Python ships).
@@ -30,6 +38,169 @@ pub const PIP_TIME_LIMIT: Duration = Duration::from_secs(10 * 60);
 
 /// Longest each `apt-get` (update, then install python3-venv) may take, in CI as root only.
 pub const APT_TIME_LIMIT: Duration = Duration::from_secs(10 * 60);
+
+/// Assembles the PTX module `ptx` for `arch` and returns what ptxas reported for each
+/// function, kernels (`is_entry`) and device functions alike, in ptxas's order; the cubin is
+/// left beside the module (`<crate>.cubin`, for `cuobjdump -sass`).
+///
+/// ptxas is `$OXCCL_PTXAS`, else the one installed into the target directory of the
+/// workspace of the current directory (see [`Ptxas::locate`]), the directory that
+/// [`Ptx::build`](crate::Ptx::build) builds in by default.
+///
+/// ```no_run
+/// let ptx = oxccl_build::Ptx::new("my-kernels").arch("sm_90").build()?;
+/// for f in oxccl_build::assemble_check(&ptx, "sm_90")? {
+///     if f.is_entry {
+///         println!("{}: {:?} registers, spills: {}", f.name, f.registers, f.spills());
+///     }
+/// }
+/// # Ok::<(), oxccl_build::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`Error::PtxasRejected`] with ptxas's error lines if the module is not valid PTX for
+/// `arch`; [`Error::PtxasUnavailable`] or [`Error::Command`] if ptxas cannot be found or
+/// installed; [`Error::InvalidUsage`] for a bad architecture name.
+pub fn assemble_check(ptx: &Path, arch: &str) -> Result<Vec<FunctionStats>> {
+    validate_arch(arch)?;
+    let ptxas = match Ptxas::from_env() {
+        Some(p) => p?,
+        None => Ptxas::locate(&Workspace::load()?.target_dir)?,
+    };
+    ptxas.assemble(ptx, arch, &ptx.with_extension("cubin"))
+}
+
+/// A ptxas program, and how long one run of it may take.
+#[derive(Clone, Debug)]
+pub struct Ptxas {
+    path: PathBuf,
+    time_limit: Duration,
+}
+
+impl Ptxas {
+    /// `$OXCCL_PTXAS` if set, else the ptxas of [`WHEEL`] in `<target_dir>/ptxas-venv`,
+    /// which is installed first if it is not there yet (or holds another wheel).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUsage`] if `OXCCL_PTXAS` is not a file; [`Error::Command`] if the
+    /// virtualenv cannot be made or the wheel not installed (no network, no `python3-venv`:
+    /// the message says what to install); [`Error::PtxasUnavailable`] if the wheel holds
+    /// no ptxas.
+    pub fn locate(target_dir: &Path) -> Result<Ptxas> {
+        if let Some(p) = Ptxas::from_env() {
+            return p;
+        }
+        let venv = target_dir.join("ptxas-venv");
+        // Names the wheel the venv holds, so changing `WHEEL` reinstalls instead of keeping an
+        // older ptxas.
+        let marker = venv.join("oxccl-wheel.txt");
+        let current = std::fs::read_to_string(&marker).is_ok_and(|w| w.trim() == WHEEL);
+        if let (true, Some(p)) = (current, find_in_venv(&venv)) {
+            return Ok(Ptxas::at(p));
+        }
+        println!(
+            "oxccl-build: installing ptxas ({WHEEL}) into {}",
+            venv.display()
+        );
+        let pip = venv.join("bin").join("pip");
+        if !pip.is_file() {
+            make_venv(&venv)?;
+        }
+        run_bounded(
+            Command::new(&pip).args([
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-input",
+                WHEEL,
+            ]),
+            PIP_TIME_LIMIT,
+        )
+        .map_err(|e| {
+            Error::command(
+                format!("installing {WHEEL} (needs network access to PyPI)"),
+                e,
+            )
+        })?;
+        std::fs::write(&marker, WHEEL)
+            .map_err(|e| Error::io(format!("writing {}", marker.display()), e))?;
+        find_in_venv(&venv).map(Ptxas::at).ok_or_else(|| {
+            Error::PtxasUnavailable(format!(
+                "{WHEEL} installed, but no ptxas under \
+                 {}/lib/python3.*/site-packages/nvidia/cuda_nvcc/bin",
+                venv.display()
+            ))
+        })
+    }
+
+    /// The ptxas at `path`, as it is (12.x for `sm_70`; 13 dropped it).
+    pub fn at(path: impl Into<PathBuf>) -> Ptxas {
+        Ptxas {
+            path: path.into(),
+            time_limit: RUN_TIME_LIMIT,
+        }
+    }
+
+    /// Gives each run `limit` instead of [`RUN_TIME_LIMIT`].
+    pub fn time_limit(mut self, limit: Duration) -> Ptxas {
+        self.time_limit = limit;
+        self
+    }
+
+    /// The program.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `ptxas -arch=<arch> -v` on `ptx`, writing the cubin to `cubin`, and returns
+    /// what it reported for each function (see [`parse_verbose`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PtxasRejected`] with ptxas's error lines if it rejects the PTX;
+    /// [`Error::Command`] if it cannot start or runs past its time limit.
+    pub fn assemble(&self, ptx: &Path, arch: &str, cubin: &Path) -> Result<Vec<FunctionStats>> {
+        let mut cmd = Command::new(&self.path);
+        cmd.arg(format!("-arch={arch}"))
+            .arg("-v")
+            .arg(ptx)
+            .arg("-o")
+            .arg(cubin);
+        let out = output_bounded(&mut cmd, self.time_limit)
+            .map_err(|e| Error::command(format!("assembling {} for {arch}", ptx.display()), e))?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            let errs = errors(&stderr);
+            let shown = if errs.is_empty() {
+                stderr.trim().to_string()
+            } else {
+                errs.join("\n")
+            };
+            return Err(Error::PtxasRejected {
+                ptx: ptx.to_path_buf(),
+                arch: arch.to_string(),
+                status: out.status,
+                errors: shown,
+            });
+        }
+        Ok(parse_verbose(&stderr))
+    }
+
+    /// The ptxas `OXCCL_PTXAS` names, if it is set.
+    fn from_env() -> Option<Result<Ptxas>> {
+        let p = PathBuf::from(std::env::var_os(PTXAS_ENV)?);
+        Some(if p.is_file() {
+            Ok(Ptxas::at(p))
+        } else {
+            Err(Error::InvalidUsage(format!(
+                "{PTXAS_ENV}={} is not a file",
+                p.display()
+            )))
+        })
+    }
+}
 
 /// What `ptxas -v` reported for one function.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -106,7 +277,7 @@ pub fn parse_verbose(stderr: &str) -> Vec<FunctionStats> {
 }
 
 /// The error and fatal lines of ptxas output.
-pub fn errors(stderr: &str) -> Vec<&str> {
+fn errors(stderr: &str) -> Vec<&str> {
     stderr
         .lines()
         .filter(|l| {
@@ -115,86 +286,6 @@ pub fn errors(stderr: &str) -> Vec<&str> {
                 && !l.starts_with("ptxas info")
         })
         .collect()
-}
-
-/// Finds ptxas, installing the wheel into `<target_dir>/ptxas-venv` if needed.
-pub fn ensure(target_dir: &Path) -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("OXCCL_PTXAS") {
-        let p = PathBuf::from(p);
-        if !p.is_file() {
-            bail!("OXCCL_PTXAS={} is not a file", p.display());
-        }
-        return Ok(p);
-    }
-    let venv = target_dir.join("ptxas-venv");
-    // Names the wheel the venv holds, so changing `WHEEL` reinstalls instead of keeping an
-    // older ptxas.
-    let marker = venv.join("oxccl-wheel.txt");
-    let current = std::fs::read_to_string(&marker).is_ok_and(|w| w.trim() == WHEEL);
-    if let (true, Some(p)) = (current, find_in_venv(&venv)) {
-        return Ok(p);
-    }
-    println!(
-        "build-ptx: installing ptxas ({WHEEL}) into {}",
-        venv.display()
-    );
-    let pip = venv.join("bin").join("pip");
-    if !pip.is_file() {
-        make_venv(&venv)?;
-    }
-    run_bounded(
-        Command::new(&pip).args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-input",
-            WHEEL,
-        ]),
-        PIP_TIME_LIMIT,
-    )
-    .with_context(|| format!("installing {WHEEL} (needs network access to PyPI)"))?;
-    std::fs::write(&marker, WHEEL).with_context(|| format!("writing {}", marker.display()))?;
-    find_in_venv(&venv).with_context(|| {
-        format!(
-            "{WHEEL} installed, but no ptxas under {}/lib/python3.*/site-packages/nvidia/cuda_nvcc/bin",
-            venv.display()
-        )
-    })
-}
-
-/// Runs `ptxas -arch=<arch> -v` on `ptx`, writing the cubin to `cubin`; returns stderr.
-/// Fails with ptxas's error lines if it rejects the PTX, and if it runs past `limit`
-/// (normally [`RUN_TIME_LIMIT`]).
-pub fn assemble(
-    ptxas: &Path,
-    arch: &str,
-    ptx: &Path,
-    cubin: &Path,
-    limit: Duration,
-) -> Result<String> {
-    let mut cmd = Command::new(ptxas);
-    cmd.arg(format!("-arch={arch}"))
-        .arg("-v")
-        .arg(ptx)
-        .arg("-o")
-        .arg(cubin);
-    let out = output_bounded(&mut cmd, limit)
-        .with_context(|| format!("assembling {} for {arch}", ptx.display()))?;
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    if !out.status.success() {
-        let errs = errors(&stderr);
-        let shown = if errs.is_empty() {
-            stderr.trim().to_string()
-        } else {
-            errs.join("\n")
-        };
-        bail!(
-            "ptxas rejected {} for {arch} ({}):\n{shown}",
-            ptx.display(),
-            out.status
-        );
-    }
-    Ok(stderr)
 }
 
 fn find_in_venv(venv: &Path) -> Option<PathBuf> {
@@ -207,7 +298,7 @@ fn find_in_venv(venv: &Path) -> Option<PathBuf> {
 
 fn make_venv(venv: &Path) -> Result<()> {
     let python = Tool::new("python3");
-    let create = || {
+    let create = || -> Result<(), CommandError> {
         // A half-made venv (ensurepip missing) would be taken for a good one next time.
         let _ = std::fs::remove_dir_all(venv);
         run_bounded(python.cmd().args(["-m", "venv"]).arg(venv), VENV_TIME_LIMIT)
@@ -217,28 +308,34 @@ fn make_venv(venv: &Path) -> Result<()> {
         Err(e) => e,
     };
     if is_ci() && is_root() && Tool::new("apt-get").exists() {
-        println!("build-ptx: `python3 -m venv` failed; installing python3-venv with apt-get");
+        println!("oxccl-build: `python3 -m venv` failed; installing python3-venv with apt-get");
+        let apt = |e| Error::command("installing python3-venv with apt-get", e);
         run_bounded(
             Command::new("apt-get").args(["update", "-qq"]),
             APT_TIME_LIMIT,
-        )?;
+        )
+        .map_err(apt)?;
         run_bounded(
             Command::new("apt-get")
                 .args(["install", "-y", "-qq", "python3-venv"])
                 .env("DEBIAN_FRONTEND", "noninteractive"),
             APT_TIME_LIMIT,
-        )?;
+        )
+        .map_err(apt)?;
         error = match create() {
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
     }
     let _ = std::fs::remove_dir_all(venv);
-    bail!(
-        "cannot create a Python virtualenv at {} (install python3-venv, e.g. \
-         `apt-get install python3-venv`, or point OXCCL_PTXAS at a ptxas 12.x): {error:#}",
-        venv.display()
-    )
+    Err(Error::command(
+        format!(
+            "cannot create a Python virtualenv at {} (install python3-venv, e.g. \
+             `apt-get install python3-venv`, or point {PTXAS_ENV} at a ptxas 12.x)",
+            venv.display()
+        ),
+        error,
+    ))
 }
 
 fn quoted(s: &str) -> Option<&str> {
@@ -384,7 +481,7 @@ ptxas fatal   : Ptx assembly aborted due to errors
     /// A ptxas stand-in: a shell script with `body`, in a directory of its own.
     fn fake_ptxas(name: &str, body: &str) -> (PathBuf, PathBuf) {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("oxccl-build-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let exe = dir.join("ptxas");
         std::fs::write(&exe, format!("#!/bin/sh\n{body}\n")).unwrap();
@@ -401,15 +498,11 @@ ptxas fatal   : Ptx assembly aborted due to errors
             "echo 'ptxas info    : 0 bytes gmem' >&2\nexec sleep 300",
         );
         let started = std::time::Instant::now();
-        let err = assemble(
-            &exe,
-            "sm_70",
-            Path::new("/tmp/k.ptx"),
-            &dir.join("k.cubin"),
-            Duration::from_millis(500),
-        )
-        .unwrap_err();
-        let msg = format!("{err:#}");
+        let err = Ptxas::at(&exe)
+            .time_limit(Duration::from_millis(500))
+            .assemble(Path::new("/tmp/k.ptx"), "sm_70", &dir.join("k.cubin"))
+            .unwrap_err();
+        let msg = crate::error::with_causes(&err);
         assert!(started.elapsed() < Duration::from_secs(10));
         assert!(msg.contains("/tmp/k.ptx for sm_70"), "{msg}");
         assert!(msg.contains("did not finish within"), "{msg}");
@@ -421,17 +514,30 @@ ptxas fatal   : Ptx assembly aborted due to errors
     fn rejected_ptx_shows_the_error_lines() {
         let (dir, exe) = fake_ptxas("bad-ptxas", "cat \"$(dirname \"$0\")/said\" >&2; exit 1");
         std::fs::write(dir.join("said"), BAD).unwrap();
-        let err = assemble(
-            &exe,
-            "sm_70",
-            Path::new("/tmp/bad.ptx"),
-            &dir.join("bad.cubin"),
-            Duration::from_secs(30),
-        )
-        .unwrap_err()
-        .to_string();
+        let err = Ptxas::at(&exe)
+            .assemble(Path::new("/tmp/bad.ptx"), "sm_70", &dir.join("bad.cubin"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("rejected /tmp/bad.ptx for sm_70"), "{err}");
         assert!(err.contains("Unknown modifier '.bar'"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Guards against a report lost on the way out: a ptxas that accepts the module gives
+    /// the statistics its `-v` printed, and the cubin goes where asked.
+    #[test]
+    fn accepted_ptx_gives_the_statistics() {
+        let (dir, exe) = fake_ptxas(
+            "good-ptxas",
+            "cat \"$(dirname \"$0\")/said\" >&2; [ \"$1\" = -arch=sm_70 ] && [ \"$4\" = -o ] && : > \"$5\"",
+        );
+        std::fs::write(dir.join("said"), SM70).unwrap();
+        let cubin = dir.join("k.cubin");
+        let stats = Ptxas::at(&exe)
+            .assemble(Path::new("/tmp/k.ptx"), "sm_70", &cubin)
+            .unwrap();
+        assert_eq!(stats, parse_verbose(SM70));
+        assert!(cubin.is_file());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
