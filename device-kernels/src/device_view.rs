@@ -31,8 +31,8 @@
 //! copies, as on the GPU.
 //!
 //! Element types are [`Element`]: the plain numbers kernels use (`u8` to `u64`, `i8` to
-//! `i64`, `f32`, `f64`) and [`arch::Word16`]; 16-bit floats will join them (a half-precision
-//! type moves as a `u16`).
+//! `i64`, `f32`, `f64`), the 16-bit floats `half::f16` and `half::bf16` (each moves as a
+//! `u16`) and [`arch::Word16`].
 
 use crate::arch::{self, GlobalWord, Word16};
 use crate::coop::Coop;
@@ -44,8 +44,8 @@ use core::ops::Range;
 /// A type a device view holds: plain data that one global load or store moves whole, aligned
 /// as its word.
 ///
-/// Sealed: implemented for `u8`, `u16`, `u32`, `u64`, `i8`, `i16`, `i32`, `i64`, `f32`, `f64`
-/// and [`Word16`].
+/// Sealed: implemented for `u8`, `u16`, `u32`, `u64`, `i8`, `i16`, `i32`, `i64`, `f32`, `f64`,
+/// `half::f16`, `half::bf16` and [`Word16`].
 pub trait Element: bytemuck::Pod + Send + Sync + sealed::Sealed {
     /// The word that moves one element: an unsigned integer (or [`Word16`]) of the same size
     /// and alignment.
@@ -76,6 +76,7 @@ element! {
     u16 => u16, i16 => u16,
     u32 => u32, i32 => u32, f32 => u32,
     u64 => u64, i64 => u64, f64 => u64,
+    half::f16 => u16, half::bf16 => u16,
     Word16 => Word16,
 }
 

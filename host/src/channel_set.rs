@@ -92,7 +92,8 @@ impl Channel for PortChannel {
 ///         let all = comm.all_gather_memory(&comm.register(&buf))?;
 ///         let mine = all[comm.rank() as usize].clone();
 ///         let mut channels = Vec::new();
-///         for peer in (0..comm.size()).filter(|&p| p != comm.rank()) {
+///         let (rank, size) = (comm.rank(), comm.size());
+///         for peer in (0..size).filter(|&p| p != rank) {
 ///             channels.push(comm.memory_channel(peer, &all[peer as usize], &mine, None)?);
 ///         }
 ///         let set = ChannelSet::new(comm.device(), &channels)?;
