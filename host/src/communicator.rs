@@ -16,6 +16,7 @@ use crate::channel_abort::ChannelAbort;
 use crate::device::Device;
 use crate::device_buffer::DeviceBuffer;
 use crate::error::{ChannelError, ChannelFailure, ChannelKind, ChannelRef, Error, Result};
+use crate::grid_barrier::{GRID_BARRIER_SITE, GridBarrier};
 use crate::host_ipc::HostIpcMapping;
 use crate::host_ipc_connection::HostIpcConnection;
 use crate::memory_channel::MemoryChannel;
@@ -543,6 +544,20 @@ impl Communicator {
         })
     }
 
+    /// A grid barrier on this rank's device (see [`GridBarrier`]): its waits give up after
+    /// the communicator's `wait_timeout` and stop when the rank is stopped, and a timeout
+    /// stops the rank's other waits and is reported by [`Self::check`], as a channel's is.
+    ///
+    /// # Errors
+    /// The allocation failed.
+    pub fn grid_barrier(&self) -> Result<GridBarrier> {
+        GridBarrier::new(
+            &self.device,
+            self.config.wait_timeout,
+            Some(self.proxy.stop_word()),
+        )
+    }
+
     /// Port channels to the next and the previous rank of the ring `0, 1, .., size-1`:
     /// `to_next` copies from `local` into the next rank's memory, `to_prev` into the
     /// previous rank's, and what this rank signals on `to_next` arrives on the next rank's
@@ -684,6 +699,22 @@ impl Communicator {
                 self.rank(),
                 why.unwrap_or_else(|| "no reason given".into())
             ))),
+            Some(s) if s.site == GRID_BARRIER_SITE => Err(match s.error {
+                Some(DeviceError::Timeout) => Error::Timeout {
+                    what: format!(
+                        "rank {}: a grid barrier: not every block of the kernel reached it \
+                         (`GridBarrier::check` has the counts)",
+                        self.rank()
+                    ),
+                    after: self.config.wait_timeout,
+                },
+                error => Error::InvalidUsage(format!(
+                    "rank {}: a grid barrier refused a call ({error:?} in {}; \
+                     `GridBarrier::check` has the details)",
+                    self.rank(),
+                    s.op
+                )),
+            }),
             Some(s) if s.site == FIFO_SITE => Err(Error::Aborted(format!(
                 "rank {}: the proxy's FIFO stalled; every port channel is stopped",
                 self.rank()

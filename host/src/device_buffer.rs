@@ -8,17 +8,20 @@ use crate::cpu::memory::{AllocError, DeviceMemory, Fill, HostMemory};
 use crate::device::{Device, timeout_from_env};
 use crate::{Error, Result};
 use bytemuck::Pod;
-use oxccl_device::{DevicePtr, DeviceSlice};
+use oxccl_device::device_view::Element;
+use oxccl_device::{DevicePtr, DeviceSlice, DeviceView, DeviceViewMut};
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// `len` elements of `T` in device memory.
 ///
-/// Kernels reach the buffer through [`Self::device_slice`] (or [`Self::device_ptr`]); the
-/// host through the copy methods, which are **synchronous** (like `cuMemcpy`): they copy
-/// when called, without waiting for kernels. Synchronize the streams whose kernels write
-/// (or read) the buffer before copying from (or into) it.
+/// Kernels reach the buffer through a view ([`Self::view`], [`Self::view_mut`]: typed and
+/// bounds-checked, for safe kernels) or a raw slice ([`Self::device_slice`],
+/// [`Self::device_ptr`], for `unsafe` ones); the host through the copy methods, which are
+/// **synchronous** (like `cuMemcpy`): they copy when called, without waiting for kernels.
+/// Synchronize the streams whose kernels write (or read) the buffer before copying from (or
+/// into) it.
 ///
 /// Fresh memory is not zeroed unless asked ([`Device::alloc_zeroed`]): like `cudaMalloc`'s,
 /// its contents are unspecified (on the CPU backend every byte is
@@ -117,6 +120,62 @@ impl<T: Pod> DeviceBuffer<T> {
     /// Device address of the first element (page-aligned).
     pub fn addr(&self) -> u64 {
         self.base() as usize as u64
+    }
+
+    /// A view of the whole buffer that kernels read: typed, bounds-checked, safe to use
+    /// (see [`oxccl_device::device_view`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use oxccl_device::{DeviceError, DeviceView, DeviceViewMut, arch, kernel};
+    /// use oxccl_device::launch::LaunchConfig;
+    ///
+    /// /// `out[i] = 2 * input[i]` for one element per thread of the grid.
+    /// #[kernel]
+    /// fn double(out: DeviceViewMut<'_, f32>, input: DeviceView<'_, f32>) -> Result<(), DeviceError> {
+    ///     let i = arch::thread_rank_in_grid();
+    ///     out.set(i, 2.0 * input.get(i)?)
+    /// }
+    ///
+    /// fn main() -> Result<(), oxccl::Error> {
+    ///     let device = oxccl::Device::cpu(0);
+    ///     let stream = device.stream()?;
+    ///     let input = device.alloc_from(&[1.0f32, 2.0, 3.0, 4.0])?;
+    ///     let out = device.alloc::<f32>(4)?;
+    ///     // Safe: the views carry their lengths, and a launch of more threads than
+    ///     // elements fails with `OutOfRange` instead of writing past the end.
+    ///     double::launch(&stream, LaunchConfig::grid(1).block(4), out.view_mut(), input.view())?;
+    ///     stream.synchronize()?;
+    ///     assert_eq!(out.to_vec()?, [2.0, 4.0, 6.0, 8.0]);
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn view(&self) -> DeviceView<'_, T>
+    where
+        T: Element,
+    {
+        // SAFETY: the buffer holds `len` elements of `T` at `addr()`, page-aligned (so
+        // aligned for `T`), device memory every kernel thread of its device can access; the
+        // memory stays allocated for the borrow (and past it while kernels run: the last
+        // drop waits for the device).
+        unsafe { DeviceView::from_raw_parts(self.addr(), self.len as u64) }
+    }
+
+    /// A view of the whole buffer that kernels read and write: typed, bounds-checked, safe to
+    /// use (see [`oxccl_device::device_view`]).
+    ///
+    /// It takes `&self`, as [`Self::device_slice`] does: a launch is asynchronous, so no
+    /// borrow could cover the kernel's writes anyway, and device memory is shared like the
+    /// registered memory peers write through their channels. What the host must do is the
+    /// same for every kernel that writes the buffer: synchronize its stream before reading
+    /// the buffer back. Concurrent writes of kernel threads to one element are allowed and
+    /// leave it unspecified, as on a GPU.
+    pub fn view_mut(&self) -> DeviceViewMut<'_, T>
+    where
+        T: Element,
+    {
+        // SAFETY: as in `view`; the memory is writable.
+        unsafe { DeviceViewMut::from_raw_parts(self.addr(), self.len as u64) }
     }
 
     /// The kernel-side view of the whole buffer: its address and length.

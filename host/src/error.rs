@@ -141,7 +141,9 @@ fn device_error_kind(e: DeviceError) -> ErrorKind {
         DeviceError::Timeout => ErrorKind::Timeout,
         DeviceError::Aborted => ErrorKind::Aborted,
         DeviceError::OutOfBounds | DeviceError::InvalidArgument => ErrorKind::InvalidUsage,
-        DeviceError::NullHandle | DeviceError::UnsupportedLaunch => ErrorKind::InvalidUsage,
+        DeviceError::NullHandle | DeviceError::UnsupportedLaunch | DeviceError::OutOfRange => {
+            ErrorKind::InvalidUsage
+        }
     }
 }
 

@@ -94,12 +94,12 @@ impl Rank {
 
     fn launch(&self, comm: &Communicator, n: usize, in_place: bool, threads: u32) -> Result<()> {
         let config = LaunchConfig::grid(1).block(threads);
-        let input = if in_place {
-            self.work.addr()
-        } else {
-            self.input.addr()
-        };
         if let Some(p) = self.packets.as_ref().filter(|p| n as u64 <= p.capacity) {
+            let input = if in_place {
+                self.work.addr()
+            } else {
+                self.input.addr()
+            };
             let args = PacketAllReduceArgs {
                 next: p.next.device_handle(),
                 prev: p.prev.device_handle(),
@@ -118,16 +118,18 @@ impl Rank {
         let args = RingAllReduceArgs {
             next: self.next.device_handle(),
             prev: self.prev.device_handle(),
-            input,
-            work: self.work.addr(),
+            input: if in_place {
+                self.work.view()
+            } else {
+                self.input.view()
+            },
+            work: self.work.view_mut(),
             n: n as u64,
             capacity: self.capacity as u64,
             rank: comm.rank(),
             n_ranks: comm.size(),
         };
-        // SAFETY: `input` holds at least `n` elements and does not overlap `work` unless it is
-        // `work`; `work` holds `2 * capacity`; nothing else touches them meanwhile.
-        unsafe { ring_all_reduce_sum_f32::launch(&self.stream, config, args) }
+        ring_all_reduce_sum_f32::launch(&self.stream, config, args)
     }
 
     /// Runs once from fresh inputs and counts wrong elements.
