@@ -217,6 +217,28 @@ macro_rules! common_impls {
                     _elem: PhantomData,
                 })
             }
+
+            /// The same bytes as elements of `U`: a byte view of a buffer as the element type
+            /// a kernel chose at run time, say.
+            ///
+            /// # Errors
+            /// [`DeviceError::OutOfRange`] if the view's address is not aligned for `U` or its
+            /// bytes are not a whole number of `U`s.
+            #[inline(always)]
+            pub fn cast<U: Element>(&self) -> Result<$view<'a, U>, DeviceError> {
+                let bytes = self.len * core::mem::size_of::<T>() as u64;
+                let size = core::mem::size_of::<U>() as u64;
+                if !self.addr.is_multiple_of(core::mem::align_of::<U>() as u64)
+                    || !bytes.is_multiple_of(size)
+                {
+                    return Err(fail(self.addr, bytes, size));
+                }
+                Ok($view {
+                    addr: self.addr,
+                    len: bytes / size,
+                    _elem: PhantomData,
+                })
+            }
         }
     };
 }
@@ -308,6 +330,45 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
             }
             dst += step;
             from += step;
+        }
+        Ok(())
+    }
+
+    /// Sets every element `i` of this view to `f(a[i], b[i])`, split among `coop` (every
+    /// thread of it calls this with the same arguments): an element-wise reduction of two
+    /// sources in one pass. Either source may be this very memory (each element is read
+    /// before it is written, by the same thread). Orders nothing for other threads (see
+    /// [`Self::copy_from`]).
+    ///
+    /// # Errors
+    /// [`DeviceError::OutOfRange`] if a source is shorter than this view; nothing is written.
+    #[inline(always)]
+    pub fn combine_two(
+        &self,
+        coop: impl Coop,
+        a: DeviceView<'_, T>,
+        b: DeviceView<'_, T>,
+        f: impl Fn(T, T) -> T,
+    ) -> Result<(), DeviceError> {
+        if a.len < self.len || b.len < self.len {
+            return Err(fail(0, self.len, a.len.min(b.len)));
+        }
+        let size = core::mem::size_of::<T>() as u64;
+        let (first, end, stride) = coop.split(self.len).bounds();
+        let mut off = first * size;
+        let off_end = end.max(first) * size;
+        let step = stride * size;
+        while off < off_end {
+            // SAFETY: `off` is element `i < len` of this view, and of `a` and `b`, which hold
+            // at least `len` (checked): inside all three views, aligned for `T`, in memory
+            // their constructors keep accessible for their lifetimes.
+            unsafe {
+                let x: T = bytemuck::cast(T::Word::load_global(a.addr + off));
+                let y: T = bytemuck::cast(T::Word::load_global(b.addr + off));
+                let out: T::Word = bytemuck::cast(f(x, y));
+                out.store_global(self.addr + off);
+            }
+            off += step;
         }
         Ok(())
     }
@@ -452,5 +513,39 @@ mod tests {
         assert_eq!(d.get(3), Ok(1.5));
         d.slice(3..4).unwrap().fill(crate::coop::Thread, 8.0);
         assert_eq!(dst, [1.5, -0.25, f32::INFINITY, 8.0]);
+    }
+
+    /// Guards against a cast that miscounts elements or accepts a misaligned address, and a
+    /// two-source combine that reads a source past its end.
+    #[test]
+    fn casts_and_two_source_combines() {
+        let mut words = [0u64; 4];
+        let bytes = view_of(&mut words).cast::<u8>().unwrap();
+        assert_eq!(bytes.len(), 32);
+        let floats = bytes.cast::<f32>().unwrap();
+        assert_eq!(floats.len(), 8);
+        assert_eq!(
+            bytes.slice(1..9).unwrap().cast::<u64>(),
+            Err(DeviceError::OutOfRange)
+        );
+        assert_eq!(
+            bytes.slice(0..6).unwrap().cast::<f32>(),
+            Err(DeviceError::OutOfRange)
+        );
+        let mut a = [1i32, 2, 3];
+        let mut b = [10i32, 20, 30];
+        let (a, b) = (view_of(&mut a).as_view(), view_of(&mut b).as_view());
+        let mut out = [0i32; 3];
+        let o = view_of(&mut out);
+        o.combine_two(crate::coop::Thread, a, b, |x, y| x * y)
+            .unwrap();
+        assert_eq!(
+            o.combine_two(crate::coop::Thread, a.slice(0..2).unwrap(), b, |x, _| x),
+            Err(DeviceError::OutOfRange)
+        );
+        // A source that is the destination itself.
+        o.combine_two(crate::coop::Thread, o.as_view(), a, |x, y| x - y)
+            .unwrap();
+        assert_eq!(out, [9, 38, 87]);
     }
 }

@@ -112,6 +112,9 @@ pub struct ChannelSet<'c, C: Channel> {
     len: u32,
     /// The peers with a channel, ascending.
     peers: Vec<u32>,
+    /// The channels, for a set that owns them ([`ChannelSet::from_channels`]); empty for
+    /// one that borrows them.
+    owned: Vec<C>,
     _channels: PhantomData<&'c C>,
 }
 
@@ -124,6 +127,19 @@ impl<'c, C: Channel> ChannelSet<'c, C> {
     /// index instead); the allocation failed.
     pub fn new(device: &Device, channels: impl IntoIterator<Item = &'c C>) -> Result<Self> {
         let channels: Vec<&'c C> = channels.into_iter().collect();
+        let (slots, len, peers) = Self::write_slots(device, &channels)?;
+        Ok(ChannelSet {
+            slots,
+            len,
+            peers,
+            owned: Vec::new(),
+            _channels: PhantomData,
+        })
+    }
+
+    /// Slots holding the device handles of `channels` at their peers, the slot count and the
+    /// peers, ascending.
+    fn write_slots(device: &Device, channels: &[&C]) -> Result<(DeviceBuffer<u64>, u32, Vec<u32>)> {
         let mut peers: Vec<u32> = channels.iter().map(|c| c.peer()).collect();
         peers.sort_unstable();
         if let Some(pair) = peers.windows(2).find(|w| w[0] == w[1]) {
@@ -139,10 +155,10 @@ impl<'c, C: Channel> ChannelSet<'c, C> {
                 Error::InvalidUsage(format!("channel set: peer {last} is not a rank"))
             })?,
         };
-        let handle_bytes = size_of::<C::DeviceHandle<'c>>();
+        let handle_bytes = size_of::<C::DeviceHandle<'_>>();
         let words = (len as usize * handle_bytes).div_ceil(8);
         let slots = device.alloc_zeroed::<u64>(words.max(1))?;
-        let base = slots.addr() as usize as *mut C::DeviceHandle<'c>;
+        let base = slots.addr() as usize as *mut C::DeviceHandle<'_>;
         for channel in channels {
             // SAFETY: `peer < len`, so the slot lies inside the `len * handle_bytes` bytes of
             // the fresh buffer, which nothing else uses yet; page-aligned, so every slot is
@@ -152,12 +168,7 @@ impl<'c, C: Channel> ChannelSet<'c, C> {
                     .write(channel.device_handle())
             };
         }
-        Ok(ChannelSet {
-            slots,
-            len,
-            peers,
-            _channels: PhantomData,
-        })
+        Ok((slots, len, peers))
     }
 
     /// Slots of the set: one past the highest peer.
@@ -182,6 +193,32 @@ impl<'c, C: Channel> ChannelSet<'c, C> {
         // outlives this borrow (the set borrows the channels for 'c), and the buffer lives
         // as long as the set (its last drop waits for the device while kernels run).
         unsafe { ChannelSetDeviceHandle::from_raw_parts(self.slots.addr(), self.len) }
+    }
+}
+
+impl<C: Channel> ChannelSet<'static, C> {
+    /// A set that owns its channels: what a long-lived object (a communicator's collectives)
+    /// keeps, instead of a set borrowing channels it keeps beside it.
+    ///
+    /// # Errors
+    /// As [`ChannelSet::new`].
+    pub fn from_channels(device: &Device, channels: Vec<C>) -> Result<Self> {
+        let refs: Vec<&C> = channels.iter().collect();
+        let (slots, len, peers) = Self::write_slots(device, &refs)?;
+        // The handles in `slots` stay valid while the channels live: moving a channel into
+        // the set moves no memory the handles name (channels hold shares of their memory).
+        Ok(ChannelSet {
+            slots,
+            len,
+            peers,
+            owned: channels,
+            _channels: PhantomData,
+        })
+    }
+
+    /// The channels the set owns, in the order they were given.
+    pub fn channels(&self) -> &[C] {
+        &self.owned
     }
 }
 

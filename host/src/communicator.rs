@@ -13,6 +13,8 @@
 
 use crate::backend::Backend;
 use crate::channel_abort::ChannelAbort;
+use crate::collectives::CollectiveConfig;
+use crate::collectives::collective_context::CollectiveContext;
 use crate::device::Device;
 use crate::device_buffer::DeviceBuffer;
 use crate::error::{ChannelError, ChannelFailure, ChannelKind, ChannelRef, Error, Result};
@@ -63,6 +65,8 @@ pub struct CommunicatorConfig {
     /// completes before `put` returns, which hides a missing `flush`: tests of kernels
     /// should also run with it off.
     pub proxy_assist: bool,
+    /// How collectives run: scratch sizes, launch shape, algorithm.
+    pub collectives: CollectiveConfig,
 }
 
 impl Default for CommunicatorConfig {
@@ -71,6 +75,7 @@ impl Default for CommunicatorConfig {
             fifo_size: 512,
             wait_timeout: Duration::from_secs(30),
             proxy_assist: true,
+            collectives: CollectiveConfig::default(),
         }
     }
 }
@@ -127,6 +132,8 @@ pub struct Communicator {
     mappings: HashMap<(String, u32, u64), Arc<HostIpcMapping>>,
     /// What the host said when it stopped the rank ([`RankStopper`]).
     stop_why: Arc<Mutex<Option<String>>>,
+    /// The collectives' scratch and channels, set up by the first collective call.
+    pub(crate) collectives: Option<Box<CollectiveContext>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -176,6 +183,7 @@ impl Communicator {
             memory_channels: 0,
             mappings: HashMap::new(),
             stop_why: Arc::new(Mutex::new(None)),
+            collectives: None,
         })
     }
 

@@ -4,6 +4,7 @@
 pub mod backend;
 mod channel_abort;
 pub mod channel_set;
+pub mod collectives;
 pub mod communicator;
 mod cpu;
 pub mod device;
@@ -24,6 +25,7 @@ pub mod transport;
 
 pub use backend::Backend;
 pub use channel_set::ChannelSet;
+pub use collectives::{Algorithm, AlgorithmChoice, CollectiveConfig};
 pub use communicator::{Communicator, CommunicatorConfig, RankStopper};
 pub use cpu::memory::UNINITIALIZED_BYTE;
 pub use device::Device;
@@ -34,6 +36,8 @@ pub use error::{
 pub use grid_barrier::GridBarrier;
 pub use memory_channel::MemoryChannel;
 pub use out_of_band::{BootstrapExchange, InProcessExchange, OutOfBand};
+/// Element types and reductions of collectives (from `oxccl-device`).
+pub use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp, bf16, f16};
 pub use port_channel::PortChannel;
 pub use registered_memory::RegisteredMemory;
 pub use stream::Stream;

@@ -26,6 +26,7 @@
 extern crate std;
 
 pub mod all_reduce;
+pub mod collectives;
 pub mod packet_all_reduce;
 pub mod packet_exchange;
 pub mod pingpong;
