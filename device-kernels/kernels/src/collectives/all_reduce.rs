@@ -47,7 +47,13 @@ fn all_reduce<T: ReduceElement>(a: &CollectiveArgs<'_>, op: ReduceOp) -> Result<
         // Publish our chunk. An element-wise pass split as the reduction was, so each
         // thread copies the elements it reduced itself (a `copy_from` splits by words,
         // which would read elements other threads may not have written yet).
-        window_mut(mine, c.start, c.end - c.start)?.combine_from(Grid, dst.as_view(), |_, r| r)?;
+        if nr > 1 {
+            window_mut(mine, c.start, c.end - c.start)?.combine_from(
+                Grid,
+                dst.as_view(),
+                |_, r| r,
+            )?;
+        }
         all_peers_meet(a)?;
         for p in (0..nr).filter(|&p| p != r) {
             let cp = contiguous_chunk(p as u64, nr as u64, len);

@@ -21,26 +21,39 @@ pub(crate) fn reduce_ranks<'s, T: ReduceElement>(
     op: ReduceOp,
     sources: impl Fn(u32) -> Result<DeviceView<'s, T>, DeviceError>,
 ) -> Result<(), DeviceError> {
-    match n {
-        0 => Ok(()),
-        1 => {
-            dst.copy_from(Grid, sources(0)?)?;
-            if op == ReduceOp::Avg {
-                dst.combine_from(Grid, dst.as_view(), |a, _| a.finish(op, 1))?;
+    // One branch on the operation per call, so that each pass's loop is the operation
+    // alone (a sum of `f32`s becomes vector additions), not a branch per element.
+    match op {
+        ReduceOp::Sum => combine_ranks(dst, n, &sources, |a: T, b| a.combine(b, ReduceOp::Sum)),
+        ReduceOp::Prod => combine_ranks(dst, n, &sources, |a: T, b| a.combine(b, ReduceOp::Prod)),
+        ReduceOp::Min => combine_ranks(dst, n, &sources, |a: T, b| a.combine(b, ReduceOp::Min)),
+        ReduceOp::Max => combine_ranks(dst, n, &sources, |a: T, b| a.combine(b, ReduceOp::Max)),
+        ReduceOp::Avg => {
+            combine_ranks(dst, n, &sources, |a: T, b| a.combine(b, ReduceOp::Avg))?;
+            if n > 1 {
+                // Each thread divides the elements it summed: the pass splits as they did.
+                dst.combine_from(Grid, dst.as_view(), |a, _| a.finish(ReduceOp::Avg, n))?;
             }
             Ok(())
         }
+    }
+}
+
+/// `dst = sources(0) ⊕ sources(1) ⊕ ..` with `combine` as `⊕`, in rank order.
+#[inline(always)]
+fn combine_ranks<'s, T: ReduceElement>(
+    dst: DeviceViewMut<'_, T>,
+    n: u32,
+    sources: &impl Fn(u32) -> Result<DeviceView<'s, T>, DeviceError>,
+    combine: impl Fn(T, T) -> T + Copy,
+) -> Result<(), DeviceError> {
+    match n {
+        0 => Ok(()),
+        1 => dst.copy_from(Grid, sources(0)?),
         _ => {
-            let last = n - 1;
-            dst.combine_two(Grid, sources(0)?, sources(1)?, |a, b| {
-                let c = a.combine(b, op);
-                if last == 1 { c.finish(op, n) } else { c }
-            })?;
+            dst.combine_two(Grid, sources(0)?, sources(1)?, combine)?;
             for p in 2..n {
-                dst.combine_from(Grid, sources(p)?, |a, b| {
-                    let c = a.combine(b, op);
-                    if p == last { c.finish(op, n) } else { c }
-                })?;
+                dst.combine_from(Grid, sources(p)?, combine)?;
             }
             Ok(())
         }
