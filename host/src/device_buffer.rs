@@ -216,6 +216,45 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok(())
     }
 
+    /// Copies `src` into elements `offset..offset + src.len()` of the buffer, synchronously;
+    /// the other elements are left as they are.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] if the range does not lie inside the buffer.
+    pub fn copy_from_host_at(&mut self, offset: usize, src: &[T]) -> Result<()> {
+        self.check_range("copy_from_host_at", offset, src.len())?;
+        // SAFETY: elements `offset..offset + src.len()` lie inside the buffer (checked),
+        // aligned for `T`; `src` is a host slice borrowed while we hold `&mut self`, so the
+        // two do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.base().cast::<T>().add(offset),
+                src.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Copies elements `offset..offset + dst.len()` of the buffer into `dst`, synchronously.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] if the range does not lie inside the buffer.
+    pub fn copy_to_host_at(&self, offset: usize, dst: &mut [T]) -> Result<()> {
+        self.check_range("copy_to_host_at", offset, dst.len())?;
+        // SAFETY: elements `offset..offset + dst.len()` lie inside the buffer (checked),
+        // initialized (every bit pattern is a valid `T: Pod`) and aligned for `T`; `dst` is
+        // an exclusive host slice, so the two do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.base().cast::<T>().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
+    }
+
     /// The buffer's contents as a new vector, copied synchronously.
     ///
     /// # Errors
@@ -248,6 +287,17 @@ impl<T: Pod> DeviceBuffer<T> {
         // SAFETY: the buffer holds `size_bytes()` writable bytes at `base()`.
         unsafe { std::ptr::write_bytes(self.base(), 0, self.size_bytes()) };
         Ok(())
+    }
+
+    fn check_range(&self, what: &str, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::InvalidUsage(format!(
+                "{what}: elements {offset}..{offset}+{len} do not lie inside the device buffer \
+                 of {} elements",
+                self.len
+            ))),
+        }
     }
 
     fn check_len(&self, what: &str, host_len: usize) -> Result<()> {
