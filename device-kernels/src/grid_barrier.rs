@@ -124,19 +124,23 @@ impl<'a> GridBarrierDeviceHandle<'a> {
     pub fn sync_blocks(&self, blocks: u32) -> Result<(), DeviceError> {
         // The block's writes are done before its thread 0 arrives.
         arch::sync_threads();
-        block_agrees(|| {
+        // The closure takes a copy of the handle, not `self`: if the compiler keeps it out
+        // of line, a reference would force whatever holds the handle (a kernel's argument
+        // struct) into local memory.
+        let this = *self;
+        block_agrees(move || {
             let (grid, me) = (arch::blocks_per_grid(), arch::block_rank());
             if blocks == 0 || blocks > grid || me >= blocks {
-                if self.raw.count == 0 || self.raw.generation == 0 {
-                    return Err(self.wait.null_handle(DeviceOp::GridBarrier));
+                if this.raw.count == 0 || this.raw.generation == 0 {
+                    return Err(this.wait.null_handle(DeviceOp::GridBarrier));
                 }
-                return Err(self.wait.raise(
+                return Err(this.wait.raise(
                     DeviceError::InvalidArgument,
                     DeviceOp::GridBarrier,
                     [blocks as u64, grid as u64, me as u64],
                 ));
             }
-            self.arrive_and_wait(blocks)
+            this.arrive_and_wait(blocks)
         })
     }
 

@@ -21,18 +21,21 @@ use oxccl_device::error::DeviceError;
 #[inline(always)]
 pub(crate) fn all_peers_meet(a: &CollectiveArgs<'_>) -> Result<(), DeviceError> {
     a.barrier.sync_grid()?;
-    if a.n_ranks > 1 && arch::block_rank() == 0 {
-        let peers = || (0..a.n_ranks).filter(|&p| p != a.rank);
+    // The closures take copies of what they need, not `a`: the compiler may keep a closure
+    // out of line, and one that takes `a` by reference would make the whole argument
+    // struct live in local memory for the rest of the kernel.
+    let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
+    if n_ranks > 1 && arch::block_rank() == 0 {
         block_signal_and_wait(
-            || {
-                for p in peers() {
-                    a.peer(p)?.signal()?;
+            move || {
+                for p in (0..n_ranks).filter(|&p| p != rank) {
+                    peers.get(p)?.signal()?;
                 }
                 Ok(())
             },
-            || {
-                for p in peers() {
-                    a.peer(p)?.wait()?;
+            move || {
+                for p in (0..n_ranks).filter(|&p| p != rank) {
+                    peers.get(p)?.wait()?;
                 }
                 Ok(())
             },
