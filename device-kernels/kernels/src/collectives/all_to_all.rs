@@ -2,7 +2,9 @@
 
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
-use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
+use super::round_views::{
+    my_half, peer_half, per_round, stage_blocks, typed, typed_mut, window, window_mut,
+};
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
@@ -32,9 +34,7 @@ fn all_to_all<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
     while off < c {
         let len = per.min(c - off);
         let (half_off, half) = my_half::<T>(a, seq)?;
-        for p in 0..nr as u64 {
-            window_mut(half, p * len, len)?.copy_from(Grid, window(input, p * c + off, len)?)?;
-        }
+        stage_blocks(half, input, nr, c, off, len)?;
         all_peers_meet(a)?;
         for p in 0..nr {
             let src = if p == r {

@@ -4,6 +4,7 @@
 use super::collective_args::CollectiveArgs;
 use super::rounds::elements_per_round;
 use super::scratch_layout::parity;
+use oxccl_device::coop::Grid;
 use oxccl_device::error::DeviceError;
 use oxccl_device::reduce::ReduceElement;
 use oxccl_device::{DeviceView, DeviceViewMut};
@@ -82,4 +83,25 @@ pub(crate) fn typed_mut<'a, T: ReduceElement>(
     len: u64,
 ) -> Result<DeviceViewMut<'a, T>, DeviceError> {
     window_mut(v.cast::<T>()?, first, len)
+}
+
+/// Stages round `off..off + len` of each of the `n` blocks of `count` elements of `input`
+/// (block `p` starts at `p * count`) into `half`, block after block: what an all-to-all or
+/// a reduce-scatter round stages, every peer's window at `p * len`.
+///
+/// # Errors
+/// A window outside `input` or `half` ([`DeviceError::OutOfRange`]).
+#[inline(always)]
+pub(crate) fn stage_blocks<T: ReduceElement>(
+    half: DeviceViewMut<'_, T>,
+    input: DeviceView<'_, T>,
+    n: u32,
+    count: u64,
+    off: u64,
+    len: u64,
+) -> Result<(), DeviceError> {
+    for p in 0..n as u64 {
+        window_mut(half, p * len, len)?.copy_from(Grid, window(input, p * count + off, len)?)?;
+    }
+    Ok(())
 }
