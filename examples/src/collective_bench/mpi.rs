@@ -6,7 +6,8 @@
 //! Variants: `plain` (shared memory through the `vader` BTL, without the cross-process copy
 //! mechanism containers often forbid), `hugetlb` (the same, with glibc's malloc asking for
 //! transparent huge pages: `-x GLIBC_TUNABLES=glibc.malloc.hugetlb=1`) and `ucx` (`--mca
-//! pml ucx`, when `ompi_info` lists the UCX PML). A variant that fails is left out with a
+//! pml ucx`, allowed to use shared-memory transports, when `ompi_info` lists the UCX PML).
+//! A variant that fails is left out with a
 //! note, as is the whole baseline where MPI has no counterpart: `f16`/`bf16` reductions (MPI
 //! has no half types; collectives that only move data move them as `MPI_UINT16_T`) and
 //! `avg`.
@@ -185,7 +186,10 @@ pub fn run_mpi_baseline(plan: &Plan) -> Result<MpiBaseline> {
         ),
     ];
     if has_ucx() {
-        variants.push(("ucx", vec!["--mca".into(), "pml".into(), "ucx".into()]));
+        // Open MPI 4.1 declines the UCX PML where UCX finds only shared-memory transports
+        // (its list of supported ones names network devices) unless told to take any.
+        let ucx = "--mca pml ucx --mca opal_common_ucx_tls any --mca opal_common_ucx_devices any";
+        variants.push(("ucx", ucx.split(' ').map(String::from).collect()));
     } else {
         baseline
             .notes
