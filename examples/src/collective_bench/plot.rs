@@ -1,7 +1,7 @@
 //! `--plot FILE.svg`: bus bandwidth against size, one line per algorithm and placement of
 //! oxccl (an all-reduce whose sizes take packets and then direct has two lines per
 //! placement, each over its own sizes) and, with `--mpi`, one per MPI variant (out of
-//! place); the memory baseline as a flat line.
+//! place); the memory baseline as a flat line. Both axes are logarithmic.
 
 use super::report::Report;
 use oxccl::{Error, Result};
@@ -62,23 +62,29 @@ pub fn plot(r: &Report, path: &Path) -> Result<()> {
         ));
     };
     let memory = r.memory.map(|m| m.gbps);
-    let max_y = points()
-        .map(|p| p.1)
-        .chain(memory)
-        .filter(|y| y.is_finite())
-        .fold(0.0f64, f64::max)
-        .max(1e-3)
-        * 1.1;
+    // Log-log: small sizes sit orders of magnitude below large ones.
+    let ys = || {
+        points()
+            .map(|p| p.1)
+            .chain(memory)
+            .filter(|y| y.is_finite() && *y > 0.0)
+    };
+    let max_y = ys().fold(1e-6f64, f64::max) * 2.0;
+    let min_y = ys().fold(max_y, f64::min) / 2.0;
     let failed = |e: &dyn std::fmt::Display| {
         Error::InvalidUsage(format!("--plot: cannot draw {}: {e}", path.display()))
     };
     let root = SVGBackend::new(path, (1000, 620)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| failed(&e))?;
     let plan = &r.setup.plan;
+    let what = if plan.collective.reduces() {
+        format!("{}, {}", plan.op.name(), plan.dtype.name())
+    } else {
+        plan.dtype.name().to_string()
+    };
     let caption = format!(
-        "oxccl {} ({}), {} ranks: bus bandwidth",
+        "oxccl {} ({what}), {} ranks: bus bandwidth",
         plan.collective.title(),
-        plan.dtype.name(),
         plan.ranks
     );
     let mut chart = ChartBuilder::on(&root)
@@ -86,7 +92,10 @@ pub fn plot(r: &Report, path: &Path) -> Result<()> {
         .margin(16)
         .x_label_area_size(44)
         .y_label_area_size(64)
-        .build_cartesian_2d((min_x.max(1.0)..max_x.max(2.0)).log_scale(), 0.0..max_y)
+        .build_cartesian_2d(
+            (min_x.max(1.0)..max_x.max(2.0)).log_scale(),
+            (min_y..max_y).log_scale(),
+        )
         .map_err(|e| failed(&e))?;
     chart
         .configure_mesh()
@@ -96,7 +105,7 @@ pub fn plot(r: &Report, path: &Path) -> Result<()> {
         .draw()
         .map_err(|e| failed(&e))?;
     for (i, (label, points)) in lines.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let color = COLORS[i % COLORS.len()];
         chart
             .draw_series(LineSeries::new(
                 points.iter().copied(),
@@ -112,11 +121,11 @@ pub fn plot(r: &Report, path: &Path) -> Result<()> {
             .map_err(|e| failed(&e))?;
     }
     if let Some(gbps) = memory {
-        let grey = RGBColor(120, 120, 120);
+        let grey = RGBColor(80, 80, 80);
         chart
             .draw_series(LineSeries::new(
                 [(min_x.max(1.0), gbps), (max_x.max(2.0), gbps)],
-                grey.stroke_width(1),
+                grey.stroke_width(2),
             ))
             .map_err(|e| failed(&e))?
             .label("memory: 2 threads c = a + b (3 arrays counted)")
@@ -132,6 +141,18 @@ pub fn plot(r: &Report, path: &Path) -> Result<()> {
     root.present().map_err(|e| failed(&e))?;
     Ok(())
 }
+
+/// Line colours, distinct on white.
+const COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(23, 190, 207),
+];
 
 /// `1024` as `1K`, `3145728` as `3M`.
 fn human_bytes(b: f64) -> String {
