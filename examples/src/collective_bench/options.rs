@@ -60,7 +60,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "auto", value_parser = parse_algo)]
     pub algo: AlgorithmChoice,
     /// Largest all-reduce sent as packets under `--algo auto` (default: the library's;
-    /// under `--algo packets`, at least the largest size).
+    /// under `--algo packets`, at least `--max-bytes`).
     #[arg(long, value_parser = parse_bytes)]
     pub packet_limit: Option<u64>,
     /// Blocks of every collective kernel (default: the library's choice).
@@ -117,9 +117,9 @@ impl BenchArgs {
     /// The communicator settings of every rank.
     pub fn communicator_config(&self) -> CommunicatorConfig {
         let default = CollectiveConfig::default();
-        let largest = self.sizes().last().copied().unwrap_or(0);
+        // `--max-bytes`, not the sweep's largest size: a soak's sizes go up to it.
         let packet_limit = self.packet_limit.unwrap_or(match self.algo {
-            AlgorithmChoice::Use(Algorithm::Packets) => default.packet_limit.max(largest),
+            AlgorithmChoice::Use(Algorithm::Packets) => default.packet_limit.max(self.max_bytes),
             _ => default.packet_limit,
         });
         CommunicatorConfig {
@@ -307,18 +307,13 @@ mod tests {
     }
 
     /// Guards against packets being forced on sizes past the packet limit (every call
-    /// would be refused) and against an explicit limit being overridden.
+    /// would be refused, as a soak's were when the limit followed the sweep's sizes) and
+    /// against an explicit limit being overridden.
     #[test]
     fn forced_packets_cover_every_size() {
-        let a = parse(&[
-            "--algo",
-            "packets",
-            "--max-bytes",
-            "1M",
-            "--step-factor",
-            "2",
-        ])
-        .unwrap();
+        // The sweep's largest size is 512 KiB; a soak's calls go up to 1 MiB.
+        let a = parse(&["--algo", "packets", "--max-bytes", "1M"]).unwrap();
+        assert_eq!(a.sizes().last(), Some(&(512 << 10)));
         assert_eq!(a.communicator_config().collectives.packet_limit, 1 << 20);
         let a = parse(&["--algo", "packets", "--packet-limit", "4K"]).unwrap();
         assert_eq!(a.communicator_config().collectives.packet_limit, 4096);

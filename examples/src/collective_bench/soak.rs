@@ -80,12 +80,16 @@ pub fn soak_rank(
             checked_call::<T>(comm, &case, &stream)?
         });
         if wrong > 0 && report.failures.len() < FAILURES_KEPT {
+            let op = if plan.collective.reduces() {
+                format!(", {}", op.name())
+            } else {
+                String::new()
+            };
             report.failures.push(format!(
-                "call {}: {} of {count} {} elements, {}, root {}, {}: {wrong} wrong on rank {}",
+                "call {}: {} of {count} {} elements{op}, root {}, {}: {wrong} wrong on rank {}",
                 report.calls,
                 plan.collective.title(),
                 dtype.name(),
-                op.name(),
                 case.root,
                 if case.in_place {
                     "in place"
