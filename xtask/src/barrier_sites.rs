@@ -378,7 +378,10 @@ mod tests {
             fn run<T>(x: u32) { arch::sync_threads(); arch::sync_threads(); }
             "#,
         )]);
-        assert_eq!(g.sites("k", Path::new("src/k.rs")).unwrap(), 1 + 2 * DISPATCHED_TYPES);
+        assert_eq!(
+            g.sites("k", Path::new("src/k.rs")).unwrap(),
+            1 + 2 * DISPATCHED_TYPES
+        );
         let reduce = std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../device-kernels/src/reduce.rs"),
         )
