@@ -34,15 +34,21 @@ fn all_to_all<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
     while off < c {
         let len = per.min(c - off);
         let (half_off, half) = my_half::<T>(a, seq)?;
-        stage_blocks(half, input, nr, c, off, len)?;
+        // Our own block goes straight from input to output (nobody else reads it), after
+        // the meeting: in place, the other blocks' outputs are their inputs, staged by then.
+        stage_blocks(half, input, nr, c, off, len, Some(r))?;
         all_peers_meet(a)?;
         for p in 0..nr {
+            let at = p as u64 * c + off;
+            let dst = window_mut(output, at, len)?;
             let src = if p == r {
-                window(half.as_view(), r as u64 * len, len)?
+                window(input, at, len)?
             } else {
                 peer_half::<T>(a, p, half_off, r as u64 * len, len)?
             };
-            window_mut(output, p as u64 * c + off, len)?.copy_from(Grid, src)?;
+            if dst.addr() != src.addr() {
+                dst.copy_from(Grid, src)?;
+            }
         }
         off += len;
         seq += 1;

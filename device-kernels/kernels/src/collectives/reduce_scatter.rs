@@ -36,7 +36,7 @@ fn reduce_scatter<T: ReduceElement>(
     while off < c {
         let len = per.min(c - off);
         let (half_off, half) = my_half::<T>(a, seq)?;
-        stage_blocks(half, input, nr, c, off, len)?;
+        stage_blocks(half, input, nr, c, off, len, None)?;
         all_peers_meet(a)?;
         let mine = r as u64 * len;
         reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {

@@ -87,7 +87,8 @@ pub(crate) fn typed_mut<'a, T: ReduceElement>(
 
 /// Stages round `off..off + len` of each of the `n` blocks of `count` elements of `input`
 /// (block `p` starts at `p * count`) into `half`, block after block: what an all-to-all or
-/// a reduce-scatter round stages, every peer's window at `p * len`.
+/// a reduce-scatter round stages, every peer's window at `p * len`; block `skip`, if any,
+/// is left out (a block only this rank reads, straight from `input`).
 ///
 /// # Errors
 /// A window outside `input` or `half` ([`DeviceError::OutOfRange`]).
@@ -99,8 +100,9 @@ pub(crate) fn stage_blocks<T: ReduceElement>(
     count: u64,
     off: u64,
     len: u64,
+    skip: Option<u32>,
 ) -> Result<(), DeviceError> {
-    for p in 0..n as u64 {
+    for p in (0..n).filter(|&p| Some(p) != skip).map(u64::from) {
         window_mut(half, p * len, len)?.copy_from(Grid, window(input, p * count + off, len)?)?;
     }
     Ok(())
