@@ -214,6 +214,7 @@ mod tests {
             DeviceError::InvalidArgument,
             DeviceError::NullHandle,
             DeviceError::UnsupportedLaunch,
+            DeviceError::OutOfRange,
         ] {
             let word = AbortReason::encode(e, DeviceOp::UnpackPackets, 0xfeed);
             assert_eq!(

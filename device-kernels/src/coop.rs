@@ -6,12 +6,40 @@
 //! that is fast on the target: on the GPU consecutive threads take consecutive elements
 //! (coalesced loads), in the CPU emulator each thread takes one contiguous chunk (cache lines
 //! stay with one core, and `memcpy` gets long runs). Kernel code is the same on both.
+//!
+//! The groups are sealed: a call that splits work trusts every thread of the group to
+//! report its own rank in `0..size()` and the same size, so that the shares are disjoint and
+//! cover the work. A group written outside this module could break that from safe code
+//! (two threads claiming the same rank would write the same bytes of a `put`), so only the
+//! four groups here implement [`Coop`]:
+//!
+//! ```compile_fail,E0277
+//! use oxccl_device::coop::Coop;
+//!
+//! /// Claims to be rank 0 of 1 on every thread: every thread would copy the whole range.
+//! #[derive(Clone, Copy)]
+//! struct Everyone;
+//!
+//! impl Coop for Everyone {
+//!     fn thread_rank(&self) -> u64 {
+//!         0
+//!     }
+//!     fn size(&self) -> u64 {
+//!         1
+//!     }
+//! }
+//! ```
 
 use crate::arch;
 use core::ops::Range;
 
 /// A group of threads that call the same device function together, each knowing its rank.
-pub trait Coop: Copy {
+///
+/// Sealed (see the module docs): implemented by [`Thread`], [`Warp`], [`Block`] and
+/// [`Grid`] only. Its contract, which device calls that split work rely on: every thread of
+/// the group gets the same [`Coop::size`] and a [`Coop::thread_rank`] of its own in
+/// `0..size()`.
+pub trait Coop: Copy + sealed::Sealed {
     /// Rank of the calling thread within the group, in `0..size()`.
     fn thread_rank(&self) -> u64;
     /// Number of threads in the group.
@@ -66,6 +94,15 @@ impl Coop for Thread {
 impl SyncCoop for Thread {
     #[inline(always)]
     fn sync(&self) {}
+}
+
+mod sealed {
+    /// Only the groups of this module: see [`super::Coop`].
+    pub trait Sealed {}
+    impl Sealed for super::Thread {}
+    impl Sealed for super::Warp {}
+    impl Sealed for super::Block {}
+    impl Sealed for super::Grid {}
 }
 
 /// Rank within its warp and size of the warp of the thread of rank `thread` in a block of

@@ -21,6 +21,10 @@ pub enum DeviceError {
     NullHandle = 5,
     /// The kernel was launched with a grid or block it does not support.
     UnsupportedLaunch = 6,
+    /// An index a device view or a channel set does not hold: past the end of a view, or a
+    /// peer the set has no channel to. Nothing was accessed. No channel record carries it,
+    /// so on the GPU a kernel that returns it traps (see [`crate::kernel_return`]).
+    OutOfRange = 7,
 }
 
 impl DeviceError {
@@ -38,6 +42,7 @@ impl DeviceError {
             4 => Some(DeviceError::InvalidArgument),
             5 => Some(DeviceError::NullHandle),
             6 => Some(DeviceError::UnsupportedLaunch),
+            7 => Some(DeviceError::OutOfRange),
             _ => None,
         }
     }
@@ -54,6 +59,7 @@ impl core::fmt::Display for DeviceError {
                 "handle never set up by the host (zeroed): build handles with `device_handle()`"
             }
             DeviceError::UnsupportedLaunch => "launch shape not supported by the kernel",
+            DeviceError::OutOfRange => "index out of range of a device view or channel set",
         })
     }
 }
@@ -97,6 +103,14 @@ pub enum DeviceOp {
     ReadPacket = 13,
     /// A kernel's own check of its arguments or launch shape: kernel-defined details.
     Kernel = 14,
+    /// An element access or sub-view of a [`crate::device_view`] view:
+    /// `[index or range start, range end (or 0), view length]`.
+    View = 15,
+    /// `ChannelSetDeviceHandle::get`: `[peer, set length, 0]`.
+    ChannelSet = 16,
+    /// A grid barrier: on timeout `[barrier waited for, blocks arrived, blocks expected]`;
+    /// for a call it cannot accept `[blocks asked for, blocks in the grid, caller's block]`.
+    GridBarrier = 17,
 }
 
 impl DeviceOp {
@@ -117,6 +131,9 @@ impl DeviceOp {
             12 => DeviceOp::WritePacket,
             13 => DeviceOp::ReadPacket,
             14 => DeviceOp::Kernel,
+            15 => DeviceOp::View,
+            16 => DeviceOp::ChannelSet,
+            17 => DeviceOp::GridBarrier,
             _ => DeviceOp::Unknown,
         }
     }
@@ -139,6 +156,9 @@ impl DeviceOp {
             DeviceOp::WritePacket => "write_packet",
             DeviceOp::ReadPacket => "read_packet",
             DeviceOp::Kernel => "the kernel's argument check",
+            DeviceOp::View => "a device view access",
+            DeviceOp::ChannelSet => "a channel set lookup",
+            DeviceOp::GridBarrier => "a grid barrier",
         }
     }
 }

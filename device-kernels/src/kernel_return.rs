@@ -4,8 +4,8 @@
 //! record where the handle has one. On the CPU emulator the launch also reports the
 //! returned error (with the failing call's details) from `synchronize`. On the GPU a kernel
 //! cannot return a value to the host: an error with no record to carry it (a zeroed handle,
-//! an unsupported launch) stops the kernel with `trap`, so the launch fails visibly instead
-//! of succeeding silently.
+//! an unsupported launch, an index out of range of a view or a channel set) stops the kernel
+//! with `trap`, so the launch fails visibly instead of succeeding silently.
 
 use crate::DeviceError;
 
@@ -32,7 +32,9 @@ impl KernelReturn for Result<(), DeviceError> {
 /// Ends a kernel on the GPU with its outcome (see the module docs).
 #[inline(always)]
 pub fn finish_on_device(outcome: impl KernelReturn) {
-    if let Err(DeviceError::NullHandle | DeviceError::UnsupportedLaunch) = outcome.into_result() {
+    if let Err(DeviceError::NullHandle | DeviceError::UnsupportedLaunch | DeviceError::OutOfRange) =
+        outcome.into_result()
+    {
         crate::arch::trap()
     }
 }

@@ -89,6 +89,11 @@ pub struct KernelInfo {
     /// Most blocks a launch may have (`#[kernel(max_blocks = N)]`), 0 for any: launchers
     /// refuse larger grids before anything runs.
     pub max_blocks: u32,
+    /// Whether the kernel synchronizes its whole grid (`#[kernel(cooperative)]`, for a
+    /// [`crate::grid_barrier`]): every block of a launch must then be resident on the device
+    /// at once, and launchers refuse a grid larger than that (see
+    /// [`KernelInfo::not_co_resident`]).
+    pub cooperative: bool,
 }
 
 impl KernelInfo {
@@ -100,6 +105,54 @@ impl KernelInfo {
             max_blocks: self.max_blocks,
             config: *config,
         })
+    }
+
+    /// Why `config` cannot run a cooperative kernel (one that synchronizes its grid) on a
+    /// device that holds at most `resident_blocks` blocks of `config`'s block shape at once;
+    /// `None` if it can, or if the kernel is not cooperative.
+    ///
+    /// The backend says what it holds: the CPU emulator runs every thread of a launch at
+    /// once, up to its thread limit; a GPU holds as many blocks per multiprocessor as the
+    /// occupancy API allows the kernel (`cuOccupancyMaxActiveBlocksPerMultiprocessor` for the
+    /// block size and shared memory), times its multiprocessors.
+    pub fn not_co_resident(
+        &self,
+        config: &LaunchConfig,
+        resident_blocks: u64,
+    ) -> Option<NotCoResident> {
+        (self.cooperative && config.grid.volume() > resident_blocks).then_some(NotCoResident {
+            kernel: self.name,
+            resident_blocks,
+            config: *config,
+        })
+    }
+}
+
+/// A launch of a cooperative kernel whose blocks cannot all be resident at once: its grid
+/// barrier would wait for blocks that cannot start until the waiting ones finish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotCoResident {
+    /// The kernel.
+    pub kernel: &'static str,
+    /// Most blocks of the launch's block shape the device holds at once.
+    pub resident_blocks: u64,
+    /// The launch that was asked for.
+    pub config: LaunchConfig,
+}
+
+impl core::fmt::Display for NotCoResident {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "kernel `{}` is cooperative (it synchronizes its whole grid), so every block of a \
+             launch must be resident at once; the device holds at most {} block(s) of block {} \
+             at once, the launch asked for grid {} ({} blocks)",
+            self.kernel,
+            self.resident_blocks,
+            self.config.block,
+            self.config.grid,
+            self.config.grid.volume()
+        )
     }
 }
 

@@ -23,6 +23,9 @@
 //! - Safe device APIs on the handles, [`coop`] to split work among cooperating threads,
 //!   [`block`] for a block that decides together, [`handshake`] for kernels launched again
 //!   and again on the same channels.
+//! - Safe kernel parameters for what kernels used raw addresses for: [`device_view`] (typed,
+//!   bounds-checked views of device buffers), [`channel_set`] (a channel to every peer, the
+//!   handles in device memory), [`grid_barrier`] (every block of a launch waits for all).
 //! - [`kernel`]: one function, a PTX entry point on the GPU and a launcher on the host.
 //!
 //! The crate holds no kernel of its own: the kernels oxccl ships are in `oxccl-kernels`, a
@@ -56,6 +59,10 @@
 //! let buffers = MemoryChannelBuffers { remote: 0xdead_beef, remote_size: 1 << 20, ..Default::default() };
 //! let forged = MemoryChannelDeviceHandle::from_raw_parts(Default::default(), buffers);
 //! ```
+//! ```compile_fail,E0277
+//! // Views are no `Pod` either: an address and a length cannot be cast into one.
+//! let forged: oxccl_device::DeviceViewMut<'static, u32> = bytemuck::cast([0xdead_beef_u64, 1 << 20]);
+//! ```
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
@@ -74,11 +81,14 @@ extern crate self as oxccl_device;
 pub mod abort;
 pub mod arch;
 pub mod block;
+pub mod channel_set;
 pub mod coop;
 pub mod copy;
 pub mod device_slice;
+pub mod device_view;
 pub mod error;
 pub mod fifo;
+pub mod grid_barrier;
 pub mod handshake;
 pub mod kernel_return;
 pub mod launch;
@@ -90,6 +100,7 @@ pub mod semaphore;
 pub mod wait;
 
 pub use device_slice::{DevicePtr, DeviceSlice};
+pub use device_view::{DeviceView, DeviceViewMut};
 pub use error::DeviceError;
 pub use oxccl_device_macros::{KernelArg, kernel};
 

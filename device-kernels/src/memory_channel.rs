@@ -295,6 +295,38 @@ impl<'a> MemoryChannelDeviceHandle<'a> {
         Ok(unsafe { (addr as usize as *const T).read() })
     }
 
+    /// `len` elements of `T` of the peer's buffer from byte `offset` on, as a view a kernel
+    /// reads with plain loads (a reduction that reads peers' data in place, say). It sees
+    /// what the peer wrote before the `signal` our last `wait` matched.
+    ///
+    /// # Errors
+    /// [`DeviceError::OutOfBounds`] if the range leaves the peer's buffer or `offset` is not
+    /// aligned for `T`.
+    #[inline(always)]
+    pub fn remote_view<T: crate::device_view::Element>(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Result<crate::DeviceView<'a, T>, DeviceError> {
+        let size = core::mem::size_of::<T>() as u64;
+        match len.checked_mul(size) {
+            Some(bytes)
+                if offset.is_multiple_of(core::mem::align_of::<T>() as u64)
+                    && in_bounds(offset, bytes, self.buffers.remote_size) =>
+            {
+                // SAFETY: the range lies inside the peer's registered buffer (checked), which
+                // the handle's contract keeps mapped and readable for 'a; the buffer is
+                // 16-byte aligned and `offset` aligned for `T`.
+                Ok(unsafe { crate::DeviceView::from_raw_parts(self.buffers.remote + offset, len) })
+            }
+            _ => Err(self.refuse(
+                DeviceError::OutOfBounds,
+                DeviceOp::MemoryRead,
+                [offset, len, self.buffers.remote_size],
+            )),
+        }
+    }
+
     /// Address of element `index` of `T` in the peer's buffer, if the whole element fits
     /// and is aligned for `T`.
     #[inline(always)]

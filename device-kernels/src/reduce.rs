@@ -3,7 +3,7 @@
 //!
 //! A collective kernel takes its element type and its operation as [`DataType`] and
 //! [`ReduceOp`] ids (kernels cannot be generic: a PTX entry point has one parameter list)
-//! and dispatches once, outside its loops, to code generic over [`Element`] with
+//! and dispatches once, outside its loops, to code generic over [`ReduceElement`] with
 //! [`dispatch_element!`](crate::dispatch_element).
 //!
 //! The operations are NCCL's:
@@ -20,6 +20,7 @@
 //! of the additions: two algorithms may differ in the last bits, and a test compares them
 //! with a tolerance.
 
+pub use crate::device_view::Element;
 pub use half::{bf16, f16};
 
 /// The element type of a collective's buffers.
@@ -158,8 +159,9 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A type collectives move and reduce. Implemented for the ten types of [`DataType`] only.
-pub trait Element: Copy + bytemuck::Pod + Send + Sync + 'static + sealed::Sealed {
+/// A type collectives move and reduce: a view [`Element`] with a [`DataType`] id and the
+/// reduction operations. Implemented for the ten types of [`DataType`] only.
+pub trait ReduceElement: Element + 'static + sealed::Sealed {
     /// Its id.
     const TYPE: DataType;
 
@@ -180,7 +182,7 @@ pub trait Element: Copy + bytemuck::Pod + Send + Sync + 'static + sealed::Sealed
 macro_rules! float_element {
     ($t:ty, $id:expr) => {
         impl sealed::Sealed for $t {}
-        impl Element for $t {
+        impl ReduceElement for $t {
             const TYPE: DataType = $id;
             #[inline(always)]
             fn combine(self, other: Self, op: ReduceOp) -> Self {
@@ -211,7 +213,7 @@ macro_rules! float_element {
 macro_rules! half_element {
     ($t:ty, $id:expr) => {
         impl sealed::Sealed for $t {}
-        impl Element for $t {
+        impl ReduceElement for $t {
             const TYPE: DataType = $id;
             #[inline(always)]
             fn combine(self, other: Self, op: ReduceOp) -> Self {
@@ -234,7 +236,7 @@ macro_rules! half_element {
 macro_rules! int_element {
     ($t:ty, $id:expr) => {
         impl sealed::Sealed for $t {}
-        impl Element for $t {
+        impl ReduceElement for $t {
             const TYPE: DataType = $id;
             #[inline(always)]
             fn combine(self, other: Self, op: ReduceOp) -> Self {
@@ -295,7 +297,7 @@ int_element!(u64, DataType::U64);
 ///
 /// ```
 /// use oxccl_device::dispatch_element;
-/// use oxccl_device::reduce::{DataType, Element};
+/// use oxccl_device::reduce::DataType;
 ///
 /// fn size_of(dtype: DataType) -> usize {
 ///     dispatch_element!(dtype, T => core::mem::size_of::<T>())

@@ -1,4 +1,4 @@
-//! Model checks of the semaphore protocols. Run with `cargo xtask loom` (`--cfg oxccl_loom`).
+//! Model checks of the semaphore and grid barrier protocols. Run with `cargo xtask loom` (`--cfg oxccl_loom`).
 #![cfg(oxccl_loom)]
 #![allow(missing_docs)]
 
@@ -6,6 +6,7 @@ use loom::sync::Arc;
 use loom::sync::atomic::AtomicU64;
 use loom::thread;
 use oxccl_device::arch::atomic::{Ordering, Scope};
+use oxccl_device::grid_barrier::{GridBarrierDeviceHandle, GridBarrierRawParts};
 use oxccl_device::semaphore::{
     Device2DeviceSemaphoreDeviceHandle, Host2DeviceSemaphoreDeviceHandle, SemaphoreRawParts,
 };
@@ -168,4 +169,86 @@ fn semaphore_two_signallers() {
         hb.wait().unwrap();
         drop((a, b));
     });
+}
+
+/// A grid barrier's counters: arrivals, generation.
+struct BarrierCells([AtomicU64; 2]);
+
+impl BarrierCells {
+    fn new() -> Arc<Self> {
+        Arc::new(BarrierCells([AtomicU64::new(0), AtomicU64::new(0)]))
+    }
+
+    /// A handle over the cells.
+    ///
+    /// # Safety
+    /// The cells must outlive every use of the handle (the models keep them in an `Arc` held
+    /// by every thread until it is done).
+    unsafe fn handle(&self) -> GridBarrierDeviceHandle<'static> {
+        let raw = GridBarrierRawParts {
+            count: &self.0[0] as *const AtomicU64 as u64,
+            generation: &self.0[1] as *const AtomicU64 as u64,
+        };
+        // SAFETY: the caller keeps the cells alive; only barrier handles touch them.
+        unsafe { GridBarrierDeviceHandle::from_raw_parts(raw, NO_CLOCK) }
+    }
+}
+
+/// `participants` threads (thread 0 of each block) meet at one barrier `rounds` times. Before
+/// each barrier a participant writes the round's number into its own slot (relaxed, as a
+/// block's data); after it, it must see every slot at that round or later. Every round
+/// uses the same two cells with no reset in between, as consecutive calls and launches do.
+fn barrier_rounds(participants: usize, rounds: u64) {
+    let mut model = loom::model::Builder::new();
+    // Each poll of a waiting participant is a branch: with three threads, two of them
+    // waiting, loom's default of 1000 branches per execution is too few.
+    model.max_branches = 20_000;
+    model.check(move || {
+        let cells = BarrierCells::new();
+        let slots: Arc<Vec<AtomicU64>> =
+            Arc::new((0..participants).map(|_| AtomicU64::new(0)).collect());
+        // SAFETY: every thread holds `cells` until it is done.
+        let barrier = unsafe { cells.handle() };
+        let body = move |me: usize, slots: &[AtomicU64]| {
+            for round in 1..=rounds {
+                // Relaxed: the barrier must publish it.
+                slots[me].store(round, Ordering::Relaxed);
+                barrier.arrive_and_wait(participants as u32).unwrap();
+                for (other, slot) in slots.iter().enumerate() {
+                    assert!(
+                        slot.load(Ordering::Relaxed) >= round,
+                        "round {round}: participant {me} passed before {other} wrote"
+                    );
+                }
+            }
+        };
+        let others: Vec<_> = (1..participants)
+            .map(|me| {
+                let (cells, slots) = (cells.clone(), slots.clone());
+                thread::spawn(move || {
+                    let _keep = cells;
+                    body(me, &slots);
+                })
+            })
+            .collect();
+        body(0, &slots);
+        for t in others {
+            t.join().unwrap();
+        }
+        // Every barrier completed and left the arrivals at zero for the next one.
+        assert_eq!(cells.0[0].load(Ordering::Relaxed), 0, "arrivals left over");
+        assert_eq!(cells.0[1].load(Ordering::Relaxed), rounds, "generations");
+    });
+}
+
+/// Guards against a barrier that lets a participant through before another has arrived,
+/// that does not publish what the others wrote before arriving, or that cannot be reused
+/// without a reset: the last arriver's reset of the arrivals racing the next round's
+/// arrivals, or a participant that races a whole barrier ahead and is counted at the wrong
+/// one. Two participants: with three, the waiting participants' polls multiply the
+/// interleavings past what the CI step can explore in minutes, and the counting does not
+/// depend on how many arrive.
+#[test]
+fn grid_barrier_reused_round_after_round() {
+    barrier_rounds(2, 3);
 }

@@ -1,5 +1,8 @@
-//! Shared helpers of the oxccl example programs.
+//! Shared helpers of the oxccl example programs, and the harness of the collective
+//! benchmarks ([`collective_bench`]).
 #![warn(missing_docs)]
+
+pub mod collective_bench;
 
 use std::process::{Child, ExitStatus};
 use std::sync::Arc;

@@ -13,10 +13,13 @@
 
 use crate::backend::Backend;
 use crate::channel_abort::ChannelAbort;
+use crate::collectives::CollectiveConfig;
+use crate::collectives::collective_context::CollectiveContext;
 use crate::cpu::memory::PeerMapping;
 use crate::device::Device;
 use crate::device_buffer::DeviceBuffer;
 use crate::error::{ChannelError, ChannelFailure, ChannelKind, ChannelRef, Error, Result};
+use crate::grid_barrier::{GRID_BARRIER_SITE, GridBarrier};
 use crate::host_ipc_connection::HostIpcConnection;
 use crate::memory_channel::MemoryChannel;
 use crate::out_of_band::{BootstrapExchange, OutOfBand};
@@ -45,8 +48,8 @@ const MEMORY_CHANNEL_SITE_BASE: u32 = 1 << 16;
 pub const HOST_STOP_SITE: u32 = u32::MAX - 1;
 
 /// Tag space of pairwise setup messages: kind in the top byte, sequence below.
-const TAG_PORT_CHANNEL: u64 = 1 << 56;
-const TAG_MEMORY_CHANNEL: u64 = 2 << 56;
+/// Tag of a channel setup's first message (either kind: the message says which).
+const TAG_CHANNEL_SETUP: u64 = 1 << 56;
 const TAG_SETUP_DONE: u64 = 3 << 56;
 
 /// Settings of a communicator.
@@ -62,6 +65,8 @@ pub struct CommunicatorConfig {
     /// completes before `put` returns, which hides a missing `flush`: tests of kernels
     /// should also run with it off.
     pub proxy_assist: bool,
+    /// How collectives run: scratch sizes, launch shape, algorithm.
+    pub collectives: CollectiveConfig,
 }
 
 impl Default for CommunicatorConfig {
@@ -70,6 +75,7 @@ impl Default for CommunicatorConfig {
             fifo_size: 512,
             wait_timeout: Duration::from_secs(30),
             proxy_assist: true,
+            collectives: CollectiveConfig::default(),
         }
     }
 }
@@ -127,6 +133,8 @@ pub struct Communicator {
     mappings: HashMap<(String, u32, u64), Arc<PeerMapping>>,
     /// What the host said when it stopped the rank ([`RankStopper`]).
     stop_why: Arc<Mutex<Option<String>>>,
+    /// The collectives' scratch and channels, set up by the first collective call.
+    pub(crate) collectives: Option<Box<CollectiveContext>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -176,6 +184,7 @@ impl Communicator {
             memory_channels: 0,
             mappings: HashMap::new(),
             stop_why: Arc::new(Mutex::new(None)),
+            collectives: None,
         })
     }
 
@@ -320,17 +329,47 @@ impl Communicator {
         Ok(())
     }
 
-    /// Swaps inbound semaphore counters with `peer`: sends ours, returns theirs (checked).
+    /// Swaps inbound semaphore counters with `peer` for a channel of `kind` with `key`:
+    /// sends ours, returns theirs (checked). The message also says what channel each side
+    /// builds, so that two ranks building their channels to each other in different orders
+    /// (or with different keys) get an error instead of each other's semaphores.
     fn swap_inbound(
         &mut self,
         peer: u32,
-        kind: u64,
+        kind: ChannelKind,
+        key: u64,
         cells: &SemaphoreCells,
     ) -> Result<RegisteredMemory> {
-        let tag = self.next_tag(peer, kind);
+        let tag = self.next_tag(peer, TAG_CHANNEL_SETUP);
         let mine = cells.inbound_memory(self.rank(), vec![Transport::HostIpc]);
-        self.oob.send(peer, tag, mine.to_bytes()?)?;
-        let theirs = RegisteredMemory::from_bytes(&self.oob.recv(peer, tag)?)?;
+        let mut message = Vec::with_capacity(64);
+        message.extend_from_slice(&channel_kind_code(kind).to_le_bytes());
+        message.extend_from_slice(&key.to_le_bytes());
+        message.extend_from_slice(&mine.to_bytes()?);
+        self.oob.send(peer, tag, message)?;
+        let answer = self.oob.recv(peer, tag)?;
+        let rank = self.rank();
+        if answer.len() < 16 {
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank}: peer {peer} answered a channel setup with {} bytes",
+                answer.len()
+            )));
+        }
+        let word = |at: usize| u64::from_le_bytes(answer[at..at + 8].try_into().unwrap_or([0; 8]));
+        let (their_kind, their_key) = (word(0), word(8));
+        if their_kind != channel_kind_code(kind) || their_key != key {
+            let theirs = match their_kind {
+                0 => "port".to_string(),
+                1 => "memory".to_string(),
+                other => format!("unknown ({other})"),
+            };
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank}: channel setup with peer {peer}: this rank builds a {kind} channel \
+                 with key {key}, peer {peer} a {theirs} channel with key {their_key}; two ranks \
+                 must build their channels to each other in the same order, with the same keys"
+            )));
+        }
+        let theirs = RegisteredMemory::from_bytes(&answer[16..])?;
         if theirs.rank() != peer || theirs.size() < 8 {
             return Err(Error::InvalidUsage(format!(
                 "rank {}: peer {peer} answered channel setup with a semaphore of rank {} ({} bytes)",
@@ -467,6 +506,23 @@ impl Communicator {
         dst: &RegisteredMemory,
         src: &RegisteredMemory,
     ) -> Result<PortChannel> {
+        self.port_channel_keyed(peer, 0, dst, src)
+    }
+
+    /// [`Self::port_channel`] with a key the peer's matching setup must name too: a rank
+    /// that builds its channels to a peer in another order than the peer gets an error
+    /// naming both keys, instead of the peer's semaphore of another channel. (Unkeyed
+    /// setups have key 0.)
+    ///
+    /// # Errors
+    /// As [`Self::port_channel`]; the peer's setup at this point is of another kind or key.
+    pub fn port_channel_keyed(
+        &mut self,
+        peer: u32,
+        key: u64,
+        dst: &RegisteredMemory,
+        src: &RegisteredMemory,
+    ) -> Result<PortChannel> {
         self.check_peer(peer, "port channel")?;
         if dst.rank() != peer || src.rank() != self.rank() {
             return Err(Error::InvalidUsage(format!(
@@ -478,7 +534,7 @@ impl Communicator {
             )));
         }
         let cells = SemaphoreCells::new(&self.device)?;
-        let remote_inbound = self.swap_inbound(peer, TAG_PORT_CHANNEL, &cells)?;
+        let remote_inbound = self.swap_inbound(peer, ChannelKind::Port, key, &cells)?;
         let remote_inbound = self.reach(&remote_inbound)?;
         let dst = self.reach(dst)?;
         let src = self.reach(src)?;
@@ -518,6 +574,23 @@ impl Communicator {
         local: &RegisteredMemory,
         packets: Option<&RegisteredMemory>,
     ) -> Result<MemoryChannel> {
+        self.memory_channel_keyed(peer, 0, remote, local, packets)
+    }
+
+    /// [`Self::memory_channel`] with a key the peer's matching setup must name too (see
+    /// [`Self::port_channel_keyed`]).
+    ///
+    /// # Errors
+    /// As [`Self::memory_channel`]; the peer's setup at this point is of another kind or
+    /// key.
+    pub fn memory_channel_keyed(
+        &mut self,
+        peer: u32,
+        key: u64,
+        remote: &RegisteredMemory,
+        local: &RegisteredMemory,
+        packets: Option<&RegisteredMemory>,
+    ) -> Result<MemoryChannel> {
         self.check_peer(peer, "memory channel")?;
         let ours = |m: Option<&RegisteredMemory>| m.is_none_or(|m| m.rank() == self.rank());
         if remote.rank() != peer || !ours(Some(local)) || !ours(packets) {
@@ -529,7 +602,7 @@ impl Communicator {
             )));
         }
         let cells = SemaphoreCells::new(&self.device)?;
-        let remote_inbound = self.swap_inbound(peer, TAG_MEMORY_CHANNEL, &cells)?;
+        let remote_inbound = self.swap_inbound(peer, ChannelKind::Memory, key, &cells)?;
         let remote_inbound = self.reach(&remote_inbound)?;
         let remote = self.reach(remote)?;
         let local = self.reach(local)?;
@@ -548,6 +621,20 @@ impl Communicator {
             packets,
             abort,
         })
+    }
+
+    /// A grid barrier on this rank's device (see [`GridBarrier`]): its waits give up after
+    /// the communicator's `wait_timeout` and stop when the rank is stopped, and a timeout
+    /// stops the rank's other waits and is reported by [`Self::check`], as a channel's is.
+    ///
+    /// # Errors
+    /// The allocation failed.
+    pub fn grid_barrier(&self) -> Result<GridBarrier> {
+        GridBarrier::new(
+            &self.device,
+            self.config.wait_timeout,
+            Some(self.proxy.stop_word()),
+        )
     }
 
     /// Port channels to the next and the previous rank of the ring `0, 1, .., size-1`:
@@ -691,6 +778,22 @@ impl Communicator {
                 self.rank(),
                 why.unwrap_or_else(|| "no reason given".into())
             ))),
+            Some(s) if s.site == GRID_BARRIER_SITE => Err(match s.error {
+                Some(DeviceError::Timeout) => Error::Timeout {
+                    what: format!(
+                        "rank {}: a grid barrier: not every block of the kernel reached it \
+                         (`GridBarrier::check` has the counts)",
+                        self.rank()
+                    ),
+                    after: self.config.wait_timeout,
+                },
+                error => Error::InvalidUsage(format!(
+                    "rank {}: a grid barrier refused a call ({error:?} in {}; \
+                     `GridBarrier::check` has the details)",
+                    self.rank(),
+                    s.op
+                )),
+            }),
             Some(s) if s.site == FIFO_SITE => Err(Error::Aborted(format!(
                 "rank {}: the proxy's FIFO stalled; every port channel is stopped",
                 self.rank()
@@ -764,6 +867,14 @@ impl Communicator {
             cause,
             kernel: None,
         }))
+    }
+}
+
+/// How a channel setup message names its kind.
+fn channel_kind_code(kind: ChannelKind) -> u64 {
+    match kind {
+        ChannelKind::Port => 0,
+        ChannelKind::Memory => 1,
     }
 }
 

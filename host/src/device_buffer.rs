@@ -8,17 +8,20 @@ use crate::cpu::memory::{AllocError, DeviceMemory, Fill, HostMemory};
 use crate::device::{Device, timeout_from_env};
 use crate::{Error, Result};
 use bytemuck::Pod;
-use oxccl_device::{DevicePtr, DeviceSlice};
+use oxccl_device::device_view::Element;
+use oxccl_device::{DevicePtr, DeviceSlice, DeviceView, DeviceViewMut};
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// `len` elements of `T` in device memory.
 ///
-/// Kernels reach the buffer through [`Self::device_slice`] (or [`Self::device_ptr`]); the
-/// host through the copy methods, which are **synchronous** (like `cuMemcpy`): they copy
-/// when called, without waiting for kernels. Synchronize the streams whose kernels write
-/// (or read) the buffer before copying from (or into) it.
+/// Kernels reach the buffer through a view ([`Self::view`], [`Self::view_mut`]: typed and
+/// bounds-checked, for safe kernels) or a raw slice ([`Self::device_slice`],
+/// [`Self::device_ptr`], for `unsafe` ones); the host through the copy methods, which are
+/// **synchronous** (like `cuMemcpy`): they copy when called, without waiting for kernels.
+/// Synchronize the streams whose kernels write (or read) the buffer before copying from (or
+/// into) it.
 ///
 /// Fresh memory is not zeroed unless asked ([`Device::alloc_zeroed`]): like `cudaMalloc`'s,
 /// its contents are unspecified (on the CPU backend every byte is
@@ -119,6 +122,62 @@ impl<T: Pod> DeviceBuffer<T> {
         self.base() as usize as u64
     }
 
+    /// A view of the whole buffer that kernels read: typed, bounds-checked, safe to use
+    /// (see [`oxccl_device::device_view`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use oxccl_device::{DeviceError, DeviceView, DeviceViewMut, arch, kernel};
+    /// use oxccl_device::launch::LaunchConfig;
+    ///
+    /// /// `out[i] = 2 * input[i]` for one element per thread of the grid.
+    /// #[kernel]
+    /// fn double(out: DeviceViewMut<'_, f32>, input: DeviceView<'_, f32>) -> Result<(), DeviceError> {
+    ///     let i = arch::thread_rank_in_grid();
+    ///     out.set(i, 2.0 * input.get(i)?)
+    /// }
+    ///
+    /// fn main() -> Result<(), oxccl::Error> {
+    ///     let device = oxccl::Device::cpu(0);
+    ///     let stream = device.stream()?;
+    ///     let input = device.alloc_from(&[1.0f32, 2.0, 3.0, 4.0])?;
+    ///     let out = device.alloc::<f32>(4)?;
+    ///     // Safe: the views carry their lengths, and a launch of more threads than
+    ///     // elements fails with `OutOfRange` instead of writing past the end.
+    ///     double::launch(&stream, LaunchConfig::grid(1).block(4), out.view_mut(), input.view())?;
+    ///     stream.synchronize()?;
+    ///     assert_eq!(out.to_vec()?, [2.0, 4.0, 6.0, 8.0]);
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn view(&self) -> DeviceView<'_, T>
+    where
+        T: Element,
+    {
+        // SAFETY: the buffer holds `len` elements of `T` at `addr()`, page-aligned (so
+        // aligned for `T`), device memory every kernel thread of its device can access; the
+        // memory stays allocated for the borrow (and past it while kernels run: the last
+        // drop waits for the device).
+        unsafe { DeviceView::from_raw_parts(self.addr(), self.len as u64) }
+    }
+
+    /// A view of the whole buffer that kernels read and write: typed, bounds-checked, safe to
+    /// use (see [`oxccl_device::device_view`]).
+    ///
+    /// It takes `&self`, as [`Self::device_slice`] does: a launch is asynchronous, so no
+    /// borrow could cover the kernel's writes anyway, and device memory is shared like the
+    /// registered memory peers write through their channels. What the host must do is the
+    /// same for every kernel that writes the buffer: synchronize its stream before reading
+    /// the buffer back. Concurrent writes of kernel threads to one element are allowed and
+    /// leave it unspecified, as on a GPU.
+    pub fn view_mut(&self) -> DeviceViewMut<'_, T>
+    where
+        T: Element,
+    {
+        // SAFETY: as in `view`; the memory is writable.
+        unsafe { DeviceViewMut::from_raw_parts(self.addr(), self.len as u64) }
+    }
+
     /// The kernel-side view of the whole buffer: its address and length.
     pub fn device_slice(&self) -> DeviceSlice<T> {
         DeviceSlice::new(self.addr(), self.len as u64)
@@ -157,6 +216,45 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok(())
     }
 
+    /// Copies `src` into elements `offset..offset + src.len()` of the buffer, synchronously;
+    /// the other elements are left as they are.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] if the range does not lie inside the buffer.
+    pub fn copy_from_host_at(&mut self, offset: usize, src: &[T]) -> Result<()> {
+        self.check_range("copy_from_host_at", offset, src.len())?;
+        // SAFETY: elements `offset..offset + src.len()` lie inside the buffer (checked),
+        // aligned for `T`; `src` is a host slice borrowed while we hold `&mut self`, so the
+        // two do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.base().cast::<T>().add(offset),
+                src.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Copies elements `offset..offset + dst.len()` of the buffer into `dst`, synchronously.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] if the range does not lie inside the buffer.
+    pub fn copy_to_host_at(&self, offset: usize, dst: &mut [T]) -> Result<()> {
+        self.check_range("copy_to_host_at", offset, dst.len())?;
+        // SAFETY: elements `offset..offset + dst.len()` lie inside the buffer (checked),
+        // initialized (every bit pattern is a valid `T: Pod`) and aligned for `T`; `dst` is
+        // an exclusive host slice, so the two do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.base().cast::<T>().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
+    }
+
     /// The buffer's contents as a new vector, copied synchronously.
     ///
     /// # Errors
@@ -189,6 +287,17 @@ impl<T: Pod> DeviceBuffer<T> {
         // SAFETY: the buffer holds `size_bytes()` writable bytes at `base()`.
         unsafe { std::ptr::write_bytes(self.base(), 0, self.size_bytes()) };
         Ok(())
+    }
+
+    fn check_range(&self, what: &str, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::InvalidUsage(format!(
+                "{what}: elements {offset}..{offset}+{len} do not lie inside the device buffer \
+                 of {} elements",
+                self.len
+            ))),
+        }
     }
 
     fn check_len(&self, what: &str, host_len: usize) -> Result<()> {

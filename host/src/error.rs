@@ -141,7 +141,9 @@ fn device_error_kind(e: DeviceError) -> ErrorKind {
         DeviceError::Timeout => ErrorKind::Timeout,
         DeviceError::Aborted => ErrorKind::Aborted,
         DeviceError::OutOfBounds | DeviceError::InvalidArgument => ErrorKind::InvalidUsage,
-        DeviceError::NullHandle | DeviceError::UnsupportedLaunch => ErrorKind::InvalidUsage,
+        DeviceError::NullHandle | DeviceError::UnsupportedLaunch | DeviceError::OutOfRange => {
+            ErrorKind::InvalidUsage
+        }
     }
 }
 
@@ -362,20 +364,36 @@ pub struct RankFailure {
 
 struct RankFailures<'a>(&'a [RankFailure]);
 
+/// A rank's failure as `rank N: error`, without naming the rank twice when the error's
+/// own message names it (most do: `rank N: ...`, `invalid usage: rank N: ...`).
+struct Ranked<'a>(&'a RankFailure);
+
+impl fmt::Display for Ranked<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let message = self.0.error.to_string();
+        let prefix = format!("rank {}:", self.0.rank);
+        if message.contains(&prefix) {
+            f.write_str(&message)
+        } else {
+            write!(f, "{prefix} {message}")
+        }
+    }
+}
+
 impl fmt::Display for RankFailures<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut iter = self.0.iter();
         let Some(first) = iter.next() else {
             return f.write_str("a job failed");
         };
-        write!(f, "rank {}: {}", first.rank, first.error)?;
+        write!(f, "{}", Ranked(first))?;
         for other in iter {
             let how = if other.consequence {
                 "then stopped"
             } else {
                 "also"
             };
-            write!(f, "\n  {how}: rank {}: {}", other.rank, other.error)?;
+            write!(f, "\n  {how}: {}", Ranked(other))?;
         }
         Ok(())
     }
@@ -388,4 +406,34 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("panic with a non-string payload")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against a job's error naming a rank twice ("rank 1: rank 1: ...") when the
+    /// rank's own error already starts with it, or not at all when it does not.
+    #[test]
+    fn job_errors_name_each_rank_once() {
+        let e = Error::Ranks(vec![
+            RankFailure {
+                rank: 1,
+                error: Error::InvalidUsage("rank 1: bad count".into()),
+                consequence: false,
+            },
+            RankFailure {
+                rank: 0,
+                error: Error::Internal("stopped".into()),
+                consequence: true,
+            },
+        ]);
+        let text = e.to_string();
+        assert!(
+            text.starts_with("invalid usage: rank 1: bad count"),
+            "{text}"
+        );
+        assert!(text.contains("then stopped: rank 0: "), "{text}");
+        assert_eq!(text.matches("rank 1:").count(), 1, "{text}");
+    }
 }

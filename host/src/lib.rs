@@ -3,11 +3,14 @@
 
 pub mod backend;
 mod channel_abort;
+pub mod channel_set;
+pub mod collectives;
 pub mod communicator;
 mod cpu;
 pub mod device;
 pub mod device_buffer;
 pub mod error;
+pub mod grid_barrier;
 pub mod host_ipc;
 pub mod host_ipc_connection;
 pub mod in_process;
@@ -21,6 +24,8 @@ pub mod stream;
 pub mod transport;
 
 pub use backend::Backend;
+pub use channel_set::ChannelSet;
+pub use collectives::{Algorithm, AlgorithmChoice, CollectiveConfig};
 pub use communicator::{Communicator, CommunicatorConfig, RankStopper};
 pub use cpu::memory::UNINITIALIZED_BYTE;
 pub use device::Device;
@@ -28,8 +33,11 @@ pub use device_buffer::DeviceBuffer;
 pub use error::{
     ChannelError, ChannelFailure, ChannelKind, ChannelRef, Error, ErrorKind, RankFailure, Result,
 };
+pub use grid_barrier::GridBarrier;
 pub use memory_channel::MemoryChannel;
 pub use out_of_band::{BootstrapExchange, InProcessExchange, OutOfBand};
+/// Element types and reductions of collectives (from `oxccl-device`).
+pub use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp, bf16, f16};
 pub use port_channel::PortChannel;
 pub use registered_memory::RegisteredMemory;
 pub use stream::Stream;

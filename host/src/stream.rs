@@ -8,7 +8,10 @@
 //! On the CPU backend every thread of a launch (`grid * block` of them, at most
 //! [`CPU_MAX_THREADS_PER_LAUNCH`]) runs at once on its own OS thread, taken from a pool of
 //! parked threads shared by the process, so kernels whose blocks wait on each other behave
-//! as on a GPU with co-resident blocks. A kernel thread that panics fails the launch: the
+//! as on a GPU with co-resident blocks. A kernel that relies on it (a grid barrier) says
+//! so with `#[kernel(cooperative)]`, and a launch of it too large to be co-resident is
+//! refused with an error that says why (on the CPU backend: more threads than it runs at
+//! once). A kernel thread that panics fails the launch: the
 //! next `synchronize` returns [`Error::KernelFailed`], and the stream remains usable.
 
 use crate::cpu::MAX_THREADS_PER_LAUNCH;
@@ -147,6 +150,19 @@ impl Stream {
         if g.volume() == 0 || b.volume() == 0 {
             return refuse(format!("grid {g} and block {b} must have no zero extent"));
         }
+        // A cooperative kernel (grid barrier) needs every block resident at once. The
+        // emulator runs every thread of a launch at once, so it holds as many blocks as fit
+        // in its thread limit. The CUDA backend will ask the occupancy API instead
+        // (`cuOccupancyMaxActiveBlocksPerMultiprocessor` for the kernel, block size and
+        // shared memory, times the multiprocessor count) and launch such kernels with
+        // `cuLaunchCooperativeKernel`.
+        let resident_blocks = CPU_MAX_THREADS_PER_LAUNCH / b.volume();
+        if let Some(too_large) = kernel.not_co_resident(config, resident_blocks) {
+            return refuse(format!(
+                "{too_large} (the cpu backend runs at most {CPU_MAX_THREADS_PER_LAUNCH} \
+                 threads of a launch at once)"
+            ));
+        }
         if config.total_threads() > CPU_MAX_THREADS_PER_LAUNCH {
             return refuse(format!(
                 "grid {g} times block {b} is {} threads; the cpu backend runs at most \
@@ -177,7 +193,9 @@ impl Launcher for Stream {
     /// [`Error::InvalidUsage`], naming the kernel, if the parameter count does not match
     /// the kernel's, a parameter pointer is null, the grid or block has a zero extent, the
     /// launch has more than [`CPU_MAX_THREADS_PER_LAUNCH`] threads or more blocks than the
-    /// kernel supports (`#[kernel(max_blocks = N)]`), or it asks for dynamic shared memory.
+    /// kernel supports (`#[kernel(max_blocks = N)]`), a cooperative kernel's blocks could
+    /// not all run at once (`#[kernel(cooperative)]`, said so in its own words), or it asks
+    /// for dynamic shared memory.
     ///
     /// # Safety
     /// `params` must hold one pointer per parameter of `kernel`, the i-th pointing to a

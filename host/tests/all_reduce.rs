@@ -75,19 +75,17 @@ fn back_to_back(ranks: u32, ns: &[usize], threads: u32, in_place: bool) -> Vec<u
                 next: next.device_handle(),
                 prev: prev.device_handle(),
                 input: if in_place {
-                    work.addr()
+                    work.view()
                 } else {
-                    inputs[call].addr()
+                    inputs[call].view()
                 },
-                work: work.addr(),
+                work: work.view_mut(),
                 n: n as u64,
                 capacity: capacity as u64,
                 rank,
                 n_ranks: ranks,
             };
-            // SAFETY: `input` holds `n` elements (its own buffer, or the first half of
-            // `work`), `work` holds `2 * capacity`; nothing else touches them meanwhile.
-            unsafe { ring_all_reduce_sum_f32::launch(&stream, config, args)? };
+            ring_all_reduce_sum_f32::launch(&stream, config, args)?;
             let (check_call, scale) = if in_place {
                 (0, (ranks as f32).powi(call as i32))
             } else {
@@ -177,19 +175,16 @@ fn unsupported_launch_shape_is_refused() {
         let args = RingAllReduceArgs {
             next: next.device_handle(),
             prev: prev.device_handle(),
-            input: work.addr(),
-            work: work.addr(),
+            input: work.view(),
+            work: work.view_mut(),
             n: 32,
             capacity: 32,
             rank: comm.rank(),
             n_ranks: 2,
         };
         let stream = comm.device().stream()?;
-        // SAFETY: as in `back_to_back` (the launch is refused before it runs anyway).
-        let err = unsafe {
-            ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(2).block(4), args)
-        }
-        .unwrap_err();
+        let err = ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(2).block(4), args)
+            .unwrap_err();
         match &err {
             Error::InvalidUsage(msg) => {
                 assert!(msg.contains("ring_all_reduce_sum_f32"), "{msg}");

@@ -785,6 +785,32 @@ fn copy_length_mismatch_is_invalid_usage() {
     assert_eq!(buf.to_vec().unwrap(), [1, 2, 3, 4]);
 }
 
+/// Guards against sub-range copies that land at the wrong offset, touch elements outside
+/// their range, or accept a range past the end (or one whose end overflows).
+#[test]
+fn sub_range_copies_stay_in_their_range() {
+    let device = Device::cpu(0);
+    let mut buf = device.alloc::<u32>(6).unwrap();
+    buf.copy_from_host(&[0, 1, 2, 3, 4, 5]).unwrap();
+    buf.copy_from_host_at(2, &[20, 30]).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), [0, 1, 20, 30, 4, 5]);
+    let mut two = [0u32; 2];
+    buf.copy_to_host_at(3, &mut two).unwrap();
+    assert_eq!(two, [30, 4]);
+    buf.copy_from_host_at(6, &[]).unwrap();
+    for (offset, len) in [(5, 2), (7, 0), (usize::MAX, 2)] {
+        let data = vec![9u32; len];
+        let e = buf.copy_from_host_at(offset, &data).unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+        let mut out = vec![0u32; len];
+        assert!(matches!(
+            buf.copy_to_host_at(offset, &mut out),
+            Err(Error::InvalidUsage(_))
+        ));
+    }
+    assert_eq!(buf.to_vec().unwrap(), [0, 1, 20, 30, 4, 5]);
+}
+
 /// Guards against device memory that is not page-aligned, zeroed without being asked (code
 /// relying on zeroed memory must fail here as on a GPU, whose fresh memory holds anything)
 /// or not zeroed when asked, helpers that miss elements, and absurd sizes that panic or

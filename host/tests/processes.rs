@@ -73,15 +73,14 @@ fn run_rank() -> Result<u32> {
     let args = RingAllReduceArgs {
         next: next.device_handle(),
         prev: prev.device_handle(),
-        input: work.addr(),
-        work: work.addr(),
+        input: work.view(),
+        work: work.view_mut(),
         n: n as u64,
         capacity: n as u64,
         rank,
         n_ranks: ranks,
     };
-    // SAFETY: `work` holds `2 * n` elements and is only touched through the channels.
-    unsafe { ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1).block(2), args)? };
+    ring_all_reduce_sum_f32::launch(&stream, LaunchConfig::grid(1).block(2), args)?;
     comm.synchronize(&stream)?;
     let got = work.to_vec()?;
     for (i, &have) in got.iter().take(n).enumerate() {

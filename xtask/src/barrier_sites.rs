@@ -44,7 +44,7 @@ struct FnInfo {
     calls: Vec<Call>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Call {
     name: String,
     /// `x.name(..)` rather than `path::name(..)`.
@@ -263,9 +263,45 @@ impl<'ast> Visit<'ast> for CallCollector {
         syn::visit::visit_expr_method_call(self, c);
     }
 
+    /// `dispatch_element!(dtype, T => body)` instantiates `body` once per element type:
+    /// its calls count that many times, as the PTX holds that many copies of them.
+    fn visit_macro(&mut self, m: &'ast syn::Macro) {
+        let Some(name) = m.path.segments.last() else {
+            return;
+        };
+        if name.ident != DISPATCH_MACRO {
+            return;
+        }
+        let body = m.parse_body_with(|input: syn::parse::ParseStream<'_>| {
+            let _dtype: syn::Expr = input.parse()?;
+            input.parse::<syn::Token![,]>()?;
+            let _ty: syn::Ident = input.parse()?;
+            input.parse::<syn::Token![=>]>()?;
+            input.parse::<syn::Expr>()
+        });
+        if let Ok(body) = body {
+            let mut inner = CallCollector {
+                locals: self.locals.clone(),
+                calls: Vec::new(),
+            };
+            inner.visit_expr(&body);
+            for _ in 0..DISPATCHED_TYPES {
+                self.calls.extend(inner.calls.iter().cloned());
+            }
+        }
+    }
+
     // Items nested in a body are not part of it.
     fn visit_item(&mut self, _: &'ast syn::Item) {}
 }
+
+/// The macro that instantiates its body once per element type
+/// (`oxccl_device::dispatch_element!`).
+pub const DISPATCH_MACRO: &str = "dispatch_element";
+
+/// Element types `dispatch_element!` instantiates its body for: the arms of the macro in
+/// `device-kernels/src/reduce.rs` (a test checks they agree).
+pub const DISPATCHED_TYPES: usize = 10;
 
 #[cfg(test)]
 mod tests {
@@ -324,6 +360,39 @@ mod tests {
         // 1 + 1 + 2 (nested closures: two calls) + 2 (step) + 1 (Block.sync) + 0.
         assert_eq!(g.sites("ring", Path::new("src/k.rs")).unwrap(), 7);
         assert_eq!(g.sites("block_agrees", Path::new("src/lib.rs")).unwrap(), 1);
+    }
+
+    /// Guards against the body of `dispatch_element!` being skipped (it is a macro, not a
+    /// call) or counted once although the PTX holds one copy per element type, and
+    /// against the type count drifting from the macro's arms.
+    #[test]
+    fn dispatched_bodies_count_once_per_type() {
+        let g = graph(&[(
+            "src/k.rs",
+            r#"
+            #[kernel]
+            fn k(dtype: DataType) {
+                arch::sync_threads();
+                oxccl_device::dispatch_element!(dtype, T => run::<T>(1))
+            }
+            fn run<T>(x: u32) { arch::sync_threads(); arch::sync_threads(); }
+            "#,
+        )]);
+        assert_eq!(
+            g.sites("k", Path::new("src/k.rs")).unwrap(),
+            1 + 2 * DISPATCHED_TYPES
+        );
+        let reduce = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../device-kernels/src/reduce.rs"),
+        )
+        .unwrap();
+        let start = reduce.find("macro_rules! dispatch_element").unwrap();
+        let arms = reduce[start..]
+            .lines()
+            .take_while(|l| *l != "}")
+            .filter(|l| l.trim_start().starts_with("$crate::reduce::DataType::"))
+            .count();
+        assert_eq!(arms, DISPATCHED_TYPES);
     }
 
     /// Guards against a name shared by two functions being counted as the wrong one: the

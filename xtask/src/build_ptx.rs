@@ -11,7 +11,8 @@
 //! `--check` also runs `ptxas -arch=<arch> -v` on every module (see [`oxccl_build::ptxas`]),
 //! prints registers, spills and shared memory per kernel, then the probe kernels' table
 //! beside MSCCL++'s references (see [`crate::probe_table`]), and applies the memory-model
-//! rules of [`crate::ptx_rules`]. A kernel that spills fails the check unless
+//! rules of [`crate::ptx_rules`] (the shipped kernels' expectations to `oxccl-kernels` only,
+//! see [`crate::ptx_rules::expectations_for`]). A kernel that spills fails the check unless
 //! `--allow-spills`: a communication primitive that spills has regressed.
 
 use crate::kernels::{self, KernelFn};
@@ -118,7 +119,8 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
 
             let text = std::fs::read_to_string(&out.ptx)
                 .with_context(|| format!("reading {}", out.ptx.display()))?;
-            let report = ptx_rules::check(&Module::parse(&text), kernels, ptx_rules::EXPECTATIONS);
+            let expectations = ptx_rules::expectations_for(&out.pkg.name);
+            let report = ptx_rules::check(&Module::parse(&text), kernels, expectations);
             for v in &report.violations {
                 failures.push(format!("{} {}: {v}", out.arch, out.lib()));
             }

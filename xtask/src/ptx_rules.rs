@@ -30,6 +30,9 @@
 //! same way (a semaphore wait is an acquire poll of an `inbound` counter, not any acquire
 //! load; a wide copy is a loop of 128-bit global loads and stores between channel buffers,
 //! not any vector access); an expectation that matches no kernel fails the check.
+//! [`EXPECTATIONS`] names the shipped kernels, so it applies to their crate only
+//! ([`expectations_for`]); the kernels of other kernel crates of the workspace (the
+//! examples') get the rules on every kernel.
 //!
 //! The protocol accesses are looked for in the kernel's own body, where `#[inline(always)]`
 //! puts them; the device functions it calls out of line (the cold failure paths) are only
@@ -150,6 +153,22 @@ pub struct Expectation {
     pub kernels: &'static str,
     /// Steps every matching kernel must contain.
     pub needs: &'static [Need],
+}
+
+/// The kernel crate whose kernels [`EXPECTATIONS`] names.
+pub const SHIPPED_KERNELS: &str = "oxccl-kernels";
+
+/// The expectations the module of kernel crate `package` is checked against:
+/// [`EXPECTATIONS`] for the shipped kernels ([`SHIPPED_KERNELS`]), none for any other kernel
+/// crate of the workspace (an example's), whose kernels get the rules on every kernel only.
+/// Applying the shipped kernels' lines to another crate would fail its module for every
+/// shipped kernel it does not hold (`unmatched-expectation`).
+pub fn expectations_for(package: &str) -> &'static [Expectation] {
+    if package == SHIPPED_KERNELS {
+        EXPECTATIONS
+    } else {
+        &[]
+    }
 }
 
 /// The kernels shipped in `oxccl-kernels` and what each must contain. Port-channel kernels
@@ -2085,6 +2104,21 @@ mod tests {
         assert!(!name_matches("port_*", "memory_pingpong"));
         assert!(name_matches("ll8_exchange", "ll8_exchange"));
         assert!(!name_matches("ll8_exchange", "ll8_exchange2"));
+    }
+
+    /// Guards against a second kernel crate in the workspace (an example's) failing
+    /// `build-ptx --check` because the shipped kernels' expectations match none of its
+    /// kernels: only the shipped crate is held to them.
+    #[test]
+    fn only_the_shipped_crate_is_held_to_its_expectations() {
+        assert_eq!(expectations_for(SHIPPED_KERNELS).len(), EXPECTATIONS.len());
+        let m = module(&[("memory_all_gather", "")]);
+        let own = [source("memory_all_gather", &[], 0)];
+        let r = check(&m, &own, expectations_for("custom-collective-kernels"));
+        assert!(r.violations.is_empty(), "{:#?}", r.violations);
+        assert!(r.notes[0].contains("matches no line"), "{:?}", r.notes);
+        let r = check(&m, &own, expectations_for(SHIPPED_KERNELS));
+        assert!(rules(&r).contains(&"unmatched-expectation"));
     }
 
     /// Guards against a probe or a shipped kernel left without the steps it must contain:

@@ -7,6 +7,12 @@
 //! partial sums. Each channel's `remote` is the next (`next`) or previous (`prev`) rank's
 //! `work`, its `local` our `work`.
 //!
+//! The kernel is safe: `input` and `work` are views ([`oxccl_device::device_view`]), so a
+//! buffer shorter than the arguments say is refused ([`DeviceError::OutOfRange`]) instead of
+//! read or written past its end, and every access to peer memory goes through the channels'
+//! bounds checks. Wrong arguments (a `work` that is not the channels' `local`) give wrong
+//! sums, nothing worse.
+//!
 //! Why no step reads a chunk another rank overwrites: in the reduce-scatter each rank
 //! receives every chunk index at most once, into its own scratch slot; in the all-gather
 //! the final value a peer writes into our chunk already includes our contribution, which
@@ -22,12 +28,13 @@
 
 use oxccl_device::KernelArg;
 use oxccl_device::arch;
-use oxccl_device::block::block_agrees;
+use oxccl_device::block::block_signal_and_wait;
+use oxccl_device::coop::Block;
 use oxccl_device::coop::contiguous_chunk;
-use oxccl_device::coop::{Block, Coop};
 use oxccl_device::error::{DeviceError, DeviceOp};
 use oxccl_device::kernel;
 use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
+use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// Arguments of [`ring_all_reduce_sum_f32()`].
 #[repr(C)]
@@ -37,10 +44,11 @@ pub struct RingAllReduceArgs<'a> {
     pub next: MemoryChannelDeviceHandle<'a>,
     /// Channel to the previous rank (it signals us on this one).
     pub prev: MemoryChannelDeviceHandle<'a>,
-    /// Address of the `n` input elements (may equal `work` for in-place).
-    pub input: u64,
-    /// Address of our `work` buffer (`2 * capacity` elements).
-    pub work: u64,
+    /// The input: at least `n` elements (the first `n` of `work` for in-place).
+    pub input: DeviceView<'a, f32>,
+    /// Our `work` buffer (`2 * capacity` elements), the registered buffer the channels'
+    /// `local` names.
+    pub work: DeviceViewMut<'a, f32>,
     /// Elements to reduce: at most `capacity`.
     pub n: u64,
     /// Elements the `work` buffers were sized for (the same on every rank).
@@ -51,24 +59,22 @@ pub struct RingAllReduceArgs<'a> {
     pub n_ranks: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<RingAllReduceArgs<'static>>() == 2 * 104 + 40);
+const _: () = assert!(core::mem::size_of::<RingAllReduceArgs<'static>>() == 2 * 104 + 56);
 
 /// Sums `n` `f32`s across the ring; every rank ends with the sum in the first `n` elements
 /// of its `work`. Launch one block (any number of threads) per rank.
 ///
+/// Nothing but this kernel and its peers' writes through the channels may touch `input` and
+/// `work` until it completes, or the sums are unspecified; an out-of-place `input` that
+/// overlaps `work` makes them unspecified too.
+///
 /// # Errors
 /// [`DeviceError::InvalidArgument`] (recorded on `next`) if `n` exceeds `capacity` or
-/// `rank` is not below `n_ranks`; channel errors of any step.
-///
-/// # Safety
-/// `input` must hold `n` readable `f32`s and `work` `2 * capacity` writable ones (`work` is
-/// the registered buffer the channels' `local` names); until the kernel completes, nothing
-/// but this kernel and its peers' writes through the channels may touch them, and an
-/// out-of-place `input` must not overlap `work`.
+/// `rank` is not below `n_ranks`; [`DeviceError::OutOfRange`] if `input` holds fewer than
+/// `n` elements or `work` fewer than `capacity + n`; channel errors of any step.
 #[kernel(max_blocks = 1)]
-pub unsafe fn ring_all_reduce_sum_f32(args: RingAllReduceArgs<'_>) -> Result<(), DeviceError> {
-    // SAFETY: the caller's contract.
-    unsafe { all_reduce(&args) }
+pub fn ring_all_reduce_sum_f32(args: RingAllReduceArgs<'_>) -> Result<(), DeviceError> {
+    all_reduce(&args)
 }
 
 /// Elements of chunk `c` when `n` elements are split among `n_ranks` chunks.
@@ -77,20 +83,7 @@ fn chunk(c: u32, n_ranks: u32, n: u64) -> core::ops::Range<u64> {
     contiguous_chunk(c as u64, n_ranks as u64, n)
 }
 
-/// All threads meet; then thread 0 signals `next` and waits for `prev`; all stop together
-/// if the wait failed.
-#[inline(always)]
-fn exchange_step(a: &RingAllReduceArgs<'_>) -> Result<(), DeviceError> {
-    arch::sync_threads();
-    block_agrees(|| {
-        a.next.signal()?;
-        a.prev.wait()
-    })
-}
-
-/// # Safety
-/// As [`ring_all_reduce_sum_f32`].
-unsafe fn all_reduce(a: &RingAllReduceArgs<'_>) -> Result<(), DeviceError> {
+fn all_reduce(a: &RingAllReduceArgs<'_>) -> Result<(), DeviceError> {
     let (r, nr, n, cap) = (a.rank, a.n_ranks, a.n, a.capacity);
     if n > cap || r >= nr {
         return Err(a.next.semaphore().wait_policy().raise(
@@ -99,12 +92,12 @@ unsafe fn all_reduce(a: &RingAllReduceArgs<'_>) -> Result<(), DeviceError> {
             [n, cap, r as u64],
         ));
     }
-    let out = a.work as usize as *mut f32;
+    // Every thread checks the same views, so all agree on a refusal.
+    let out = a.work.slice(0..n)?;
+    let scratch = a.work.as_view().slice(cap..cap.saturating_add(n))?;
     let scratch_off = cap * 4;
-    if a.input != a.work {
-        // SAFETY: `input` holds `n` elements, `work` at least `n`, and they do not overlap
-        // (contract); each thread copies its own share.
-        unsafe { oxccl_device::copy::copy(Block, a.work, a.input, n * 4) };
+    if a.input.addr() != out.addr() {
+        out.copy_from(Block, a.input)?;
     }
     if nr <= 1 {
         return Ok(());
@@ -117,22 +110,20 @@ unsafe fn all_reduce(a: &RingAllReduceArgs<'_>) -> Result<(), DeviceError> {
         let bytes = (send.end - send.start) * 4;
         a.next
             .put(Block, scratch_off + send.start * 4, send.start * 4, bytes)?;
-        exchange_step(a)?;
+        // All threads' shares are sent before thread 0 signals; then it waits for `prev`'s
+        // partial sums, and the block stops together if the wait failed.
+        block_signal_and_wait(|| a.next.signal(), || a.prev.wait())?;
         let recv = chunk(step_chunk(s, 1), nr, n);
-        let len = recv.end - recv.start;
-        for i in Block.split(len) {
-            let e = (recv.start + i) as usize;
-            // SAFETY: `e < n <= capacity`; element `e` of the output and element
-            // `capacity + e` (the scratch) are ours, and each thread touches only its share.
-            unsafe { *out.add(e) += *out.add(cap as usize + e) };
-        }
+        // Each thread adds its own share of the chunk: no element is touched by two.
+        out.slice(recv.clone())?
+            .combine_from(Block, scratch.slice(recv)?, |sum, add| sum + add)?;
         arch::sync_threads();
     }
     for s in 0..nr - 1 {
         let send = chunk((r + 1 + nr - s) % nr, nr, n);
         let bytes = (send.end - send.start) * 4;
         a.next.put(Block, send.start * 4, send.start * 4, bytes)?;
-        exchange_step(a)?;
+        block_signal_and_wait(|| a.next.signal(), || a.prev.wait())?;
     }
     Ok(())
 }

@@ -7,8 +7,10 @@
 //! - A kernel returns `Result<(), DeviceError>`: a failing call has recorded its error in its
 //!   channel's abort record (the host names the channel), and the emulator also reports the
 //!   returned error from `synchronize`.
-//! - Where one thread waits for the block, the block decides together whether to stop with
-//!   [`oxccl_device::block::block_agrees`], so no thread is left waiting at a barrier the others never reach.
+//! - Where one thread signals or waits for the block, the block decides together whether to
+//!   stop with the helpers of [`oxccl_device::block`] (`block_signal`, `block_wait`,
+//!   `block_signal_and_wait`), so no thread is left waiting at a barrier the others never
+//!   reach.
 //!   Calls that every thread makes with the same arguments (bounds checks of a split copy)
 //!   fail alike on every thread.
 //! - Every kernel may be launched again on the same channels right after the previous
@@ -24,6 +26,7 @@
 extern crate std;
 
 pub mod all_reduce;
+pub mod collectives;
 pub mod packet_all_reduce;
 pub mod packet_exchange;
 pub mod pingpong;

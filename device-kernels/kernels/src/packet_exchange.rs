@@ -6,7 +6,7 @@
 //! Launch again right away: each launch begins with the ring's ready handshake
 //! ([`oxccl_device::handshake::ready_handshake`]), so a rank never overwrites packets `next` has not unpacked.
 
-use oxccl_device::block::block_agrees;
+use oxccl_device::block::block_wait;
 use oxccl_device::coop::Block;
 use oxccl_device::error::DeviceError;
 use oxccl_device::handshake::ready_handshake;
@@ -20,7 +20,7 @@ fn exchange<P: Packet>(
     bytes: u64,
     flag: u32,
 ) -> Result<(), DeviceError> {
-    block_agrees(|| ready_handshake(|| prev.signal(), || next.wait()))?;
+    block_wait(|| ready_handshake(|| prev.signal(), || next.wait()))?;
     next.put_packets::<P>(Block, 0, 0, bytes, flag)?;
     prev.unpack_packets::<P>(Block, bytes, 0, bytes, flag)
 }

@@ -8,7 +8,7 @@
 //! after it, such as a kernel that reads the result).
 
 use oxccl_device::arch;
-use oxccl_device::block::block_agrees;
+use oxccl_device::block::{block_signal_and_wait, block_wait};
 use oxccl_device::coop::Block;
 use oxccl_device::error::DeviceError;
 use oxccl_device::handshake::ready_handshake;
@@ -57,16 +57,12 @@ pub fn memory_ring_exchange(
     n_ranks: u32,
     chunk_bytes: u64,
 ) -> Result<(), DeviceError> {
-    block_agrees(|| ready_handshake(|| prev.signal(), || next.wait()))?;
+    block_wait(|| ready_handshake(|| prev.signal(), || next.wait()))?;
     for step in 0..n_ranks.saturating_sub(1) {
         let off = chunk_at_step(rank, step, n_ranks, chunk_bytes);
         next.put(Block, off, off, chunk_bytes)?;
         // Every thread's share is written before thread 0 signals.
-        arch::sync_threads();
-        block_agrees(|| {
-            next.signal()?;
-            prev.wait()
-        })?;
+        block_signal_and_wait(|| next.signal(), || prev.wait())?;
     }
     Ok(())
 }

@@ -236,7 +236,9 @@ const _: () = assert!(core::mem::size_of::<Word16>() == 16);
 /// 128-bit vector for [`Word16`]; no `.volatile`, no scope): they carry data, not
 /// synchronization, so they order nothing and may be cached; publish what they store with a
 /// release (a semaphore signal) and read what a peer stored after the matching acquire. In
-/// the emulator they are ordinary copies.
+/// the emulator they are relaxed atomic accesses of the word's width (two halves for
+/// [`Word16`]), so emulated kernel threads that race on a word get unspecified values, as on
+/// a GPU, rather than undefined behaviour.
 ///
 /// They name the global state space rather than a generic address: every buffer a device
 /// handle addresses is global memory (device allocations, peer memory mapped through IPC,

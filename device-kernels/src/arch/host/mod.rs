@@ -11,7 +11,7 @@
 //! | `block_barrier.rs` | [`BlockBarrier`]: `sync_threads`, and barriers that can never complete |
 //! | `doorbell.rs` | [`Doorbell`]: how a push gets its trigger executed by the host proxy |
 //! | `prefetch.rs` | write prefetch of FIFO slots |
-//! | `global.rs` | [`GlobalWord`](super::GlobalWord): plain loads and stores, ordinary copies here |
+//! | `global.rs` | [`GlobalWord`](super::GlobalWord): plain loads and stores, relaxed atomics here |
 //! | `last_failure.rs` | [`LastFailure`]: the device call that last failed on this thread |
 //!
 //! Waits here must back off: several ranks, each with kernel threads and a proxy thread,

@@ -1,0 +1,48 @@
+//! All-gather, direct.
+
+use super::collective_args::CollectiveArgs;
+use super::peer_handshake::all_peers_meet;
+use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
+use oxccl_device::coop::Grid;
+use oxccl_device::dispatch_element;
+use oxccl_device::error::DeviceError;
+use oxccl_device::kernel;
+use oxccl_device::reduce::ReduceElement;
+
+/// All-gather: each rank's `count` elements of `input` land at `rank * count` of every
+/// rank's `output` (`n_ranks * count` elements; in place when `input` is that part of it).
+///
+/// # Errors
+/// Invalid ids, short buffers, channel and barrier errors.
+#[kernel(cooperative)]
+pub fn collective_all_gather(args: CollectiveArgs<'_>) -> Result<(), DeviceError> {
+    let (dtype, _) = args.check()?;
+    dispatch_element!(dtype, T => all_gather::<T>(&args))
+}
+
+#[inline(always)]
+fn all_gather<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceError> {
+    let (c, r, nr) = (a.count, a.rank, a.n_ranks);
+    let input = typed::<T>(a.input, 0, c)?;
+    let output = typed_mut::<T>(a.output, 0, c.saturating_mul(nr as u64))?;
+    let per = per_round::<T>(a, 1)?;
+    let (mut off, mut seq) = (0, a.sequence);
+    while off < c {
+        let len = per.min(c - off);
+        let (half_off, half) = my_half::<T>(a, seq)?;
+        let src = window(input, off, len)?;
+        window_mut(half, 0, len)?.copy_from(Grid, src)?;
+        let own = window_mut(output, r as u64 * c + off, len)?;
+        if own.addr() != src.addr() {
+            own.copy_from(Grid, src)?;
+        }
+        all_peers_meet(a)?;
+        for p in (0..nr).filter(|&p| p != r) {
+            let dst = window_mut(output, p as u64 * c + off, len)?;
+            dst.copy_from(Grid, peer_half::<T>(a, p, half_off, 0, len)?)?;
+        }
+        off += len;
+        seq += 1;
+    }
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! All-to-all, direct.
+
+use super::collective_args::CollectiveArgs;
+use super::peer_handshake::all_peers_meet;
+use super::round_views::{
+    my_half, peer_half, per_round, stage_blocks, typed, typed_mut, window, window_mut,
+};
+use oxccl_device::coop::Grid;
+use oxccl_device::dispatch_element;
+use oxccl_device::error::DeviceError;
+use oxccl_device::kernel;
+use oxccl_device::reduce::ReduceElement;
+
+/// All-to-all: rank `r` sends its `input` elements `p * count..(p + 1) * count` to rank
+/// `p`, which puts them at `r * count` of its `output` (`n_ranks * count` each; `output`
+/// may be `input`).
+///
+/// # Errors
+/// Invalid ids, short buffers, channel and barrier errors.
+#[kernel(cooperative)]
+pub fn collective_all_to_all(args: CollectiveArgs<'_>) -> Result<(), DeviceError> {
+    let (dtype, _) = args.check()?;
+    dispatch_element!(dtype, T => all_to_all::<T>(&args))
+}
+
+#[inline(always)]
+fn all_to_all<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceError> {
+    let (c, r, nr) = (a.count, a.rank, a.n_ranks);
+    let total = c.saturating_mul(nr as u64);
+    let input = typed::<T>(a.input, 0, total)?;
+    let output = typed_mut::<T>(a.output, 0, total)?;
+    let per = per_round::<T>(a, nr as u64)?;
+    let (mut off, mut seq) = (0, a.sequence);
+    while off < c {
+        let len = per.min(c - off);
+        let (half_off, half) = my_half::<T>(a, seq)?;
+        // Our own block goes straight from input to output (nobody else reads it), after
+        // the meeting: in place, the other blocks' outputs are their inputs, staged by then.
+        stage_blocks(half, input, nr, c, off, len, Some(r))?;
+        all_peers_meet(a)?;
+        for p in 0..nr {
+            let at = p as u64 * c + off;
+            let dst = window_mut(output, at, len)?;
+            let src = if p == r {
+                window(input, at, len)?
+            } else {
+                peer_half::<T>(a, p, half_off, r as u64 * len, len)?
+            };
+            if dst.addr() != src.addr() {
+                dst.copy_from(Grid, src)?;
+            }
+        }
+        off += len;
+        seq += 1;
+    }
+    Ok(())
+}

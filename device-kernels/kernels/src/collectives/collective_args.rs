@@ -1,0 +1,83 @@
+//! What every collective kernel takes: one argument struct, the same for all of them.
+
+use super::scratch_layout::ScratchLayout;
+use oxccl_device::KernelArg;
+use oxccl_device::channel_set::ChannelSetDeviceHandle;
+use oxccl_device::error::{DeviceError, DeviceOp};
+use oxccl_device::grid_barrier::GridBarrierDeviceHandle;
+use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
+use oxccl_device::reduce::{DataType, ReduceOp};
+use oxccl_device::{DeviceView, DeviceViewMut};
+
+/// Arguments of a collective kernel. The host API fills them; a kernel author calling the
+/// kernels directly fills them as the module docs of each kernel say.
+///
+/// The buffers are byte views: each kernel checks that they hold whole elements of `dtype`
+/// and are long enough for `count`, and refuses the call otherwise
+/// ([`DeviceError::OutOfRange`], [`DeviceError::InvalidArgument`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, KernelArg)]
+pub struct CollectiveArgs<'a> {
+    /// The channel to each peer, by peer rank: its `remote` is the peer's scratch, its
+    /// `local` and `packets` our scratch (laid out by `layout`).
+    pub peers: ChannelSetDeviceHandle<'a, MemoryChannelDeviceHandle<'a>>,
+    /// This rank's grid barrier: its blocks meet there around each exchange with peers.
+    pub barrier: GridBarrierDeviceHandle<'a>,
+    /// The input ("send buffer").
+    pub input: DeviceView<'a, u8>,
+    /// The output ("receive buffer"); may be the input, or contain it, for in-place calls.
+    pub output: DeviceViewMut<'a, u8>,
+    /// Our scratch: the buffer every channel's `local` names.
+    pub scratch: DeviceViewMut<'a, u8>,
+    /// How the scratch is laid out; the same on every rank.
+    pub layout: ScratchLayout,
+    /// Elements: what each collective counts (see each kernel).
+    pub count: u64,
+    /// The call's number on this communicator's scratch: the same on every rank; each call
+    /// takes as many numbers as it runs rounds ([`super::rounds`]).
+    pub sequence: u64,
+    /// This rank.
+    pub rank: u32,
+    /// Ranks of the communicator.
+    pub n_ranks: u32,
+    /// Element type ([`DataType`] id).
+    pub dtype: u32,
+    /// Reduction ([`ReduceOp`] id; ignored by collectives that do not reduce).
+    pub op: u32,
+    /// Root rank of a rooted collective (ignored by the others).
+    pub root: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+impl<'a> CollectiveArgs<'a> {
+    /// The element type and operation, or [`DeviceError::InvalidArgument`] (recorded) for
+    /// ids that name none, a rank outside the communicator or a layout of another size.
+    #[inline(always)]
+    pub(crate) fn check(&self) -> Result<(DataType, ReduceOp), DeviceError> {
+        match (DataType::from_id(self.dtype), ReduceOp::from_id(self.op)) {
+            (Some(dtype), Some(op))
+                if self.rank < self.n_ranks
+                    && self.layout.n_ranks == self.n_ranks
+                    && self.root < self.n_ranks =>
+            {
+                Ok((dtype, op))
+            }
+            _ => Err(self.invalid([self.dtype as u64, self.op as u64, self.rank as u64])),
+        }
+    }
+
+    /// Records `InvalidArgument` with `detail` on the barrier's policy and returns it.
+    #[inline(always)]
+    pub(crate) fn invalid(&self, detail: [u64; 3]) -> DeviceError {
+        self.barrier
+            .wait_policy()
+            .raise(DeviceError::InvalidArgument, DeviceOp::Kernel, detail)
+    }
+
+    /// The channel to `peer`.
+    #[inline(always)]
+    pub(crate) fn peer(&self, peer: u32) -> Result<&'a MemoryChannelDeviceHandle<'a>, DeviceError> {
+        self.peers.get(peer)
+    }
+}

@@ -1,0 +1,45 @@
+//! The collective kernels' entry points: one per collective, for every element type and
+//! operation (dispatched once per call, outside the loops).
+//!
+//! **Direct algorithms** (every collective): in each round, every rank stages its share of
+//! the input into one half of its own scratch; the ranks meet (a grid barrier, then a signal
+//! to and a wait for every peer); each
+//! reads what it needs straight from its peers' scratch through the memory channels'
+//! [`remote_view`](oxccl_device::memory_channel::MemoryChannelDeviceHandle::remote_view)s
+//! and writes its output. All-reduce is two-shot: each rank reduces one chunk of the round
+//! from every rank's staged data, publishes it in its own scratch, the ranks meet again, and
+//! each gathers the other chunks. Rounds alternate between the two halves: a rank writes a
+//! half again two rounds later, after the meeting of the round in between, which each peer
+//! reaches only once it has finished reading the half. So calls follow each other with no
+//! host barrier, whatever their sizes.
+//!
+//! **Packets** (all-reduce, small): [`all_reduce_packets`] sends its input to
+//! every peer as LL16 packets; each rank reduces what it received. One pass, no meeting.
+//!
+//! Reductions combine the ranks' data in rank order (`0, 1, .., n - 1`) on every path, so
+//! every rank gets the same bits, and so do both all-reduce algorithms.
+//!
+//! The direct kernels are cooperative (their blocks meet at a grid barrier): launch them
+//! with any grid the device holds at once and any block size. Every rank must launch the
+//! same call with the same `sequence`; see [`CollectiveArgs`].
+
+pub mod all_gather;
+pub mod all_reduce;
+pub mod all_reduce_packets;
+pub mod all_to_all;
+pub mod all_to_allv;
+pub mod all_to_allv_counts;
+pub mod barrier;
+pub mod broadcast;
+pub mod collective_args;
+mod elementwise;
+mod peer_handshake;
+pub mod reduce;
+pub mod reduce_scatter;
+mod round_views;
+pub mod rounds;
+pub mod scratch_layout;
+
+pub use all_to_allv_counts::AllToAllvCounts;
+pub use collective_args::CollectiveArgs;
+pub use scratch_layout::ScratchLayout;

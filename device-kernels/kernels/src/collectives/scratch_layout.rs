@@ -1,0 +1,119 @@
+//! Where the collectives' scratch keeps what: the one layout host and kernels share.
+//!
+//! Each rank owns one scratch buffer; every peer's memory channel to it has that buffer as
+//! its `remote` (the peer writes and reads it) and as its `packets` (we unpack from it), and
+//! ours has our own as `local`. In order:
+//!
+//! | region | size | written by | read by |
+//! |---|---|---|---|
+//! | packet slots: 2 sets (call parities) × `n_ranks` senders | `2 * packet_limit` each | the sending peer (LL16 packets) | this rank |
+//! | unpacked: `n_ranks` slots | `packet_limit` each | this rank | this rank (slot of its own rank: the packets it sends) |
+//! | direct halves: 2 (round parities) | `half_bytes` each | this rank (staging) | every peer (loads) |
+//!
+//! Every region starts on a 64-byte boundary, so each holds any element type and a peer's
+//! loads of one rank's writes share no cache line with another region.
+
+use oxccl_device::packet::{Ll16Packet, Packet};
+
+/// The sizes that place every region of a scratch buffer (see the module docs). The same
+/// on every rank of a communicator.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ScratchLayout {
+    /// Most payload bytes one packet call sends each peer: a multiple of 64.
+    pub packet_limit: u64,
+    /// Bytes of one direct half: a multiple of 64.
+    pub half_bytes: u64,
+    /// Ranks of the communicator.
+    pub n_ranks: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<ScratchLayout>() == 24);
+
+/// Bytes that keep regions apart: a multiple of every element size and of a cache line.
+pub const SCRATCH_ALIGN: u64 = 64;
+
+impl ScratchLayout {
+    /// The layout for `n_ranks` ranks with packet calls of up to `packet_limit` bytes and
+    /// direct rounds of up to `half_bytes` bytes, each rounded up to [`SCRATCH_ALIGN`] (a
+    /// half of at least one alignment unit).
+    pub const fn new(n_ranks: u32, packet_limit: u64, half_bytes: u64) -> ScratchLayout {
+        let half = if half_bytes < SCRATCH_ALIGN {
+            SCRATCH_ALIGN
+        } else {
+            half_bytes
+        };
+        ScratchLayout {
+            packet_limit: packet_limit.div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN,
+            half_bytes: half.div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN,
+            n_ranks,
+            reserved: 0,
+        }
+    }
+
+    /// Bytes of one sender's packet slot: the packets of `packet_limit` payload bytes.
+    pub const fn packet_slot_bytes(&self) -> u64 {
+        self.packet_limit / Ll16Packet::PAYLOAD_BYTES * Ll16Packet::PACKET_BYTES
+    }
+
+    /// Offset of the slot where `sender`'s packets of call set `set` (0 or 1) land.
+    pub const fn packet_slot(&self, set: u64, sender: u32) -> u64 {
+        (set * self.n_ranks as u64 + sender as u64) * self.packet_slot_bytes()
+    }
+
+    /// Offset of the unpacked data of `sender`'s packets (for our own rank: what we send).
+    pub const fn unpacked_slot(&self, sender: u32) -> u64 {
+        2 * self.n_ranks as u64 * self.packet_slot_bytes() + sender as u64 * self.packet_limit
+    }
+
+    /// Offset of direct half `parity` (0 or 1).
+    pub const fn half(&self, parity: u64) -> u64 {
+        self.unpacked_slot(self.n_ranks) + parity * self.half_bytes
+    }
+
+    /// Bytes of the whole scratch buffer.
+    pub const fn total_bytes(&self) -> u64 {
+        self.half(2)
+    }
+}
+
+/// The LL16 flag of packet call `sequence`: never 0 (a zeroed or stale slot never reads as
+/// arrived), and different from the flag of the call two before, which used the same set.
+pub const fn packet_flag(sequence: u64) -> u32 {
+    (sequence % u32::MAX as u64) as u32 + 1
+}
+
+/// The packet set (0 or 1) of call `sequence`, or the direct half of round `sequence`.
+pub const fn parity(sequence: u64) -> u64 {
+    sequence & 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against regions that overlap or leave the alignment.
+    #[test]
+    fn regions_are_disjoint_and_aligned() {
+        let l = ScratchLayout::new(3, 1000, 100);
+        assert_eq!((l.packet_limit, l.half_bytes), (1024, 128));
+        assert_eq!(l.packet_slot_bytes(), 2048);
+        assert_eq!(l.packet_slot(1, 2), 5 * 2048);
+        assert_eq!(l.unpacked_slot(0), 6 * 2048);
+        assert_eq!(l.half(0), 6 * 2048 + 3 * 1024);
+        assert_eq!(l.total_bytes(), l.half(0) + 256);
+        for off in [l.packet_slot(1, 1), l.unpacked_slot(2), l.half(1)] {
+            assert_eq!(off % SCRATCH_ALIGN, 0);
+        }
+    }
+
+    /// Guards against a flag of 0 after the wrap, and two calls in a row with one parity.
+    #[test]
+    fn flags_skip_zero_and_parities_alternate() {
+        assert_eq!(packet_flag(u32::MAX as u64 - 1), u32::MAX);
+        assert_eq!(packet_flag(u32::MAX as u64), 1);
+        assert_ne!(parity(u32::MAX as u64), parity(u32::MAX as u64 + 1));
+    }
+}

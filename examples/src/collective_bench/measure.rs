@@ -1,0 +1,154 @@
+//! One rank's sweep: for each size, a checked call and the timed calls, out of place and in
+//! place.
+//!
+//! Every rank makes the same calls in the same order. The time of a size is this rank's
+//! mean over the timed calls; the report takes the slowest rank's. With
+//! [`CheckMode::First`] the timed calls run back to back after one checked call (in place,
+//! each works on the previous one's result, as in nccl-tests); with [`CheckMode::Every`]
+//! each timed call starts from fresh buffers after a host barrier, is synchronized alone
+//! and then checked, and only the call and its synchronization are timed.
+
+use super::case::{Case, Expected};
+use super::options::CheckMode;
+use super::plan::Plan;
+use oxccl::{Communicator, ReduceElement, Result, Stream};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// The time and the check of one placement of one size.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    /// Mean time of one call, in microseconds.
+    pub time_us: f64,
+    /// Elements that differed from the reference, over every checked call.
+    pub wrong: u64,
+}
+
+/// One size on one rank (or, once combined, on all ranks).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SizeResult {
+    /// The size, in bytes (see `Collective::bytes_for`).
+    pub bytes: u64,
+    /// The call's `count`.
+    pub count: u64,
+    /// The algorithm the call takes.
+    pub algo: String,
+    /// Out of place.
+    pub out_of_place: Timing,
+    /// In place, where the collective has an in-place form.
+    pub in_place: Option<Timing>,
+}
+
+/// The whole sweep on this rank.
+///
+/// # Errors
+/// A failed allocation, call or synchronization.
+pub fn sweep_rank(comm: &mut Communicator, plan: &Plan) -> Result<Vec<SizeResult>> {
+    oxccl_device::dispatch_element!(plan.dtype, T => sweep::<T>(comm, plan))
+}
+
+fn sweep<T: ReduceElement>(comm: &mut Communicator, plan: &Plan) -> Result<Vec<SizeResult>> {
+    let stream = comm.device().stream()?;
+    let mut results = Vec::new();
+    for &count in &plan.counts {
+        let bytes = plan.bytes_for(count);
+        let algo = plan.algorithm(comm, bytes)?;
+        let mut case = Case {
+            collective: plan.collective,
+            count: count as usize,
+            rank: comm.rank(),
+            ranks: comm.size(),
+            op: plan.op,
+            root: plan.root,
+            seed: 0,
+            in_place: false,
+        };
+        let out_of_place = time_case::<T>(comm, &case, plan, &stream)?;
+        let in_place = if plan.collective.has_in_place() {
+            case.in_place = true;
+            Some(time_case::<T>(comm, &case, plan, &stream)?)
+        } else {
+            None
+        };
+        results.push(SizeResult {
+            bytes,
+            count,
+            algo,
+            out_of_place,
+            in_place,
+        });
+    }
+    Ok(results)
+}
+
+/// One checked call of `case`: reset, call, synchronize, count wrong elements.
+///
+/// # Errors
+/// A failed copy, call or synchronization.
+pub fn checked_call<T: ReduceElement>(
+    comm: &mut Communicator,
+    case: &Case,
+    stream: &Stream,
+) -> Result<u64> {
+    let input = case.input::<T>();
+    let want = case.expected::<T>();
+    let mut bufs = case.alloc::<T>(comm)?;
+    case.reset(&mut bufs, &input)?;
+    case.call(comm, &mut bufs, stream)?;
+    comm.synchronize(stream)?;
+    case.wrong(&bufs, want.as_ref())
+}
+
+fn time_case<T: ReduceElement>(
+    comm: &mut Communicator,
+    case: &Case,
+    plan: &Plan,
+    stream: &Stream,
+) -> Result<Timing> {
+    let input = case.input::<T>();
+    let want: Option<Expected<T>> = case.expected::<T>();
+    let mut bufs = case.alloc::<T>(comm)?;
+    let mut wrong = 0;
+    if plan.check == CheckMode::First {
+        case.reset(&mut bufs, &input)?;
+        case.call(comm, &mut bufs, stream)?;
+        comm.synchronize(stream)?;
+        wrong += case.wrong(&bufs, want.as_ref())?;
+    }
+    for _ in 0..plan.warmup {
+        case.call(comm, &mut bufs, stream)?;
+    }
+    comm.synchronize(stream)?;
+    comm.barrier()?;
+    let iters = plan.iters.max(1);
+    let seconds = match plan.check {
+        CheckMode::First => {
+            let start = Instant::now();
+            for _ in 0..iters {
+                case.call(comm, &mut bufs, stream)?;
+            }
+            comm.synchronize(stream)?;
+            start.elapsed().as_secs_f64()
+        }
+        CheckMode::Every => {
+            let mut total = 0.0;
+            for _ in 0..iters {
+                case.reset(&mut bufs, &input)?;
+                // Ranks start each call together: a rank still resetting would otherwise
+                // count in its peers' times.
+                comm.barrier()?;
+                let start = Instant::now();
+                case.call(comm, &mut bufs, stream)?;
+                comm.synchronize(stream)?;
+                total += start.elapsed().as_secs_f64();
+                wrong += case.wrong(&bufs, want.as_ref())?;
+            }
+            total
+        }
+    };
+    comm.barrier()?;
+    Ok(Timing {
+        time_us: seconds * 1e6 / f64::from(iters),
+        wrong,
+    })
+}

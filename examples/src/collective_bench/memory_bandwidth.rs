@@ -1,0 +1,72 @@
+//! The memory baseline: what two threads reach computing `c = a + b` over 64 MiB `f32`
+//! arrays, each thread half of them; the ceiling a 2-rank collective on the CPU emulator,
+//! which also streams through memory on two threads, is set beside.
+
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// Bytes of each of `a`, `b` and `c`.
+pub const ARRAY_BYTES: u64 = 64 << 20;
+
+/// The baseline's figure.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemoryBaseline {
+    /// Bytes of each array.
+    pub array_bytes: u64,
+    /// Threads that shared the work.
+    pub threads: u32,
+    /// Bytes moved per second, in GB/s, counting the reads of `a` and `b` and the write of
+    /// `c` (three arrays per pass); the best of the passes.
+    pub gbps: f64,
+}
+
+/// Times `passes` passes of `c = a + b` over arrays of `array_bytes`, each of `threads`
+/// threads taking an equal share, after one untimed pass (which also faults the pages in).
+pub fn add_bandwidth(array_bytes: u64, threads: u32, passes: u32) -> MemoryBaseline {
+    let n = (array_bytes / 4) as usize;
+    let a: Vec<f32> = (0..n).map(|i| (i % 1024) as f32).collect();
+    let b: Vec<f32> = (0..n).map(|i| (i % 512) as f32).collect();
+    let mut c = vec![0.0f32; n];
+    let threads = threads.max(1);
+    let share = n.div_ceil(threads as usize).max(1);
+    let mut best = f64::INFINITY;
+    for pass in 0..=passes.max(1) {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for ((c, a), b) in c
+                .chunks_mut(share)
+                .zip(a.chunks(share))
+                .zip(b.chunks(share))
+            {
+                s.spawn(move || {
+                    for ((c, a), b) in c.iter_mut().zip(a).zip(b) {
+                        *c = a + b;
+                    }
+                });
+            }
+        });
+        let seconds = start.elapsed().as_secs_f64();
+        std::hint::black_box(&mut c);
+        if pass > 0 {
+            best = best.min(seconds);
+        }
+    }
+    MemoryBaseline {
+        array_bytes,
+        threads,
+        gbps: 3.0 * array_bytes as f64 / best / 1e9,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::add_bandwidth;
+
+    /// Guards against a baseline that skips work or reports a figure that is not a rate.
+    #[test]
+    fn small_baseline_is_a_positive_rate() {
+        let m = add_bandwidth(1 << 16, 2, 2);
+        assert!(m.gbps.is_finite() && m.gbps > 0.0, "{m:?}");
+        assert_eq!((m.array_bytes, m.threads), (1 << 16, 2));
+    }
+}

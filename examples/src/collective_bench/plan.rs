@@ -1,0 +1,101 @@
+//! What a run measures, as every rank derives it from the options: the collective, the
+//! element type, operation and root, the counts of the sizes, and the iterations.
+
+use super::collective::Collective;
+use super::options::{BenchArgs, CheckMode};
+use oxccl::collectives::AlgorithmChoice;
+use oxccl::{Communicator, DataType, Error, ReduceOp, Result};
+
+/// One run's measurements.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The collective.
+    pub collective: Collective,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction (for collectives that reduce).
+    pub op: ReduceOp,
+    /// Root (for rooted collectives).
+    pub root: u32,
+    /// Ranks of the job.
+    pub ranks: u32,
+    /// The `count` of each size, ascending, without repeats and without zero.
+    pub counts: Vec<u64>,
+    /// Timed calls per size and placement.
+    pub iters: u32,
+    /// Untimed calls before them.
+    pub warmup: u32,
+    /// How results are checked.
+    pub check: CheckMode,
+}
+
+impl Plan {
+    /// The plan `args` describe for `collective` on `ranks` ranks.
+    ///
+    /// # Errors
+    /// A root that is not a rank, `--algo` for a collective other than all-reduce, too many
+    /// ranks for all-to-all-v, or no size large enough for one element per rank.
+    pub fn new(collective: Collective, args: &BenchArgs, ranks: u32) -> Result<Plan> {
+        let bad = |what: String| Err(Error::InvalidUsage(what));
+        if ranks == 0 {
+            return bad("--ranks: at least one rank".into());
+        }
+        if collective.rooted() && args.root >= ranks {
+            return bad(format!("--root {}: the job has {ranks} ranks", args.root));
+        }
+        if collective != Collective::AllReduce && args.algo != AlgorithmChoice::Auto {
+            return bad(format!(
+                "--algo: only all-reduce chooses among algorithms; {} runs its direct one",
+                collective.title()
+            ));
+        }
+        let max_v = oxccl_kernels::collectives::AllToAllvCounts::MAX_RANKS;
+        if collective == Collective::AllToAllV && ranks as usize > max_v {
+            return bad(format!("all-to-all-v supports at most {max_v} ranks"));
+        }
+        let mut counts: Vec<u64> = args
+            .sizes()
+            .into_iter()
+            .map(|bytes| collective.count_for(bytes, args.dtype.size(), ranks))
+            .filter(|&c| c > 0)
+            .collect();
+        counts.dedup();
+        if counts.is_empty() && args.soak.is_none() {
+            return bad(format!(
+                "no size from --min-bytes to --max-bytes holds one {} element per rank",
+                args.dtype.name()
+            ));
+        }
+        Ok(Plan {
+            collective,
+            dtype: args.dtype,
+            op: args.op,
+            root: args.root,
+            ranks,
+            counts,
+            iters: args.iters,
+            warmup: args.warmup,
+            check: args.check,
+        })
+    }
+
+    /// The size in bytes of a call of `count`.
+    pub fn bytes_for(&self, count: u64) -> u64 {
+        self.collective
+            .bytes_for(count, self.dtype.size(), self.ranks)
+    }
+
+    /// The name of the algorithm a call of `bytes` takes on `comm`: what
+    /// `Communicator::all_reduce_algorithm` says for an all-reduce (of the call's bytes per
+    /// rank), `direct` for the other collectives, which have only that one.
+    ///
+    /// # Errors
+    /// `OXCCL_ALGO` names no algorithm, or packets are forced on a size past the limit.
+    pub fn algorithm(&self, comm: &Communicator, bytes: u64) -> Result<String> {
+        if self.collective == Collective::AllReduce {
+            Ok(comm.all_reduce_algorithm(bytes)?.name().to_string())
+        } else {
+            Ok("direct".into())
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Which algorithm a collective call runs: chosen by message size and rank count, or by the
+//! caller (`OXCCL_ALGO`, or an argument), and named in what benchmarks print.
+
+use crate::error::{Error, Result};
+use std::fmt;
+
+/// An algorithm of the collectives library.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Every rank sends its whole input to every peer as LL packets (data and flag in one
+    /// store) into the peer's scratch, and every rank reduces or copies what arrives: one
+    /// step, no separate signal. For small messages, where latency is everything.
+    Packets,
+    /// Ranks load and store each other's buffers directly (memory channels): each rank
+    /// reduces its share of the elements reading every peer's input, and stores the result
+    /// into every peer's output. For large messages: every byte crosses once each way.
+    Direct,
+}
+
+impl Algorithm {
+    /// The name `OXCCL_ALGO` and `--algo` take and benchmarks print.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Packets => "packets",
+            Algorithm::Direct => "direct",
+        }
+    }
+
+    /// Parses a name (`packets`, `direct`).
+    ///
+    /// # Errors
+    /// A name that is not an algorithm's.
+    pub fn parse(name: &str) -> Result<Algorithm> {
+        match name.trim() {
+            "packets" => Ok(Algorithm::Packets),
+            "direct" => Ok(Algorithm::Direct),
+            other => Err(Error::InvalidUsage(format!(
+                "`{other}` is not an algorithm: `packets` or `direct`"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The environment variable that forces an algorithm for every collective call that does
+/// not choose one itself.
+pub const ALGO_ENV: &str = "OXCCL_ALGO";
+
+/// How a call's algorithm is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AlgorithmChoice {
+    /// By size: [`Algorithm::Packets`] up to the communicator's packet limit, else
+    /// [`Algorithm::Direct`]; `OXCCL_ALGO` overrides when set.
+    #[default]
+    Auto,
+    /// This one, whatever the size.
+    Use(Algorithm),
+}
+
+impl AlgorithmChoice {
+    /// The algorithm for a message of `bytes` (per rank), `packet_limit` the largest message
+    /// that goes as packets, `env` the value of `OXCCL_ALGO` if set.
+    ///
+    /// # Errors
+    /// `env` names no algorithm.
+    pub fn resolve(self, bytes: u64, packet_limit: u64, env: Option<&str>) -> Result<Algorithm> {
+        match (self, env) {
+            (AlgorithmChoice::Use(a), _) => Ok(a),
+            (AlgorithmChoice::Auto, Some(name)) if !name.trim().is_empty() => {
+                Algorithm::parse(name).map_err(|e| Error::InvalidUsage(format!("{ALGO_ENV}: {e}")))
+            }
+            (AlgorithmChoice::Auto, _) if bytes <= packet_limit => Ok(Algorithm::Packets),
+            (AlgorithmChoice::Auto, _) => Ok(Algorithm::Direct),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against the size rule, the override order (argument, then environment, then
+    /// size) or the names drifting.
+    #[test]
+    fn choices_resolve_in_order() {
+        let auto = AlgorithmChoice::Auto;
+        assert_eq!(auto.resolve(1024, 4096, None).unwrap(), Algorithm::Packets);
+        assert_eq!(auto.resolve(4097, 4096, None).unwrap(), Algorithm::Direct);
+        assert_eq!(
+            auto.resolve(8, 4096, Some("direct")).unwrap(),
+            Algorithm::Direct
+        );
+        assert_eq!(
+            AlgorithmChoice::Use(Algorithm::Packets)
+                .resolve(1 << 30, 4096, Some("direct"))
+                .unwrap(),
+            Algorithm::Packets
+        );
+        let e = auto.resolve(8, 4096, Some("ring")).unwrap_err().to_string();
+        assert!(e.contains("OXCCL_ALGO") && e.contains("`ring`"), "{e}");
+        for a in [Algorithm::Packets, Algorithm::Direct] {
+            assert_eq!(Algorithm::parse(a.name()).unwrap(), a);
+        }
+    }
+}

@@ -1,0 +1,755 @@
+//! Collectives on a [`Communicator`]: all-reduce, all-gather, reduce-scatter, broadcast,
+//! reduce, all-to-all, all-to-all-v and a device barrier, NCCL-like in meaning and typed in
+//! Rust.
+//!
+//! Each call checks its buffers, enqueues one kernel of [`oxccl_kernels::collectives`] on
+//! the stream and returns; an error of the kernel (a peer that stopped answering, say)
+//! comes back from [`Communicator::synchronize`], naming the kernel, rank and peer. Every
+//! rank must make the same calls in the same order, each with the same count, type,
+//! operation and root.
+//!
+//! **Set-up.** The first collective call on a communicator allocates its scratch (sized by
+//! [`CollectiveConfig`]), exchanges it and builds a memory channel to every peer; every
+//! later call reuses them, with no allocation and no exchange.
+//!
+//! **Agreement.** The first call of each shape (collective, count, type, operation, root;
+//! for all-to-all-v the counts) exchanges the shape with every rank and refuses the call on
+//! every rank if they differ: a clear error instead of a hang or a wrong result. Later calls
+//! of a shape already agreed are not checked again (that would cost a round of messages
+//! per call): ranks that then disagree see their kernels time out, not hang.
+//!
+//! **Algorithms.** All-reduce takes [`Algorithm::Packets`] (LL16 packets, one pass) up to
+//! [`CollectiveConfig::packet_limit`] bytes, [`Algorithm::Direct`] (two-shot over the
+//! scratch) above; `OXCCL_ALGO` or [`CollectiveConfig::algorithm`] override the choice.
+//! The other collectives run direct algorithms.
+
+pub mod algorithm;
+mod check;
+pub mod collective_config;
+pub(crate) mod collective_context;
+pub(crate) mod shape;
+
+pub use algorithm::{ALGO_ENV, Algorithm, AlgorithmChoice};
+pub use collective_config::CollectiveConfig;
+pub use shape::Collective;
+
+use crate::communicator::Communicator;
+use crate::device_buffer::DeviceBuffer;
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+use check::{Need, buffers_fit, counts_and_displs, times_ranks};
+use collective_context::CollectiveContext;
+use oxccl_device::launch::LaunchConfig;
+use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp};
+use oxccl_device::{DeviceView, DeviceViewMut};
+use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
+use oxccl_kernels::collectives::{
+    AllToAllvCounts, all_gather, all_reduce, all_reduce_packets, all_to_all, all_to_allv, barrier,
+    broadcast, reduce, reduce_scatter,
+};
+use shape::Shape;
+
+/// One call, as the generic driver runs it.
+struct Call<'b> {
+    shape: Shape,
+    dtype: DataType,
+    op: ReduceOp,
+    root: u32,
+    /// The kernel's `count`.
+    count: u64,
+    /// Windows one direct round stages, and elements per window (for the round count).
+    windows: u64,
+    elements: u64,
+    input: DeviceView<'b, u8>,
+    output: DeviceViewMut<'b, u8>,
+    counts: Option<AllToAllvCounts>,
+}
+
+/// `view` as bytes.
+fn bytes<T: ReduceElement>(view: DeviceView<'_, T>) -> DeviceView<'_, u8> {
+    // A view of `T`s is always a whole number of aligned bytes.
+    view.cast::<u8>().unwrap_or_default()
+}
+
+/// `view` as writable bytes.
+fn bytes_mut<T: ReduceElement>(view: DeviceViewMut<'_, T>) -> DeviceViewMut<'_, u8> {
+    view.cast::<u8>().unwrap_or_default()
+}
+
+/// Elements `first..first + len` of `buffer`, as bytes.
+fn part<T: ReduceElement>(
+    buffer: &DeviceBuffer<T>,
+    first: usize,
+    len: usize,
+) -> DeviceView<'_, u8> {
+    let v = buffer.view();
+    bytes(
+        v.slice(first as u64..(first + len) as u64)
+            .unwrap_or_default(),
+    )
+}
+
+/// Elements `first..first + len` of `buffer`, as writable bytes.
+fn part_mut<T: ReduceElement>(
+    buffer: &DeviceBuffer<T>,
+    first: usize,
+    len: usize,
+) -> DeviceViewMut<'_, u8> {
+    let v = buffer.view_mut();
+    bytes_mut(
+        v.slice(first as u64..(first + len) as u64)
+            .unwrap_or_default(),
+    )
+}
+
+impl Communicator {
+    /// Reduces `count` elements of every rank's `send` by `op` into every rank's `recv`.
+    /// For in place, see [`Self::all_reduce_in_place`].
+    ///
+    /// # Errors
+    /// A buffer shorter than `count`, ranks that disagree on the call (first call of a
+    /// shape), a failed set-up or launch.
+    pub fn all_reduce<T: ReduceElement>(
+        &mut self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        count: usize,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.fits(
+            Collective::AllReduce,
+            &[("send", send.len(), count), ("recv", recv.len(), count)],
+        )?;
+        self.all_reduce_views(
+            part(send, 0, count),
+            part_mut(recv, 0, count),
+            count,
+            T::TYPE,
+            op,
+            stream,
+        )
+    }
+
+    /// [`Self::all_reduce`] with `buffer` as both input and output.
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce`].
+    pub fn all_reduce_in_place<T: ReduceElement>(
+        &mut self,
+        buffer: &mut DeviceBuffer<T>,
+        count: usize,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.fits(Collective::AllReduce, &[("buffer", buffer.len(), count)])?;
+        let input = part(buffer, 0, count);
+        self.all_reduce_views(
+            input,
+            part_mut(buffer, 0, count),
+            count,
+            T::TYPE,
+            op,
+            stream,
+        )
+    }
+
+    /// The algorithm an all-reduce of `bytes` bytes takes on this communicator (what its
+    /// benchmark prints).
+    ///
+    /// # Errors
+    /// `OXCCL_ALGO` names no algorithm.
+    pub fn all_reduce_algorithm(&self, bytes: u64) -> Result<Algorithm> {
+        let c = &self.config().collectives;
+        let env = std::env::var(ALGO_ENV).ok();
+        let algo = c.algorithm.resolve(bytes, c.packet_limit, env.as_deref())?;
+        if algo == Algorithm::Packets && bytes.div_ceil(8) * 8 > c.packet_limit.div_ceil(64) * 64 {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: all_reduce: the packet algorithm takes at most {} bytes (the \
+                 packet limit), the call has {bytes}",
+                self.rank(),
+                c.packet_limit
+            )));
+        }
+        Ok(algo)
+    }
+
+    fn all_reduce_views(
+        &mut self,
+        input: DeviceView<'_, u8>,
+        output: DeviceViewMut<'_, u8>,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let algo = self.all_reduce_algorithm(count as u64 * dtype.size())?;
+        let call = Call {
+            shape: Shape::new(Collective::AllReduce, dtype, Some(op), count, None),
+            dtype,
+            op,
+            root: 0,
+            count: count as u64,
+            windows: 1,
+            elements: count as u64,
+            input,
+            output,
+            counts: None,
+        };
+        self.run(call, stream, Some(algo))
+    }
+
+    /// Gathers `count` elements of every rank's `send` into every rank's `recv`, rank `r`'s
+    /// at `r * count` (`recv` holds `size() * count`). For in place, see
+    /// [`Self::all_gather_in_place`].
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce`].
+    pub fn all_gather<T: ReduceElement>(
+        &mut self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        count: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let total = times_ranks(self.rank(), "all_gather", count, self.size())?;
+        self.fits(
+            Collective::AllGather,
+            &[("send", send.len(), count), ("recv", recv.len(), total)],
+        )?;
+        let call = self.plain_call(
+            Collective::AllGather,
+            T::TYPE,
+            count,
+            part(send, 0, count),
+            part_mut(recv, 0, total),
+        );
+        self.run(call, stream, None)
+    }
+
+    /// [`Self::all_gather`] where each rank's input is already in place: elements
+    /// `rank() * count..(rank() + 1) * count` of `buffer`.
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce`].
+    pub fn all_gather_in_place<T: ReduceElement>(
+        &mut self,
+        buffer: &mut DeviceBuffer<T>,
+        count: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let total = times_ranks(self.rank(), "all_gather", count, self.size())?;
+        self.fits(Collective::AllGather, &[("buffer", buffer.len(), total)])?;
+        let input = part(buffer, self.rank() as usize * count, count);
+        let call = self.plain_call(
+            Collective::AllGather,
+            T::TYPE,
+            count,
+            input,
+            part_mut(buffer, 0, total),
+        );
+        self.run(call, stream, None)
+    }
+
+    /// Reduces every rank's `send` (`size() * count` elements) by `op`; rank `r`'s `recv`
+    /// gets elements `r * count..(r + 1) * count` of the result. For in place, see
+    /// [`Self::reduce_scatter_in_place`].
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce`].
+    pub fn reduce_scatter<T: ReduceElement>(
+        &mut self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        count: usize,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let total = times_ranks(self.rank(), "reduce_scatter", count, self.size())?;
+        self.fits(
+            Collective::ReduceScatter,
+            &[("send", send.len(), total), ("recv", recv.len(), count)],
+        )?;
+        let call = self.reducing_call(
+            Collective::ReduceScatter,
+            T::TYPE,
+            op,
+            count,
+            part(send, 0, total),
+            part_mut(recv, 0, count),
+        );
+        self.run(call, stream, None)
+    }
+
+    /// [`Self::reduce_scatter`] with `buffer` (`size() * count` elements) as input, and its
+    /// elements `rank() * count..(rank() + 1) * count` as output.
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce`].
+    pub fn reduce_scatter_in_place<T: ReduceElement>(
+        &mut self,
+        buffer: &mut DeviceBuffer<T>,
+        count: usize,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let total = times_ranks(self.rank(), "reduce_scatter", count, self.size())?;
+        self.fits(
+            Collective::ReduceScatter,
+            &[("buffer", buffer.len(), total)],
+        )?;
+        let output = part_mut(buffer, self.rank() as usize * count, count);
+        let call = self.reducing_call(
+            Collective::ReduceScatter,
+            T::TYPE,
+            op,
+            count,
+            part(buffer, 0, total),
+            output,
+        );
+        self.run(call, stream, None)
+    }
+
+    /// Copies `count` elements of the root's `send` into every rank's `recv` (the root's
+    /// too). Only the root's `send` is read: other ranks may pass any buffer. For in place,
+    /// see [`Self::broadcast_in_place`].
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce`]; a root that is not a rank.
+    pub fn broadcast<T: ReduceElement>(
+        &mut self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        count: usize,
+        root: u32,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_root(Collective::Broadcast, root)?;
+        let send_needs = if self.rank() == root { count } else { 0 };
+        self.fits(
+            Collective::Broadcast,
+            &[
+                ("send", send.len(), send_needs),
+                ("recv", recv.len(), count),
+            ],
+        )?;
+        self.rooted(
+            Collective::Broadcast,
+            T::TYPE,
+            None,
+            root,
+            count,
+            part(send, 0, send_needs),
+            part_mut(recv, 0, count),
+            stream,
+        )
+    }
+
+    /// [`Self::broadcast`] with `buffer` as the root's input and every rank's output.
+    ///
+    /// # Errors
+    /// As [`Self::broadcast`].
+    pub fn broadcast_in_place<T: ReduceElement>(
+        &mut self,
+        buffer: &mut DeviceBuffer<T>,
+        count: usize,
+        root: u32,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_root(Collective::Broadcast, root)?;
+        self.fits(Collective::Broadcast, &[("buffer", buffer.len(), count)])?;
+        let input = part(buffer, 0, count);
+        self.rooted(
+            Collective::Broadcast,
+            T::TYPE,
+            None,
+            root,
+            count,
+            input,
+            part_mut(buffer, 0, count),
+            stream,
+        )
+    }
+
+    /// Reduces `count` elements of every rank's `send` by `op` into the root's `recv`. Only
+    /// the root's `recv` is written: other ranks may pass any buffer (`send` itself, say,
+    /// through [`Self::reduce_in_place`]).
+    ///
+    /// # Errors
+    /// As [`Self::broadcast`].
+    pub fn reduce<T: ReduceElement>(
+        &mut self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        count: usize,
+        op: ReduceOp,
+        root: u32,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_root(Collective::Reduce, root)?;
+        let recv_needs = if self.rank() == root { count } else { 0 };
+        self.fits(
+            Collective::Reduce,
+            &[
+                ("send", send.len(), count),
+                ("recv", recv.len(), recv_needs),
+            ],
+        )?;
+        self.rooted(
+            Collective::Reduce,
+            T::TYPE,
+            Some(op),
+            root,
+            count,
+            part(send, 0, count),
+            part_mut(recv, 0, recv_needs),
+            stream,
+        )
+    }
+
+    /// [`Self::reduce`] with `buffer` as every rank's input and the root's output.
+    ///
+    /// # Errors
+    /// As [`Self::broadcast`].
+    pub fn reduce_in_place<T: ReduceElement>(
+        &mut self,
+        buffer: &mut DeviceBuffer<T>,
+        count: usize,
+        op: ReduceOp,
+        root: u32,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_root(Collective::Reduce, root)?;
+        self.fits(Collective::Reduce, &[("buffer", buffer.len(), count)])?;
+        let input = part(buffer, 0, count);
+        self.rooted(
+            Collective::Reduce,
+            T::TYPE,
+            Some(op),
+            root,
+            count,
+            input,
+            part_mut(buffer, 0, count),
+            stream,
+        )
+    }
+
+    /// Sends elements `p * count..(p + 1) * count` of `send` to rank `p`, which puts them
+    /// at `rank() * count` of its `recv` (both `size() * count` elements; they may not be
+    /// the same buffer: see [`Self::all_to_all_in_place`]).
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce`].
+    pub fn all_to_all<T: ReduceElement>(
+        &mut self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        count: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let total = times_ranks(self.rank(), "all_to_all", count, self.size())?;
+        self.fits(
+            Collective::AllToAll,
+            &[("send", send.len(), total), ("recv", recv.len(), total)],
+        )?;
+        let mut call = self.plain_call(
+            Collective::AllToAll,
+            T::TYPE,
+            count,
+            part(send, 0, total),
+            part_mut(recv, 0, total),
+        );
+        call.windows = self.size() as u64;
+        self.run(call, stream, None)
+    }
+
+    /// [`Self::all_to_all`] with `buffer` as both input and output.
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce`].
+    pub fn all_to_all_in_place<T: ReduceElement>(
+        &mut self,
+        buffer: &mut DeviceBuffer<T>,
+        count: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let total = times_ranks(self.rank(), "all_to_all", count, self.size())?;
+        self.fits(Collective::AllToAll, &[("buffer", buffer.len(), total)])?;
+        let input = part(buffer, 0, total);
+        let mut call = self.plain_call(
+            Collective::AllToAll,
+            T::TYPE,
+            count,
+            input,
+            part_mut(buffer, 0, total),
+        );
+        call.windows = self.size() as u64;
+        self.run(call, stream, None)
+    }
+
+    /// All-to-all with a count and displacement per rank (in elements): `send_counts[p]`
+    /// elements of `send` from `send_displs[p]` go to rank `p`, and `recv_counts[p]`
+    /// elements from rank `p` land at `recv_displs[p]` of `recv`. What rank `a` sends `b`
+    /// must be what `b` expects from `a`; receive ranges must not overlap. At most
+    /// [`AllToAllvCounts::MAX_RANKS`] ranks.
+    ///
+    /// The counts are part of the call's shape: a call with counts not used before
+    /// exchanges them with every rank first (see the module docs).
+    ///
+    /// # Errors
+    /// Counts or displacements outside the buffers, of the wrong number, or that disagree
+    /// with the peers'; too many ranks; as [`Self::all_reduce`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_to_allv<T: ReduceElement>(
+        &mut self,
+        send: &DeviceBuffer<T>,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &mut DeviceBuffer<T>,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        stream: &Stream,
+    ) -> Result<()> {
+        let (rank, size) = (self.rank(), self.size());
+        if size as usize > AllToAllvCounts::MAX_RANKS {
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank}: all_to_allv: {size} ranks; it supports at most {}",
+                AllToAllvCounts::MAX_RANKS
+            )));
+        }
+        counts_and_displs(
+            rank,
+            "send",
+            send_counts,
+            send_displs,
+            size,
+            send.len(),
+            false,
+        )?;
+        counts_and_displs(
+            rank,
+            "recv",
+            recv_counts,
+            recv_displs,
+            size,
+            recv.len(),
+            true,
+        )?;
+        let mut counts = AllToAllvCounts::default();
+        for p in 0..size as usize {
+            counts.send_counts[p] = send_counts[p] as u64;
+            counts.send_displs[p] = send_displs[p] as u64;
+            counts.recv_counts[p] = recv_counts[p] as u64;
+            counts.recv_displs[p] = recv_displs[p] as u64;
+        }
+        let mut shape = Shape::new(Collective::AllToAllV, T::TYPE, None, 0, None);
+        let as_u64 = |v: &[usize]| v.iter().map(|&c| c as u64).collect::<Vec<u64>>();
+        shape.counts = Some((as_u64(send_counts), as_u64(recv_counts)));
+        let call = Call {
+            shape,
+            dtype: T::TYPE,
+            op: ReduceOp::Sum,
+            root: 0,
+            count: 0,
+            windows: size as u64,
+            elements: 0,
+            input: bytes(send.view()),
+            output: bytes_mut(recv.view_mut()),
+            counts: Some(counts),
+        };
+        self.run(call, stream, None)
+    }
+
+    /// Enqueues a barrier on `stream`: the kernels each rank enqueued after it start only
+    /// once every rank's kernels before it have finished, and see what those wrote. (The
+    /// host-side barrier is [`Self::barrier`].)
+    ///
+    /// # Errors
+    /// A failed set-up or launch.
+    pub fn barrier_on(&mut self, stream: &Stream) -> Result<()> {
+        let call = self.plain_call(
+            Collective::Barrier,
+            DataType::U8,
+            0,
+            DeviceView::default(),
+            DeviceViewMut::default(),
+        );
+        self.run(call, stream, None)
+    }
+
+    fn fits(&self, c: Collective, needs: &[(&str, usize, usize)]) -> Result<()> {
+        let needs: Vec<Need<'_>> = needs
+            .iter()
+            .map(|&(role, len, needed)| Need { role, len, needed })
+            .collect();
+        buffers_fit(self.rank(), c.name(), &needs)
+    }
+
+    fn check_root(&self, c: Collective, root: u32) -> Result<()> {
+        if root >= self.size() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: {c}: root {root} is not a rank (the communicator has {})",
+                self.rank(),
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    fn plain_call<'b>(
+        &self,
+        c: Collective,
+        dtype: DataType,
+        count: usize,
+        input: DeviceView<'b, u8>,
+        output: DeviceViewMut<'b, u8>,
+    ) -> Call<'b> {
+        Call {
+            shape: Shape::new(c, dtype, None, count, None),
+            dtype,
+            op: ReduceOp::Sum,
+            root: 0,
+            count: count as u64,
+            windows: 1,
+            elements: count as u64,
+            input,
+            output,
+            counts: None,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reducing_call<'b>(
+        &self,
+        c: Collective,
+        dtype: DataType,
+        op: ReduceOp,
+        count: usize,
+        input: DeviceView<'b, u8>,
+        output: DeviceViewMut<'b, u8>,
+    ) -> Call<'b> {
+        let mut call = self.plain_call(c, dtype, count, input, output);
+        call.shape.op = Some(op as u32);
+        call.op = op;
+        if c == Collective::ReduceScatter {
+            call.windows = self.size() as u64;
+        }
+        call
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rooted(
+        &mut self,
+        c: Collective,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        root: u32,
+        count: usize,
+        input: DeviceView<'_, u8>,
+        output: DeviceViewMut<'_, u8>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            shape: Shape::new(c, dtype, op, count, Some(root)),
+            dtype,
+            op: op.unwrap_or(ReduceOp::Sum),
+            root,
+            count: count as u64,
+            windows: 1,
+            elements: count as u64,
+            input,
+            output,
+            counts: None,
+        };
+        self.run(call, stream, None)
+    }
+
+    /// Sets up (first call), agrees on the shape (first call of it), launches the call's
+    /// kernel and advances the call counter.
+    fn run(&mut self, mut call: Call<'_>, stream: &Stream, algo: Option<Algorithm>) -> Result<()> {
+        if self.collectives.is_none() {
+            let ctx = CollectiveContext::new(self)?;
+            self.collectives = Some(Box::new(ctx));
+        }
+        let (rank, size) = (self.rank(), self.size());
+        let agreed = match self
+            .collectives
+            .as_ref()
+            .and_then(|c| c.agreed.get(&call.shape))
+        {
+            Some(&max) => max,
+            None => {
+                let shapes = shape::agree(self.out_of_band(), &call.shape)?;
+                let max = shapes
+                    .iter()
+                    .filter_map(|s| s.counts.as_ref())
+                    .flat_map(|(send, _)| send.iter().copied())
+                    .max()
+                    .unwrap_or(0);
+                if let Some(c) = self.collectives.as_mut() {
+                    c.agreed.insert(call.shape.clone(), max);
+                }
+                max
+            }
+        };
+        let ctx = self
+            .collectives
+            .as_mut()
+            .ok_or_else(|| Error::Internal("collectives not set up".into()))?;
+        if call.shape.collective == Collective::AllToAllV {
+            call.count = agreed;
+            call.elements = agreed;
+        }
+        if call.count == 0 && call.shape.collective != Collective::Barrier {
+            return Ok(());
+        }
+        let direct = ctx.config.launch.unwrap_or(LaunchConfig::grid(1).block(1));
+        let taken = match algo {
+            Some(Algorithm::Packets) => 1,
+            _ if call.shape.collective == Collective::Barrier => 0,
+            _ => {
+                let per = elements_per_round(&ctx.layout, call.dtype.size(), call.windows);
+                rounds(call.elements, per)
+            }
+        };
+        let mut args = ctx.args(rank, size);
+        args.input = call.input;
+        args.output = call.output;
+        args.count = call.count;
+        args.dtype = call.dtype as u32;
+        args.op = call.op as u32;
+        args.root = call.root;
+        let launched = match (call.shape.collective, algo) {
+            (Collective::AllReduce, Some(Algorithm::Packets)) => {
+                let one_block = LaunchConfig::grid(1).block(direct.block.x);
+                all_reduce_packets::collective_all_reduce_packets::launch(stream, one_block, args)
+            }
+            (Collective::AllReduce, _) => {
+                all_reduce::collective_all_reduce::launch(stream, direct, args)
+            }
+            (Collective::AllGather, _) => {
+                all_gather::collective_all_gather::launch(stream, direct, args)
+            }
+            (Collective::ReduceScatter, _) => {
+                reduce_scatter::collective_reduce_scatter::launch(stream, direct, args)
+            }
+            (Collective::Broadcast, _) => {
+                broadcast::collective_broadcast::launch(stream, direct, args)
+            }
+            (Collective::Reduce, _) => reduce::collective_reduce::launch(stream, direct, args),
+            (Collective::AllToAll, _) => {
+                all_to_all::collective_all_to_all::launch(stream, direct, args)
+            }
+            (Collective::AllToAllV, _) => all_to_allv::collective_all_to_allv::launch(
+                stream,
+                direct,
+                args,
+                call.counts.unwrap_or_default(),
+            ),
+            (Collective::Barrier, _) => barrier::collective_barrier::launch(stream, direct, args),
+        };
+        launched?;
+        ctx.sequence += taken;
+        Ok(())
+    }
+}

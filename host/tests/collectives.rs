@@ -1,0 +1,611 @@
+//! The collectives of `Communicator` against a host reference: every collective, every
+//! element type, every operation, in place and out of place, 1 to 4 ranks, counts that are
+//! multiples of nothing convenient, one block and several, and calls back to back with
+//! changing sizes and no host barrier.
+
+mod common;
+
+use oxccl::collectives::{Algorithm, AlgorithmChoice};
+use oxccl::in_process::{self, InProcessConfig};
+use oxccl::{Communicator, DataType, DeviceBuffer, ReduceElement, ReduceOp, Result, bf16, f16};
+use oxccl_device::launch::LaunchConfig;
+
+const OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Prod,
+    ReduceOp::Min,
+    ReduceOp::Max,
+    ReduceOp::Avg,
+];
+
+/// A job whose collectives run with `blocks` blocks of `threads` threads, `algorithm`, and
+/// rounds of `round_bytes` (small, so that counts of a few thousand take several rounds).
+fn job(blocks: u32, threads: u32, algorithm: AlgorithmChoice, round_bytes: u64) -> InProcessConfig {
+    let mut config = common::config();
+    let c = &mut config.communicator.collectives;
+    c.launch = Some(LaunchConfig::grid(blocks).block(threads));
+    c.algorithm = algorithm;
+    c.round_bytes = round_bytes;
+    c.packet_limit = 4096;
+    config
+}
+
+/// Rank `rank`'s input element `i` in call `call`: small integers, exact in every type
+/// (non-negative for the unsigned ones), and never two neighbours alike.
+fn value<T: ReduceElement>(rank: u32, i: usize, call: u32) -> T {
+    let v = ((rank as usize * 7 + i * 13 + call as usize * 5) % 23) as f64;
+    let signed = matches!(T::TYPE, DataType::I8 | DataType::I32 | DataType::I64)
+        || matches!(
+            T::TYPE,
+            DataType::F32 | DataType::F64 | DataType::F16 | DataType::Bf16
+        );
+    T::from_f64(if signed { v - 9.0 } else { v + 1.0 })
+}
+
+fn inputs<T: ReduceElement>(rank: u32, len: usize, call: u32) -> Vec<T> {
+    (0..len).map(|i| value::<T>(rank, i, call)).collect()
+}
+
+/// The reduction by `op` of every rank's element `i`, combined in rank order, as the
+/// kernels combine them.
+fn reduced<T: ReduceElement>(ranks: u32, op: ReduceOp, elem: impl Fn(u32) -> T) -> T {
+    let mut acc = elem(0);
+    for r in 1..ranks {
+        acc = acc.combine(elem(r), op);
+    }
+    acc.finish(op, ranks)
+}
+
+/// Bitwise equality (so NaN compares, and -0.0 differs from 0.0), with the first mismatch.
+fn assert_same<T: ReduceElement>(what: &str, got: &[T], want: &[T]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let (g, w): (&[u8], &[u8]) = (bytemuck::cast_slice(got), bytemuck::cast_slice(want));
+    if g != w {
+        let i = got
+            .iter()
+            .zip(want)
+            .position(|(a, b)| bytemuck::bytes_of(a) != bytemuck::bytes_of(b))
+            .unwrap_or(0);
+        panic!(
+            "{what}: element {i} of {} is {}, expected {}",
+            got.len(),
+            got[i].to_f64(),
+            want[i].to_f64()
+        );
+    }
+}
+
+fn upload<T: ReduceElement>(comm: &Communicator, data: &[T]) -> Result<DeviceBuffer<T>> {
+    // One spare element past the data, so a kernel writing one element too many is seen.
+    let mut buf = comm.alloc::<T>(data.len() + 1)?;
+    let mut host = data.to_vec();
+    host.push(T::from_f64(99.0));
+    buf.copy_from_host(&host)?;
+    Ok(buf)
+}
+
+fn download<T: ReduceElement>(buf: &DeviceBuffer<T>, len: usize) -> Result<Vec<T>> {
+    let all = buf.to_vec()?;
+    assert_eq!(
+        all[len].to_f64(),
+        99.0,
+        "the element past the output was written"
+    );
+    Ok(all[..len].to_vec())
+}
+
+/// All-reduce of `count` elements of `T` by `op`, in place or not, checked on every rank.
+fn all_reduce_case<T: ReduceElement>(
+    comm: &mut Communicator,
+    count: usize,
+    op: ReduceOp,
+    in_place: bool,
+) -> Result<()> {
+    let (rank, n) = (comm.rank(), comm.size());
+    let stream = comm.device().stream()?;
+    let send = upload(comm, &inputs::<T>(rank, count, 0))?;
+    let mut out = upload(comm, &vec![T::from_f64(0.0); count])?;
+    let result = if in_place {
+        let mut buf = send;
+        comm.all_reduce_in_place(&mut buf, count, op, &stream)?;
+        comm.synchronize(&stream)?;
+        download(&buf, count)?
+    } else {
+        comm.all_reduce(&send, &mut out, count, op, &stream)?;
+        comm.synchronize(&stream)?;
+        download(&out, count)?
+    };
+    let want: Vec<T> = (0..count)
+        .map(|i| reduced(n, op, |r| value::<T>(r, i, 0)))
+        .collect();
+    let what = format!(
+        "all_reduce {:?} {op:?} n={count} ranks={n} in_place={in_place}",
+        T::TYPE
+    );
+    assert_same(&what, &result, &want);
+    Ok(())
+}
+
+macro_rules! for_each_type {
+    ($f:ident, $($arg:expr),*) => {{
+        $f::<f32>($($arg),*)?;
+        $f::<f64>($($arg),*)?;
+        $f::<f16>($($arg),*)?;
+        $f::<bf16>($($arg),*)?;
+        $f::<i8>($($arg),*)?;
+        $f::<u8>($($arg),*)?;
+        $f::<i32>($($arg),*)?;
+        $f::<u32>($($arg),*)?;
+        $f::<i64>($($arg),*)?;
+        $f::<u64>($($arg),*)?;
+    }};
+}
+
+/// Every type, op and count through one algorithm, on `ranks` ranks.
+fn all_reduce_matrix(ranks: u32, config: InProcessConfig, counts: &[usize]) {
+    in_process::run(ranks, config, |comm| {
+        for &count in counts {
+            for op in OPS {
+                for in_place in [false, true] {
+                    for_each_type!(all_reduce_case, comm, count, op, in_place);
+                }
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Guards against a packet all-reduce that drops the padding of an odd size wrongly,
+/// combines out of rank order, or mishandles any type or operation.
+#[test]
+fn all_reduce_packets_every_type_and_op() {
+    let packets = AlgorithmChoice::Use(Algorithm::Packets);
+    for ranks in 1..=4 {
+        all_reduce_matrix(ranks, job(1, 2, packets, 4096), &[0, 1, 7, 300]);
+    }
+}
+
+/// Guards against a two-shot all-reduce that loses a chunk's remainder, a round's tail,
+/// or a rank's contribution, with one block and with several.
+#[test]
+fn all_reduce_direct_every_type_and_op() {
+    let direct = AlgorithmChoice::Use(Algorithm::Direct);
+    for ranks in 1..=4 {
+        let (blocks, threads) = if ranks % 2 == 0 { (3, 2) } else { (1, 1) };
+        // 256-byte rounds: 1000 elements take several.
+        all_reduce_matrix(ranks, job(blocks, threads, direct, 256), &[0, 1, 7, 1000]);
+    }
+}
+
+/// Guards against large counts going wrong where small ones do not: many rounds, a count
+/// that is a multiple of nothing, the choice of the algorithm by size.
+#[test]
+fn all_reduce_large_odd_count() {
+    for ranks in [2, 3] {
+        in_process::run(ranks, job(2, 2, AlgorithmChoice::Auto, 64 << 10), |comm| {
+            all_reduce_case::<f32>(comm, 1_000_003, ReduceOp::Sum, false)?;
+            all_reduce_case::<u8>(comm, 1_000_003, ReduceOp::Max, true)
+        })
+        .unwrap();
+    }
+}
+
+/// Guards against 16-bit float reductions drifting from the exact result by more than
+/// their rounding: compared with an f64 reference, relative tolerance 2^-7 per rank for
+/// bf16 and 2^-10 per rank for f16 (one rounding per combine).
+#[test]
+fn half_precision_sums_within_tolerance_of_f64() {
+    fn check<T: ReduceElement>(comm: &mut Communicator, eps: f64) -> Result<()> {
+        let (rank, n) = (comm.rank(), comm.size());
+        let count = 777;
+        let data: Vec<T> = (0..count)
+            .map(|i| T::from_f64(1.0 + ((rank as usize * 31 + i * 17) % 97) as f64 / 7.0))
+            .collect();
+        let send = upload(comm, &data)?;
+        let mut recv = upload(comm, &vec![T::from_f64(0.0); count])?;
+        let stream = comm.device().stream()?;
+        comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+        comm.synchronize(&stream)?;
+        let got = download(&recv, count)?;
+        for (i, g) in got.iter().enumerate() {
+            let exact: f64 = (0..n)
+                .map(|r| T::from_f64(1.0 + ((r as usize * 31 + i * 17) % 97) as f64 / 7.0).to_f64())
+                .sum();
+            let err = (g.to_f64() - exact).abs() / exact.abs();
+            assert!(
+                err <= eps * n as f64,
+                "{:?} element {i}: {} vs {exact}",
+                T::TYPE,
+                g.to_f64()
+            );
+        }
+        Ok(())
+    }
+    for algo in [Algorithm::Packets, Algorithm::Direct] {
+        in_process::run(3, job(1, 1, AlgorithmChoice::Use(algo), 1 << 10), |comm| {
+            check::<f16>(comm, 1.0 / 1024.0)?;
+            check::<bf16>(comm, 1.0 / 128.0)
+        })
+        .unwrap();
+    }
+}
+
+/// The non-reducing and rooted collectives for one type and count.
+fn others_case<T: ReduceElement>(
+    comm: &mut Communicator,
+    count: usize,
+    in_place: bool,
+) -> Result<()> {
+    let (rank, n) = (comm.rank(), comm.size());
+    let nu = n as usize;
+    let stream = comm.device().stream()?;
+    let tag = |what: &str| {
+        format!(
+            "{what} {:?} count={count} ranks={n} in_place={in_place} rank={rank}",
+            T::TYPE
+        )
+    };
+
+    // All-gather.
+    let mine = inputs::<T>(rank, count, 1);
+    let want: Vec<T> = (0..n).flat_map(|r| inputs::<T>(r, count, 1)).collect();
+    let got = if in_place {
+        let mut full = vec![T::from_f64(0.0); count * nu];
+        full[rank as usize * count..][..count].copy_from_slice(&mine);
+        let mut buf = upload(comm, &full)?;
+        comm.all_gather_in_place(&mut buf, count, &stream)?;
+        comm.synchronize(&stream)?;
+        download(&buf, count * nu)?
+    } else {
+        let send = upload(comm, &mine)?;
+        let mut recv = upload(comm, &vec![T::from_f64(0.0); count * nu])?;
+        comm.all_gather(&send, &mut recv, count, &stream)?;
+        comm.synchronize(&stream)?;
+        download(&recv, count * nu)?
+    };
+    assert_same(&tag("all_gather"), &got, &want);
+
+    // Reduce-scatter, every op.
+    for op in OPS {
+        let full = inputs::<T>(rank, count * nu, 2);
+        let want: Vec<T> = (0..count)
+            .map(|i| reduced(n, op, |r| value::<T>(r, rank as usize * count + i, 2)))
+            .collect();
+        let got = if in_place {
+            let mut buf = upload(comm, &full)?;
+            comm.reduce_scatter_in_place(&mut buf, count, op, &stream)?;
+            comm.synchronize(&stream)?;
+            let all = download(&buf, count * nu)?;
+            all[rank as usize * count..][..count].to_vec()
+        } else {
+            let send = upload(comm, &full)?;
+            let mut recv = upload(comm, &vec![T::from_f64(0.0); count])?;
+            comm.reduce_scatter(&send, &mut recv, count, op, &stream)?;
+            comm.synchronize(&stream)?;
+            download(&recv, count)?
+        };
+        assert_same(&tag(&format!("reduce_scatter {op:?}")), &got, &want);
+    }
+
+    // Broadcast and reduce from every root.
+    for root in 0..n {
+        let want = inputs::<T>(root, count, 3);
+        let got = if in_place {
+            let start = if rank == root {
+                want.clone()
+            } else {
+                vec![T::from_f64(0.0); count]
+            };
+            let mut buf = upload(comm, &start)?;
+            comm.broadcast_in_place(&mut buf, count, root, &stream)?;
+            comm.synchronize(&stream)?;
+            download(&buf, count)?
+        } else {
+            let send = upload(comm, &inputs::<T>(rank, count, 3))?;
+            let mut recv = upload(comm, &vec![T::from_f64(0.0); count])?;
+            comm.broadcast(&send, &mut recv, count, root, &stream)?;
+            comm.synchronize(&stream)?;
+            download(&recv, count)?
+        };
+        assert_same(&tag(&format!("broadcast root {root}")), &got, &want);
+
+        let op = OPS[root as usize % OPS.len()];
+        let mine = inputs::<T>(rank, count, 4);
+        let want: Vec<T> = (0..count)
+            .map(|i| reduced(n, op, |r| value::<T>(r, i, 4)))
+            .collect();
+        let zero = vec![T::from_f64(0.0); count];
+        let got = if in_place {
+            let mut buf = upload(comm, &mine)?;
+            comm.reduce_in_place(&mut buf, count, op, root, &stream)?;
+            comm.synchronize(&stream)?;
+            download(&buf, count)?
+        } else {
+            let send = upload(comm, &mine)?;
+            let mut recv = upload(comm, &zero)?;
+            comm.reduce(&send, &mut recv, count, op, root, &stream)?;
+            comm.synchronize(&stream)?;
+            download(&recv, count)?
+        };
+        if rank == root {
+            assert_same(&tag(&format!("reduce {op:?} root {root}")), &got, &want);
+        } else if in_place {
+            assert_same(&tag("reduce leaves a non-root's input"), &got, &mine);
+        } else {
+            assert_same(&tag("reduce leaves a non-root's recv"), &got, &zero);
+        }
+    }
+
+    // All-to-all: rank r's block p is value(r, p * count + i).
+    let full = inputs::<T>(rank, count * nu, 5);
+    let want: Vec<T> = (0..n)
+        .flat_map(|r| (0..count).map(move |i| value::<T>(r, rank as usize * count + i, 5)))
+        .collect();
+    let got = if in_place {
+        let mut buf = upload(comm, &full)?;
+        comm.all_to_all_in_place(&mut buf, count, &stream)?;
+        comm.synchronize(&stream)?;
+        download(&buf, count * nu)?
+    } else {
+        let send = upload(comm, &full)?;
+        let mut recv = upload(comm, &vec![T::from_f64(0.0); count * nu])?;
+        comm.all_to_all(&send, &mut recv, count, &stream)?;
+        comm.synchronize(&stream)?;
+        download(&recv, count * nu)?
+    };
+    assert_same(&tag("all_to_all"), &got, &want);
+    Ok(())
+}
+
+fn others_matrix(ranks: u32, config: InProcessConfig, counts: &[usize]) {
+    in_process::run(ranks, config, |comm| {
+        for &count in counts {
+            for in_place in [false, true] {
+                for_each_type!(others_case, comm, count, in_place);
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Guards against all-gather, reduce-scatter, broadcast, reduce and all-to-all placing a
+/// rank's data at the wrong offset, losing a round's tail, reading a non-root's buffer or
+/// writing a non-root's output, for every type, 1 to 4 ranks, one block and several.
+#[test]
+fn other_collectives_every_type() {
+    let auto = AlgorithmChoice::Auto;
+    for ranks in 1..=4 {
+        let (blocks, threads) = if ranks % 2 == 1 { (2, 2) } else { (1, 1) };
+        others_matrix(ranks, job(blocks, threads, auto, 512), &[0, 1, 7, 100]);
+    }
+}
+
+/// Guards against all-to-all-v misplacing uneven and zero counts, or taking too few
+/// rounds when one pair moves far more than the others.
+#[test]
+fn all_to_allv_uneven_and_zero_counts() {
+    in_process::run(3, job(2, 1, AlgorithmChoice::Auto, 256), |comm| {
+        let (rank, n) = (comm.rank(), comm.size() as usize);
+        // Rank r sends peer p (r * 5 + p * 37) % 60 elements (some zero, one large).
+        let count = |from: u32, to: usize| (from as usize * 5 + to * 37) % 60;
+        let send_counts: Vec<usize> = (0..n).map(|p| count(rank, p)).collect();
+        let recv_counts: Vec<usize> = (0..n).map(|p| count(p as u32, rank as usize)).collect();
+        // Send ranges in reverse order with gaps; receive ranges packed with gaps of 3.
+        let mut send_displs = vec![0; n];
+        let mut at = 2;
+        for p in (0..n).rev() {
+            send_displs[p] = at;
+            at += send_counts[p] + 1;
+        }
+        let send_len = at;
+        let mut recv_displs = vec![0; n];
+        let mut at = 0;
+        for p in 0..n {
+            recv_displs[p] = at;
+            at += recv_counts[p] + 3;
+        }
+        let recv_len = at;
+        let payload = |from: u32, to: usize, i: usize| {
+            (from as u64 * 1000 + to as u64 * 100 + i as u64) as f64
+        };
+        let mut send_host = vec![-1.0f64; send_len];
+        for p in 0..n {
+            for i in 0..send_counts[p] {
+                send_host[send_displs[p] + i] = payload(rank, p, i);
+            }
+        }
+        let send = upload(comm, &send_host)?;
+        let mut recv = upload(comm, &vec![-2.0f64; recv_len])?;
+        let stream = comm.device().stream()?;
+        for _ in 0..2 {
+            comm.all_to_allv(
+                &send,
+                &send_counts,
+                &send_displs,
+                &mut recv,
+                &recv_counts,
+                &recv_displs,
+                &stream,
+            )?;
+        }
+        comm.synchronize(&stream)?;
+        let got = download(&recv, recv_len)?;
+        let mut want = vec![-2.0f64; recv_len];
+        for p in 0..n {
+            for i in 0..recv_counts[p] {
+                want[recv_displs[p] + i] = payload(p as u32, rank as usize, i);
+            }
+        }
+        assert_same(&format!("all_to_allv rank {rank}"), &got, &want);
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Guards against calls that overwrite a peer's data before it was read when they follow
+/// each other with no host barrier, with changing sizes and both all-reduce algorithms
+/// mixed: every result is checked at the end, each call with a buffer of its own.
+#[test]
+fn back_to_back_calls_with_changing_sizes() {
+    for ranks in [2, 3, 4] {
+        in_process::run(ranks, job(2, 1, AlgorithmChoice::Auto, 256), |comm| {
+            let (rank, n) = (comm.rank(), comm.size());
+            let stream = comm.device().stream()?;
+            let counts = [5usize, 900, 0, 64, 1, 2000, 33, 700, 3, 1500];
+            let mut calls = Vec::new();
+            for (k, &count) in counts.iter().cycle().take(30).enumerate() {
+                let send = upload(comm, &inputs::<i32>(rank, count, k as u32))?;
+                let mut recv = upload(comm, &vec![0i32; count])?;
+                comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+                let gathered = upload(comm, &vec![0i32; count * n as usize])?;
+                let mut gathered = gathered;
+                comm.all_gather(&send, &mut gathered, count, &stream)?;
+                calls.push((k as u32, count, send, recv, gathered));
+            }
+            comm.synchronize(&stream)?;
+            for (k, count, _send, recv, gathered) in &calls {
+                let want: Vec<i32> = (0..*count)
+                    .map(|i| reduced(n, ReduceOp::Sum, |r| value::<i32>(r, i, *k)))
+                    .collect();
+                assert_same(
+                    &format!("call {k} all_reduce"),
+                    &download(recv, *count)?,
+                    &want,
+                );
+                let want: Vec<i32> = (0..n).flat_map(|r| inputs::<i32>(r, *count, *k)).collect();
+                assert_same(
+                    &format!("call {k} all_gather"),
+                    &download(gathered, count * n as usize)?,
+                    &want,
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+}
+
+/// Guards against a device barrier that lets a rank's next kernel start before every
+/// rank's kernels before the barrier finished.
+#[test]
+fn barrier_on_orders_kernels_across_ranks() {
+    in_process::run(3, job(2, 1, AlgorithmChoice::Auto, 1024), |comm| {
+        let stream = comm.device().stream()?;
+        for _ in 0..5 {
+            comm.barrier_on(&stream)?;
+        }
+        comm.synchronize(&stream)
+    })
+    .unwrap();
+}
+
+/// Guards against ranks that disagree on a call hanging or computing garbage: every rank
+/// gets an error naming the disagreement.
+#[test]
+fn allreduce_rejects_count_mismatch() {
+    let results = in_process::run(3, job(1, 1, AlgorithmChoice::Auto, 1024), |comm| {
+        let count = if comm.rank() == 1 { 9 } else { 8 };
+        let send = comm.alloc_zeroed::<f32>(16)?;
+        let mut recv = comm.alloc_zeroed::<f32>(16)?;
+        let stream = comm.device().stream()?;
+        let r = comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream);
+        Ok(r.map_err(|e| e.to_string()))
+    })
+    .unwrap();
+    for (rank, r) in results.iter().enumerate() {
+        let e = r.as_ref().expect_err("a mismatched count must be refused");
+        assert!(
+            e.contains("disagree") && e.contains("9") && e.contains("8"),
+            "rank {rank}: {e}"
+        );
+    }
+}
+
+/// Guards against an all-to-all-v whose counts or displacements leave a buffer, or whose
+/// counts disagree with a peer's, being launched.
+#[test]
+fn alltoallv_rejects_out_of_range_counts() {
+    let results = in_process::run(2, job(1, 1, AlgorithmChoice::Auto, 1024), |comm| {
+        let send = comm.alloc_zeroed::<u32>(10)?;
+        let mut recv = comm.alloc_zeroed::<u32>(10)?;
+        let stream = comm.device().stream()?;
+        let mut errors = Vec::new();
+        // A send range past the end.
+        errors.push(comm.all_to_allv(
+            &send,
+            &[4, 4],
+            &[0, 8],
+            &mut recv,
+            &[4, 4],
+            &[0, 4],
+            &stream,
+        ));
+        // Receive ranges that overlap.
+        errors.push(comm.all_to_allv(
+            &send,
+            &[4, 4],
+            &[0, 4],
+            &mut recv,
+            &[4, 4],
+            &[0, 2],
+            &stream,
+        ));
+        // One count per rank missing.
+        errors.push(comm.all_to_allv(&send, &[4], &[0], &mut recv, &[4, 4], &[0, 4], &stream));
+        // Counts that disagree with the peer's: rank 0 sends rank 1 three, rank 1 expects four.
+        let three = if comm.rank() == 0 { 3 } else { 4 };
+        errors.push(comm.all_to_allv(
+            &send,
+            &[4, three],
+            &[0, 4],
+            &mut recv,
+            &[4, 4],
+            &[0, 4],
+            &stream,
+        ));
+        Ok(errors
+            .into_iter()
+            .map(|e| e.map_err(|e| e.to_string()))
+            .collect::<Vec<_>>())
+    })
+    .unwrap();
+    for (rank, errors) in results.iter().enumerate() {
+        let wants = ["end past", "overlap", "one of each per rank", "disagree"];
+        for (e, want) in errors.iter().zip(wants) {
+            let e = e.as_ref().expect_err("must be refused");
+            assert!(e.contains(want), "rank {rank}: `{e}` should say `{want}`");
+        }
+    }
+}
+
+/// Guards against a buffer too small being read or written past its end.
+#[test]
+fn short_buffers_are_refused() {
+    in_process::run(2, job(1, 1, AlgorithmChoice::Auto, 1024), |comm| {
+        let send = comm.alloc_zeroed::<f64>(8)?;
+        let mut recv = comm.alloc_zeroed::<f64>(15)?;
+        let stream = comm.device().stream()?;
+        let e = comm
+            .all_gather(&send, &mut recv, 8, &stream)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("recv buffer holds 15 elements, the call needs 16"),
+            "{e}"
+        );
+        let e = comm
+            .all_reduce(&send, &mut recv, 9, ReduceOp::Sum, &stream)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("send buffer holds 8"), "{e}");
+        let e = comm
+            .broadcast(&send, &mut recv, 4, 2, &stream)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("root 2 is not a rank"), "{e}");
+        Ok(())
+    })
+    .unwrap();
+}
