@@ -32,28 +32,33 @@ fn all_reduce<T: ReduceElement>(a: &CollectiveArgs<'_>, op: ReduceOp) -> Result<
     while off < n {
         let len = per.min(n - off);
         let (half_off, half) = my_half::<T>(a, seq)?;
-        let mine = window_mut(half, 0, len)?;
-        mine.copy_from(Grid, window(input, off, len)?)?;
+        let round = window(input, off, len)?;
+        // Stage only what the peers read: each peer's chunk of our input. Our own chunk is
+        // read straight from the input, and its place in the half takes the reduced chunk.
+        for p in (0..nr).filter(|&p| p != r) {
+            let cp = contiguous_chunk(p as u64, nr as u64, len);
+            window_mut(half, cp.start, cp.end - cp.start)?
+                .copy_from(Grid, window(round, cp.start, cp.end - cp.start)?)?;
+        }
         all_peers_meet(a)?;
         let c = contiguous_chunk(r as u64, nr as u64, len);
-        let dst = window_mut(output, off + c.start, c.end - c.start)?;
-        reduce_ranks(dst, nr, op, |p| {
+        let reduced = window_mut(half, c.start, c.end - c.start)?;
+        reduce_ranks(reduced, nr, op, |p| {
             if p == r {
-                window(mine.as_view(), c.start, c.end - c.start)
+                window(round, c.start, c.end - c.start)
             } else {
                 peer_half::<T>(a, p, half_off, c.start, c.end - c.start)
             }
         })?;
-        // Publish our chunk. An element-wise pass split as the reduction was, so each
+        // Our chunk of the output. An element-wise pass split as the reduction was, so each
         // thread copies the elements it reduced itself (a `copy_from` splits by words,
-        // which would read elements other threads may not have written yet).
-        if nr > 1 {
-            window_mut(mine, c.start, c.end - c.start)?.combine_from(
-                Grid,
-                dst.as_view(),
-                |_, r| r,
-            )?;
-        }
+        // which would read elements other threads may not have written yet). The output
+        // is written only now: in place, it is the input the reduction read.
+        window_mut(output, off + c.start, c.end - c.start)?.combine_from(
+            Grid,
+            reduced.as_view(),
+            |_, r| r,
+        )?;
         all_peers_meet(a)?;
         for p in (0..nr).filter(|&p| p != r) {
             let cp = contiguous_chunk(p as u64, nr as u64, len);

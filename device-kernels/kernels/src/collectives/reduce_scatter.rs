@@ -32,18 +32,33 @@ fn reduce_scatter<T: ReduceElement>(
     let input = typed::<T>(a.input, 0, c.saturating_mul(nr as u64))?;
     let output = typed_mut::<T>(a.output, 0, c)?;
     let per = per_round::<T>(a, nr as u64)?;
+    // Our own block is reduced straight from the input, unstaged, unless the output is that
+    // very block (in place) and we are not among the first two sources: the reduction
+    // writes the output from the first pass on, and would read our block after it changed.
+    let own_block = window(input, r as u64 * c, c)?;
+    let aliased = own_block.addr()
+        < output
+            .addr()
+            .saturating_add(output.len() * size_of::<T>() as u64)
+        && output.addr()
+            < own_block
+                .addr()
+                .saturating_add(own_block.len() * size_of::<T>() as u64);
+    let own_direct = r < 2 || !aliased;
     let (mut off, mut seq) = (0, a.sequence);
     while off < c {
         let len = per.min(c - off);
         let (half_off, half) = my_half::<T>(a, seq)?;
-        stage_blocks(half, input, nr, c, off, len, None)?;
+        stage_blocks(half, input, nr, c, off, len, own_direct.then_some(r))?;
         all_peers_meet(a)?;
         let mine = r as u64 * len;
         reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {
-            if p == r {
-                window(half.as_view(), mine, len)
-            } else {
+            if p != r {
                 peer_half::<T>(a, p, half_off, mine, len)
+            } else if own_direct {
+                window(own_block, off, len)
+            } else {
+                window(half.as_view(), mine, len)
             }
         })?;
         off += len;
