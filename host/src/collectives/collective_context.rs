@@ -31,6 +31,9 @@ pub(crate) struct CollectiveContext {
     /// Shapes every rank has agreed on, with what the agreement found (the largest count
     /// any rank sends any rank, for all-to-all-v).
     pub(crate) agreed: HashMap<Shape, u64>,
+    /// The shape of the last call and its entry in `agreed`: a loop of the same call finds
+    /// it with a comparison, without hashing the shape (about 2 % of a 1 KiB all-reduce).
+    pub(crate) last: Option<(Shape, u64)>,
     /// The settings it was made with.
     pub(crate) config: CollectiveConfig,
 }
@@ -86,6 +89,7 @@ impl CollectiveContext {
             barrier,
             sequence: 0,
             agreed: HashMap::new(),
+            last: None,
             config,
         })
     }

@@ -161,8 +161,9 @@ impl Communicator {
     /// `OXCCL_ALGO` names no algorithm.
     pub fn all_reduce_algorithm(&self, bytes: u64) -> Result<Algorithm> {
         let c = &self.config().collectives;
-        let env = std::env::var(ALGO_ENV).ok();
-        let algo = c.algorithm.resolve(bytes, c.packet_limit, env.as_deref())?;
+        let algo = c
+            .algorithm
+            .resolve(bytes, c.packet_limit, algorithm::algo_from_env())?;
         if algo == Algorithm::Packets && bytes.div_ceil(8) * 8 > c.packet_limit.div_ceil(64) * 64 {
             return Err(Error::InvalidUsage(format!(
                 "rank {}: all_reduce: the packet algorithm takes at most {} bytes (the \
@@ -672,12 +673,12 @@ impl Communicator {
             self.collectives = Some(Box::new(ctx));
         }
         let (rank, size) = (self.rank(), self.size());
-        let agreed = match self
-            .collectives
-            .as_ref()
-            .and_then(|c| c.agreed.get(&call.shape))
-        {
-            Some(&max) => max,
+        let known = self.collectives.as_ref().and_then(|c| match &c.last {
+            Some((shape, max)) if *shape == call.shape => Some(*max),
+            _ => c.agreed.get(&call.shape).copied(),
+        });
+        let agreed = match known {
+            Some(max) => max,
             None => {
                 let shapes = shape::agree(self.out_of_band(), &call.shape)?;
                 let max = shapes
@@ -696,6 +697,13 @@ impl Communicator {
             .collectives
             .as_mut()
             .ok_or_else(|| Error::Internal("collectives not set up".into()))?;
+        if ctx
+            .last
+            .as_ref()
+            .is_none_or(|(shape, _)| *shape != call.shape)
+        {
+            ctx.last = Some((call.shape.clone(), agreed));
+        }
         if call.shape.collective == Collective::AllToAllV {
             call.count = agreed;
             call.elements = agreed;
