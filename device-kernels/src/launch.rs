@@ -82,6 +82,9 @@ pub type HostEntry = unsafe fn(params: *const *const c_void) -> Result<(), Devic
 pub struct KernelInfo {
     /// Name of the kernel: its `.entry` in the PTX module.
     pub name: &'static str,
+    /// The crate that defines the kernel, as `cargo xtask build-ptx` names its PTX module
+    /// (`oxccl_kernels`): where the CUDA backend looks for the kernel.
+    pub module: &'static str,
     /// One layout per parameter, in order.
     pub params: &'static [ParamLayout],
     /// Entry point for the CPU emulator.

@@ -1,9 +1,10 @@
 //! Which machine kernels and device memory live on.
 //!
 //! [`Backend::Cpu`] is the emulator: kernels run on OS threads and device memory is host
-//! memory; it is always available. A `Cuda` backend (real GPUs) and `Auto` (Cuda when a
-//! driver and a device are present, else Cpu) take their place here when they land, so
-//! the enum is `#[non_exhaustive]`.
+//! memory; it is always available. [`Backend::Cuda`] is an NVIDIA GPU through the CUDA
+//! driver (loaded at run time: a machine without one gets a clear error, never a crash).
+//! [`Backend::Auto`] is Cuda when a driver and a device are present, else Cpu, and says which
+//! and why in the log (`tracing`, level `info`).
 
 use crate::{Error, Result};
 use std::fmt;
@@ -20,14 +21,19 @@ pub enum Backend {
     /// host memory. Runs everywhere.
     #[default]
     Cpu,
+    /// An NVIDIA GPU, through the CUDA driver API.
+    Cuda,
+    /// [`Backend::Cuda`] if the CUDA driver loads and reports a device, else
+    /// [`Backend::Cpu`]; [`Backend::resolve`] tells which.
+    Auto,
 }
 
 impl Backend {
     /// The backend named by `OXCCL_BACKEND`, or [`Backend::Cpu`] when it is unset or empty.
     ///
     /// # Errors
-    /// [`Error::BackendUnavailable`] if the variable names a backend this build cannot
-    /// use (anything but `cpu`, case-insensitive) or is not valid Unicode.
+    /// [`Error::BackendUnavailable`] if the variable names no backend (`auto`, `cpu` or
+    /// `cuda`, case-insensitive) or is not valid Unicode.
     ///
     /// # Examples
     /// ```
@@ -47,7 +53,7 @@ impl Backend {
             }),
             Err(std::env::VarError::NotPresent) => Ok(Backend::Cpu),
             Err(std::env::VarError::NotUnicode(raw)) => Err(Error::BackendUnavailable(format!(
-                "{BACKEND_ENV}={raw:?} is not valid Unicode; expected `cpu`"
+                "{BACKEND_ENV}={raw:?} is not valid Unicode; expected `auto`, `cpu` or `cuda`"
             ))),
         }
     }
@@ -56,6 +62,36 @@ impl Backend {
     pub const fn name(self) -> &'static str {
         match self {
             Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+            Backend::Auto => "auto",
+        }
+    }
+
+    /// How many CUDA devices the driver reports.
+    ///
+    /// # Errors
+    /// [`Error::BackendUnavailable`] with the reason when the CUDA backend cannot be used
+    /// here: no driver library, a driver that fails to initialize, no device.
+    pub fn cuda_device_count() -> Result<u32> {
+        crate::cuda::driver::device_count().map_err(Error::BackendUnavailable)
+    }
+
+    /// The backend devices open on: `Cpu` and `Cuda` as they are (whether `Cuda` can be
+    /// used is found when a device is opened), `Auto` as Cuda if the CUDA driver loads and
+    /// reports a device, else Cpu, logged with the reason.
+    pub fn resolve(self) -> Backend {
+        match self {
+            Backend::Auto => match crate::cuda::driver::device_count() {
+                Ok(devices) => {
+                    tracing::info!(devices, "backend auto: cuda (the driver reports devices)");
+                    Backend::Cuda
+                }
+                Err(why) => {
+                    tracing::info!(%why, "backend auto: cpu (the CPU emulator)");
+                    Backend::Cpu
+                }
+            },
+            other => other,
         }
     }
 }
@@ -69,24 +105,22 @@ impl fmt::Display for Backend {
 impl FromStr for Backend {
     type Err = Error;
 
-    /// Parses a backend name (`cpu`, case-insensitive, surrounding blanks ignored).
+    /// Parses a backend name (`auto`, `cpu` or `cuda`, case-insensitive, surrounding
+    /// blanks ignored).
     ///
     /// # Errors
     /// [`Error::BackendUnavailable`] for any other name, saying which ones exist.
     fn from_str(s: &str) -> Result<Backend> {
         let name = s.trim();
-        if name.eq_ignore_ascii_case("cpu") {
-            Ok(Backend::Cpu)
-        } else if name.eq_ignore_ascii_case("cuda") || name.eq_ignore_ascii_case("auto") {
-            Err(Error::BackendUnavailable(format!(
-                "backend `{name}` is not part of this build; the available backend is `cpu` \
-                 (the CPU emulator)"
-            )))
-        } else {
-            Err(Error::BackendUnavailable(format!(
-                "unknown backend `{name}`; the available backend is `cpu` (the CPU emulator)"
-            )))
-        }
+        [Backend::Cpu, Backend::Cuda, Backend::Auto]
+            .into_iter()
+            .find(|b| name.eq_ignore_ascii_case(b.name()))
+            .ok_or_else(|| {
+                Error::BackendUnavailable(format!(
+                    "unknown backend `{name}`; the backends are `auto`, `cpu` (the CPU \
+                     emulator) and `cuda`"
+                ))
+            })
     }
 }
 
@@ -99,11 +133,14 @@ mod tests {
     fn parses_names_and_refuses_others() {
         assert_eq!("cpu".parse::<Backend>().unwrap(), Backend::Cpu);
         assert_eq!(" CPU ".parse::<Backend>().unwrap(), Backend::Cpu);
-        for bad in ["cuda", "gpu", "cpus", ""] {
+        assert_eq!("cuda".parse::<Backend>().unwrap(), Backend::Cuda);
+        assert_eq!("Auto".parse::<Backend>().unwrap(), Backend::Auto);
+        for bad in ["gpu", "cpus", "cuda12", ""] {
             let err = bad.parse::<Backend>().unwrap_err();
             assert!(matches!(err, Error::BackendUnavailable(_)), "{bad}: {err}");
             assert!(err.to_string().contains("cpu"), "{err}");
         }
         assert_eq!(Backend::Cpu.to_string(), "cpu");
+        assert_eq!(Backend::Cuda.to_string(), "cuda");
     }
 }

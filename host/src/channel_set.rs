@@ -89,7 +89,7 @@ impl Channel for PortChannel {
 /// fn main() {
 ///     in_process::run(3, Default::default(), |comm| {
 ///         let buf = comm.alloc_zeroed::<u8>(64)?;
-///         let all = comm.all_gather_memory(&comm.register(&buf))?;
+///         let all = comm.all_gather_memory(&comm.register(&buf)?)?;
 ///         let mine = all[comm.rank() as usize].clone();
 ///         let mut channels = Vec::new();
 ///         let (rank, size) = (comm.rank(), comm.size());

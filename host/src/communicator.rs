@@ -15,6 +15,7 @@ use crate::backend::Backend;
 use crate::channel_abort::ChannelAbort;
 use crate::collectives::CollectiveConfig;
 use crate::collectives::collective_context::CollectiveContext;
+use crate::cpu::CpuDevice;
 use crate::cpu::memory::PeerMapping;
 use crate::device::Device;
 use crate::device_buffer::DeviceBuffer;
@@ -115,6 +116,8 @@ impl RankStopper {
 pub struct Communicator {
     oob: Arc<dyn OutOfBand>,
     device: Device,
+    /// The device's emulator (communicators run on the CPU backend only, for now).
+    cpu: Arc<CpuDevice>,
     proxy: ProxyService,
     config: CommunicatorConfig,
     /// Proxy memory ids by (owner rank, address, size).
@@ -151,8 +154,9 @@ impl Communicator {
     /// A communicator for rank `oob.rank()` on `device`, its proxy started.
     ///
     /// # Errors
-    /// A zero `wait_timeout` ("no limit": every wait has one), or the proxy could not be
-    /// created or started.
+    /// A zero `wait_timeout` ("no limit": every wait has one), a device of the CUDA backend
+    /// (which has no communicator yet: [`Error::BackendUnavailable`]), or the proxy could
+    /// not be created or started.
     pub fn new(
         oob: Arc<dyn OutOfBand>,
         device: Device,
@@ -165,6 +169,7 @@ impl Communicator {
                 oob.rank()
             )));
         }
+        let cpu = device.cpu_device_for("a communicator")?.clone();
         let mut proxy = ProxyService::new(ProxyConfig {
             rank: oob.rank(),
             fifo_size: config.fifo_size,
@@ -175,6 +180,7 @@ impl Communicator {
         Ok(Communicator {
             oob,
             device,
+            cpu,
             proxy,
             config,
             memory_ids: HashMap::new(),
@@ -259,14 +265,19 @@ impl Communicator {
     /// Registers `buffer` so peers can reach it; hand the result to them (see
     /// [`Self::all_gather_memory`]). The registration, and every channel built from it,
     /// keeps the buffer's memory allocated.
-    pub fn register<T: bytemuck::Pod>(&self, buffer: &DeviceBuffer<T>) -> RegisteredMemory {
-        RegisteredMemory::new_local(
+    ///
+    /// # Errors
+    /// [`Error::BackendUnavailable`] for a buffer of a CUDA device (registration needs CUDA
+    /// IPC, which is not built yet).
+    pub fn register<T: bytemuck::Pod>(&self, buffer: &DeviceBuffer<T>) -> Result<RegisteredMemory> {
+        let memory = buffer.cpu_memory(&format!("rank {}: register", self.rank()))?;
+        Ok(RegisteredMemory::new_local(
             self.rank(),
-            buffer.memory().clone(),
+            memory.clone(),
             0,
             buffer.size_bytes() as u64,
             vec![Transport::HostIpc],
-        )
+        ))
     }
 
     /// Every rank's registered memory, indexed by rank (a collective call). Our own entry is
@@ -430,7 +441,7 @@ impl Communicator {
             Entry::Vacant(e) => e
                 .insert(Arc::new(PeerMapping::new(
                     handle.map()?,
-                    self.device.cpu_device().clone(),
+                    self.cpu.clone(),
                     self.config.wait_timeout,
                 )))
                 .clone(),
@@ -884,7 +895,7 @@ impl Drop for Communicator {
     /// allocated until they go.
     fn drop(&mut self) {
         let limit = self.config.wait_timeout;
-        if !self.device.cpu_device().wait_idle(limit) {
+        if !self.cpu.wait_idle(limit) {
             tracing::warn!(
                 rank = self.rank(),
                 "communicator dropped while kernels of its device still run after {limit:?}"

@@ -2,11 +2,13 @@
 //!
 //! On [`Backend::Cpu`] a device is an emulated GPU: its memory is page-aligned host memory
 //! and its kernels run on the emulator's threads. Any number of devices (one per rank, for
-//! ranks run as threads of one process) can coexist; each has its own streams.
+//! ranks run as threads of one process) can coexist; each has its own streams. On
+//! [`Backend::Cuda`] it is a GPU, opened through the CUDA driver (its primary context).
 
 use crate::backend::Backend;
 use crate::cpu::CpuDevice;
 use crate::cpu::memory::Fill;
+use crate::cuda::cuda_device::CudaDevice;
 use crate::device_buffer::DeviceBuffer;
 use crate::stream::Stream;
 use crate::{Error, Result};
@@ -37,22 +39,36 @@ pub struct Device {
 }
 
 struct DeviceInner {
-    backend: Backend,
-    cpu: Arc<CpuDevice>,
+    kind: DeviceKind,
+}
+
+/// The device of one backend.
+pub(crate) enum DeviceKind {
+    /// An emulated device.
+    Cpu(Arc<CpuDevice>),
+    /// A GPU.
+    Cuda(Arc<CudaDevice>),
 }
 
 impl Device {
     /// Opens device `ordinal` of `backend`.
     ///
     /// On [`Backend::Cpu`] every ordinal exists: it only names the emulated device in
-    /// messages (use the rank's local index).
+    /// messages (use the rank's local index). [`Backend::Auto`] opens the CUDA device if the
+    /// driver reports devices, else the emulated one ([`Backend::resolve`]).
     ///
     /// # Errors
     /// [`Error::BackendUnavailable`] if the backend cannot be used on this machine (never
-    /// for `Cpu`).
+    /// for `Cpu` or `Auto`): no CUDA driver, or no device `ordinal`. [`Error::Cuda`] if the
+    /// driver refuses to open it.
     pub fn new(backend: Backend, ordinal: usize) -> Result<Device> {
-        match backend {
-            Backend::Cpu => Ok(Device::cpu(ordinal)),
+        match backend.resolve() {
+            Backend::Cuda => Ok(Device {
+                inner: Arc::new(DeviceInner {
+                    kind: DeviceKind::Cuda(Arc::new(CudaDevice::open(ordinal)?)),
+                }),
+            }),
+            _ => Ok(Device::cpu(ordinal)),
         }
     }
 
@@ -60,20 +76,36 @@ impl Device {
     pub fn cpu(ordinal: usize) -> Device {
         Device {
             inner: Arc::new(DeviceInner {
-                backend: Backend::Cpu,
-                cpu: Arc::new(CpuDevice::new(ordinal)),
+                kind: DeviceKind::Cpu(Arc::new(CpuDevice::new(ordinal))),
             }),
         }
     }
 
     /// The device's index within its backend.
     pub fn ordinal(&self) -> usize {
-        self.inner.cpu.ordinal
+        match &self.inner.kind {
+            DeviceKind::Cpu(d) => d.ordinal,
+            DeviceKind::Cuda(d) => d.ordinal,
+        }
     }
 
-    /// The backend the device belongs to.
+    /// The backend the device belongs to (`Cpu` or `Cuda`, never `Auto`).
     pub fn backend(&self) -> Backend {
-        self.inner.backend
+        match &self.inner.kind {
+            DeviceKind::Cpu(_) => Backend::Cpu,
+            DeviceKind::Cuda(_) => Backend::Cuda,
+        }
+    }
+
+    /// The GPU's name and compute capability (`NVIDIA H100 80GB HBM3, sm_90`), or
+    /// `cpu emulator` on the CPU backend.
+    pub fn description(&self) -> String {
+        match &self.inner.kind {
+            DeviceKind::Cpu(_) => "cpu emulator".into(),
+            DeviceKind::Cuda(d) => {
+                format!("{}, sm_{}{}", d.facts.name, d.facts.major, d.facts.minor)
+            }
+        }
     }
 
     /// Allocates `len` elements of device memory, not initialized: as with `cudaMalloc`,
@@ -115,11 +147,25 @@ impl Device {
     /// [`Error::InvalidUsage`] if `OXCCL_TIMEOUT_SECS` is set but is not a positive number
     /// of seconds.
     pub fn stream(&self) -> Result<Stream> {
-        Ok(Stream::new(self.clone(), timeout_from_env()?))
+        Stream::new(self.clone(), timeout_from_env()?)
     }
 
-    pub(crate) fn cpu_device(&self) -> &Arc<CpuDevice> {
-        &self.inner.cpu
+    /// The device of its backend.
+    pub(crate) fn kind(&self) -> &DeviceKind {
+        &self.inner.kind
+    }
+
+    /// The emulated device, or an error saying that `what` is not available on this
+    /// device's backend yet.
+    pub(crate) fn cpu_device_for(&self, what: &str) -> Result<&Arc<CpuDevice>> {
+        match &self.inner.kind {
+            DeviceKind::Cpu(d) => Ok(d),
+            DeviceKind::Cuda(_) => Err(Error::BackendUnavailable(format!(
+                "{what} is not available on the cuda backend yet (CUDA IPC, the trigger \
+                 FIFO in mapped host memory and the proxy on streams are not built): use \
+                 the cpu backend for it"
+            ))),
+        }
     }
 }
 

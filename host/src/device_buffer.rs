@@ -2,10 +2,13 @@
 //! kernels receive.
 //!
 //! On [`Backend::Cpu`](crate::Backend::Cpu) a buffer is page-aligned (4096) host memory;
-//! its address is what kernels dereference.
+//! its address is what kernels dereference. On [`Backend::Cuda`](crate::Backend::Cuda) it
+//! is GPU memory (`cuMemAlloc`, 256-byte aligned at least), copied through the driver.
 
+use crate::buffer_memory::BufferMemory;
 use crate::cpu::memory::{AllocError, DeviceMemory, Fill, HostMemory};
-use crate::device::{Device, timeout_from_env};
+use crate::cuda::cuda_memory::CudaMemory;
+use crate::device::{Device, DeviceKind, timeout_from_env};
 use crate::{Error, Result};
 use bytemuck::Pod;
 use oxccl_device::device_view::Element;
@@ -47,7 +50,7 @@ use std::sync::Arc;
 /// ```
 pub struct DeviceBuffer<T> {
     /// Holds at least `len * size_of::<T>()` bytes.
-    memory: Arc<DeviceMemory>,
+    memory: BufferMemory,
     len: usize,
     device: Device,
     _elem: PhantomData<T>,
@@ -66,26 +69,32 @@ impl<T: Pod> DeviceBuffer<T> {
                 size_of::<T>()
             ))
         })?;
-        let memory = HostMemory::new(bytes, fill).map_err(|err| match err {
-            AllocError::TooLarge => {
-                Error::InvalidUsage(format!("a buffer of {bytes} bytes does not fit in memory"))
+        let memory = match device.kind() {
+            DeviceKind::Cpu(cpu) => {
+                let memory = HostMemory::new(bytes, fill).map_err(|err| match err {
+                    AllocError::TooLarge => Error::InvalidUsage(format!(
+                        "a buffer of {bytes} bytes does not fit in memory"
+                    )),
+                    AllocError::System(source) => Error::System {
+                        context: format!(
+                            "allocating {bytes} bytes on {} device {}",
+                            device.backend(),
+                            device.ordinal()
+                        ),
+                        source,
+                    },
+                })?;
+                let drop_wait = timeout_from_env().unwrap_or(crate::device::DEFAULT_TIMEOUT);
+                BufferMemory::Cpu(Arc::new(DeviceMemory::new(memory, cpu.clone(), drop_wait)))
             }
-            AllocError::System(source) => Error::System {
-                context: format!(
-                    "allocating {bytes} bytes on {} device {}",
-                    device.backend(),
-                    device.ordinal()
-                ),
-                source,
-            },
-        })?;
-        let drop_wait = timeout_from_env().unwrap_or(crate::device::DEFAULT_TIMEOUT);
+            DeviceKind::Cuda(cuda) => BufferMemory::Cuda(Arc::new(CudaMemory::new(
+                cuda,
+                bytes,
+                matches!(fill, Fill::Zero),
+            )?)),
+        };
         Ok(Self {
-            memory: Arc::new(DeviceMemory::new(
-                memory,
-                device.cpu_device().clone(),
-                drop_wait,
-            )),
+            memory,
             len,
             device: device.clone(),
             _elem: PhantomData,
@@ -112,14 +121,16 @@ impl<T: Pod> DeviceBuffer<T> {
         &self.device
     }
 
-    /// The memory, shared with whatever keeps it alive beyond the buffer.
-    pub(crate) fn memory(&self) -> &Arc<DeviceMemory> {
-        &self.memory
+    /// The emulator memory, shared with whatever keeps it alive beyond the buffer; an error
+    /// naming `what` on a backend that cannot share it yet.
+    pub(crate) fn cpu_memory(&self, what: &str) -> Result<&Arc<DeviceMemory>> {
+        self.memory.cpu(what)
     }
 
-    /// Device address of the first element (page-aligned).
+    /// Device address of the first element (page-aligned on the CPU backend, at least
+    /// 256-byte aligned on CUDA).
     pub fn addr(&self) -> u64 {
-        self.base() as usize as u64
+        self.memory.addr()
     }
 
     /// A view of the whole buffer that kernels read: typed, bounds-checked, safe to use
@@ -191,75 +202,59 @@ impl<T: Pod> DeviceBuffer<T> {
     /// Copies `src` into the buffer, synchronously.
     ///
     /// # Errors
-    /// [`Error::InvalidUsage`] if `src.len() != self.len()`.
+    /// [`Error::InvalidUsage`] if `src.len() != self.len()`; [`Error::Cuda`] if the driver
+    /// fails the copy.
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
         self.check_len("copy_from_host", src.len())?;
-        // SAFETY: the buffer holds `len` elements' worth of bytes at `base()`, aligned for
-        // `T` (page-aligned); `src` has the same length and, being a host slice borrowed
-        // while we hold `&mut self`, does not overlap it.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base().cast::<T>(), src.len()) };
-        Ok(())
+        // SAFETY: the whole buffer; `&mut self` excludes every other host access to it.
+        unsafe { self.memory.write(0, bytemuck::cast_slice(src)) }
     }
 
     /// Copies the buffer into `dst`, synchronously.
     ///
     /// # Errors
-    /// [`Error::InvalidUsage`] if `dst.len() != self.len()`.
+    /// [`Error::InvalidUsage`] if `dst.len() != self.len()`; [`Error::Cuda`] if the driver
+    /// fails the copy.
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
         self.check_len("copy_to_host", dst.len())?;
-        // SAFETY: the buffer holds `len` initialized elements at `base()` (filled at
-        // allocation; every bit pattern is a valid `T: Pod`), aligned for `T`; `dst` is an
-        // exclusive host slice of the same length, so the two do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.base().cast::<T>(), dst.as_mut_ptr(), dst.len())
-        };
-        Ok(())
+        // SAFETY: the whole buffer, which holds `len` elements.
+        unsafe { self.memory.read(0, bytemuck::cast_slice_mut(dst)) }
     }
 
     /// Copies `src` into elements `offset..offset + src.len()` of the buffer, synchronously;
     /// the other elements are left as they are.
     ///
     /// # Errors
-    /// [`Error::InvalidUsage`] if the range does not lie inside the buffer.
+    /// [`Error::InvalidUsage`] if the range does not lie inside the buffer; [`Error::Cuda`]
+    /// if the driver fails the copy.
     pub fn copy_from_host_at(&mut self, offset: usize, src: &[T]) -> Result<()> {
         self.check_range("copy_from_host_at", offset, src.len())?;
-        // SAFETY: elements `offset..offset + src.len()` lie inside the buffer (checked),
-        // aligned for `T`; `src` is a host slice borrowed while we hold `&mut self`, so the
-        // two do not overlap.
+        // SAFETY: elements `offset..offset + src.len()` lie inside the buffer (checked);
+        // `&mut self` excludes every other host access to it.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                src.as_ptr(),
-                self.base().cast::<T>().add(offset),
-                src.len(),
-            )
-        };
-        Ok(())
+            self.memory
+                .write(offset * size_of::<T>(), bytemuck::cast_slice(src))
+        }
     }
 
     /// Copies elements `offset..offset + dst.len()` of the buffer into `dst`, synchronously.
     ///
     /// # Errors
-    /// [`Error::InvalidUsage`] if the range does not lie inside the buffer.
+    /// [`Error::InvalidUsage`] if the range does not lie inside the buffer; [`Error::Cuda`]
+    /// if the driver fails the copy.
     pub fn copy_to_host_at(&self, offset: usize, dst: &mut [T]) -> Result<()> {
         self.check_range("copy_to_host_at", offset, dst.len())?;
-        // SAFETY: elements `offset..offset + dst.len()` lie inside the buffer (checked),
-        // initialized (every bit pattern is a valid `T: Pod`) and aligned for `T`; `dst` is
-        // an exclusive host slice, so the two do not overlap.
+        // SAFETY: elements `offset..offset + dst.len()` lie inside the buffer (checked).
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.base().cast::<T>().add(offset),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        };
-        Ok(())
+            self.memory
+                .read(offset * size_of::<T>(), bytemuck::cast_slice_mut(dst))
+        }
     }
 
     /// The buffer's contents as a new vector, copied synchronously.
     ///
     /// # Errors
-    /// None on the CPU backend; the `Result` leaves room for backends whose copies can
-    /// fail.
+    /// [`Error::Cuda`] if the driver fails the copy (never on the CPU backend).
     pub fn to_vec(&self) -> Result<Vec<T>> {
         let mut out = vec![T::zeroed(); self.len];
         self.copy_to_host(&mut out)?;
@@ -269,12 +264,20 @@ impl<T: Pod> DeviceBuffer<T> {
     /// Sets every element to `value`, synchronously.
     ///
     /// # Errors
-    /// None on the CPU backend (see [`Self::to_vec`]).
+    /// [`Error::Cuda`] if the driver fails the copy (never on the CPU backend).
     pub fn fill(&mut self, value: T) -> Result<()> {
-        let base = self.base().cast::<T>();
-        for i in 0..self.len {
-            // SAFETY: `i < len`, and the buffer holds `len` elements aligned for `T`.
-            unsafe { base.add(i).write(value) };
+        // Through a bounded host block, copied as often as it takes.
+        let block = vec![
+            value;
+            self.len
+                .min(FILL_BLOCK_BYTES / size_of::<T>().max(1))
+                .max(1)
+        ];
+        let mut at = 0;
+        while at < self.len {
+            let n = block.len().min(self.len - at);
+            self.copy_from_host_at(at, &block[..n])?;
+            at += n;
         }
         Ok(())
     }
@@ -282,11 +285,9 @@ impl<T: Pod> DeviceBuffer<T> {
     /// Sets every byte to zero, synchronously.
     ///
     /// # Errors
-    /// None on the CPU backend (see [`Self::to_vec`]).
+    /// As [`Self::fill`].
     pub fn zero(&mut self) -> Result<()> {
-        // SAFETY: the buffer holds `size_bytes()` writable bytes at `base()`.
-        unsafe { std::ptr::write_bytes(self.base(), 0, self.size_bytes()) };
-        Ok(())
+        self.fill(T::zeroed())
     }
 
     fn check_range(&self, what: &str, offset: usize, len: usize) -> Result<()> {
@@ -312,17 +313,14 @@ impl<T: Pod> DeviceBuffer<T> {
     }
 }
 
-impl<T> DeviceBuffer<T> {
-    fn base(&self) -> *mut u8 {
-        self.memory.as_ptr()
-    }
-}
+/// Bytes of the host block [`DeviceBuffer::fill`] copies from.
+const FILL_BLOCK_BYTES: usize = 1 << 20;
 
 impl<T> fmt::Debug for DeviceBuffer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceBuffer")
             .field("device", &self.device)
-            .field("addr", &format_args!("{:#x}", self.base() as usize))
+            .field("addr", &format_args!("{:#x}", self.memory.addr()))
             .field("len", &self.len)
             .finish()
     }

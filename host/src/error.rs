@@ -62,6 +62,17 @@ pub enum Error {
     /// The requested backend cannot be used on this machine.
     #[error("backend unavailable: {0}")]
     BackendUnavailable(String),
+    /// A CUDA driver call failed.
+    #[error("{context}: {call} failed: {code}")]
+    Cuda {
+        /// What was being done, with device, kernel or buffer.
+        context: String,
+        /// The driver function (`cuMemAlloc`).
+        call: &'static str,
+        /// The driver's name and description of the error (`CUDA_ERROR_OUT_OF_MEMORY: out of
+        /// memory`).
+        code: String,
+    },
     /// An operating-system call failed.
     #[error("{context}: {source}")]
     System {
@@ -119,7 +130,9 @@ impl Error {
                 oxccl_proxy::ProxyError::FifoStalled { .. } => ErrorKind::Aborted,
                 _ => ErrorKind::Remote,
             },
-            Error::BackendUnavailable(_) | Error::System { .. } => ErrorKind::System,
+            Error::BackendUnavailable(_) | Error::System { .. } | Error::Cuda { .. } => {
+                ErrorKind::System
+            }
             Error::Ranks(failures) => failures
                 .first()
                 .map_or(ErrorKind::Internal, |f| f.error.kind()),

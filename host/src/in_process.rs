@@ -10,6 +10,7 @@
 //! answer. `run` then reports every failing rank's error, the root cause first: the first
 //! rank to fail, then ranks that failed on their own, then ranks that were stopped.
 
+use crate::backend::Backend;
 use crate::communicator::{Communicator, CommunicatorConfig, RankStopper};
 use crate::device::Device;
 use crate::error::{Error, ErrorKind, RankFailure, Result};
@@ -26,6 +27,8 @@ pub struct InProcessConfig {
     pub communicator: CommunicatorConfig,
     /// Longest the ranks wait for each other's out-of-band messages.
     pub exchange_timeout: Duration,
+    /// The backend of every rank's device (rank `r` opens device `r`).
+    pub backend: Backend,
 }
 
 impl Default for InProcessConfig {
@@ -33,6 +36,7 @@ impl Default for InProcessConfig {
         InProcessConfig {
             communicator: CommunicatorConfig::default(),
             exchange_timeout: Duration::from_secs(30),
+            backend: Backend::Cpu,
         }
     }
 }
@@ -100,23 +104,25 @@ where
                     .spawn_scoped(scope, move || {
                         let outcome = catch_unwind(AssertUnwindSafe(|| {
                             let mut consequence = false;
-                            let device = Device::cpu(rank as usize);
-                            let result = Communicator::new(
-                                Arc::new(exchange),
-                                device,
-                                config.communicator.clone(),
-                            )
-                            .and_then(|mut comm| {
-                                job.stoppers.lock()[rank as usize] = Some(comm.stopper());
-                                let result = body(&mut comm);
-                                // Stop the others while this rank's communicator still
-                                // exists: its drop waits for its own kernels, which the
-                                // stop ends too.
-                                if result.is_err() {
-                                    consequence = job.fail(rank);
-                                }
-                                result
-                            });
+                            let result = Device::new(config.backend, rank as usize)
+                                .and_then(|device| {
+                                    Communicator::new(
+                                        Arc::new(exchange),
+                                        device,
+                                        config.communicator.clone(),
+                                    )
+                                })
+                                .and_then(|mut comm| {
+                                    job.stoppers.lock()[rank as usize] = Some(comm.stopper());
+                                    let result = body(&mut comm);
+                                    // Stop the others while this rank's communicator still
+                                    // exists: its drop waits for its own kernels, which the
+                                    // stop ends too.
+                                    if result.is_err() {
+                                        consequence = job.fail(rank);
+                                    }
+                                    result
+                                });
                             if result.is_err() && job.first.lock().is_none() {
                                 // Failed before its communicator existed.
                                 consequence = job.fail(rank);

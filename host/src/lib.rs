@@ -2,11 +2,13 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+mod buffer_memory;
 mod channel_abort;
 pub mod channel_set;
 pub mod collectives;
 pub mod communicator;
 mod cpu;
+mod cuda;
 pub mod device;
 pub mod device_buffer;
 pub mod error;

@@ -237,7 +237,7 @@ mod tests {
         let buf = Device::cpu(0).alloc_zeroed::<u8>(8192).unwrap();
         RegisteredMemory::new_local(
             3,
-            buf.memory().clone(),
+            buf.cpu_memory("a test").unwrap().clone(),
             4096,
             4096,
             vec![Transport::HostIpc],

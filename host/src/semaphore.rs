@@ -7,12 +7,14 @@
 //! side tells the other where its `inbound` counter is (see
 //! [`Communicator`](crate::Communicator)).
 
+use crate::cpu::memory::DeviceMemory;
 use crate::device::Device;
 use crate::device_buffer::DeviceBuffer;
 use crate::error::Result;
 use crate::registered_memory::RegisteredMemory;
 use crate::transport::Transport;
 use oxccl_device::semaphore::SemaphoreRawParts;
+use std::sync::Arc;
 
 const INBOUND: u64 = 0;
 const EXPECTED: u64 = 16;
@@ -22,6 +24,8 @@ const CELLS: usize = 17;
 #[derive(Debug)]
 pub struct SemaphoreCells {
     cells: DeviceBuffer<u64>,
+    /// The cells' memory, which registrations share.
+    memory: Arc<DeviceMemory>,
 }
 
 impl SemaphoreCells {
@@ -29,11 +33,12 @@ impl SemaphoreCells {
     /// anything).
     ///
     /// # Errors
-    /// The allocation failed.
+    /// The allocation failed, or the device is on the CUDA backend (whose semaphores need
+    /// CUDA IPC, not built yet).
     pub fn new(device: &Device) -> Result<Self> {
-        Ok(SemaphoreCells {
-            cells: device.alloc_zeroed::<u64>(CELLS)?,
-        })
+        let cells = device.alloc_zeroed::<u64>(CELLS)?;
+        let memory = cells.cpu_memory("semaphores")?.clone();
+        Ok(SemaphoreCells { cells, memory })
     }
 
     fn cell(&self, index: u64) -> u64 {
@@ -42,13 +47,7 @@ impl SemaphoreCells {
 
     /// The inbound counter as registered memory, to hand to the peer (8 bytes).
     pub fn inbound_memory(&self, rank: u32, transports: Vec<Transport>) -> RegisteredMemory {
-        RegisteredMemory::new_local(
-            rank,
-            self.cells.memory().clone(),
-            INBOUND * 8,
-            8,
-            transports,
-        )
+        RegisteredMemory::new_local(rank, self.memory.clone(), INBOUND * 8, 8, transports)
     }
 
     /// The counters' addresses, with `remote_inbound` (the peer's counter, mapped here, or

@@ -16,7 +16,8 @@
 
 use crate::cpu::MAX_THREADS_PER_LAUNCH;
 use crate::cpu::stream::CpuStream;
-use crate::device::Device;
+use crate::cuda::cuda_stream::CudaStream;
+use crate::device::{Device, DeviceKind};
 use crate::{Error, Result};
 use oxccl_device::launch::{KernelInfo, LaunchConfig, Launcher};
 use std::ffi::c_void;
@@ -59,8 +60,14 @@ pub const CPU_MAX_THREADS_PER_LAUNCH: u64 = MAX_THREADS_PER_LAUNCH;
 /// ```
 pub struct Stream {
     device: Device,
-    cpu: Arc<CpuStream>,
+    kind: StreamKind,
     timeout: Duration,
+}
+
+/// The stream of one backend.
+enum StreamKind {
+    Cpu(Arc<CpuStream>),
+    Cuda(CudaStream),
 }
 
 // Streams, devices and buffers are shared between the threads of a program (ranks run as
@@ -73,13 +80,16 @@ const _: () = {
 };
 
 impl Stream {
-    pub(crate) fn new(device: Device, timeout: Duration) -> Stream {
-        let cpu = Arc::new(CpuStream::new(device.cpu_device().clone()));
-        Stream {
+    pub(crate) fn new(device: Device, timeout: Duration) -> Result<Stream> {
+        let kind = match device.kind() {
+            DeviceKind::Cpu(cpu) => StreamKind::Cpu(Arc::new(CpuStream::new(cpu.clone()))),
+            DeviceKind::Cuda(cuda) => StreamKind::Cuda(CudaStream::new(cuda)?),
+        };
+        Ok(Stream {
             device,
-            cpu,
+            kind,
             timeout,
-        }
+        })
     }
 
     /// The device the stream's kernels run on.
@@ -112,14 +122,21 @@ impl Stream {
     /// - [`Error::KernelError`] if a kernel returned an error (a device call that failed:
     ///   a wait that timed out, a call refused), with the thread and the call.
     /// - [`Error::System`] if the emulator could not start a launch's threads.
+    /// - [`Error::Cuda`] if the CUDA driver failed otherwise.
     pub fn synchronize(&self) -> Result<()> {
-        self.cpu.synchronize(self.timeout)
+        match &self.kind {
+            StreamKind::Cpu(s) => s.synchronize(self.timeout),
+            StreamKind::Cuda(s) => s.synchronize(self.timeout),
+        }
     }
 
     /// The emulator's stream.
     #[cfg(test)]
     pub(crate) fn cpu_stream(&self) -> &Arc<CpuStream> {
-        &self.cpu
+        match &self.kind {
+            StreamKind::Cpu(s) => s,
+            StreamKind::Cuda(_) => panic!("a test asked a cuda stream for its emulator stream"),
+        }
     }
 
     fn validate(
@@ -150,34 +167,45 @@ impl Stream {
         if g.volume() == 0 || b.volume() == 0 {
             return refuse(format!("grid {g} and block {b} must have no zero extent"));
         }
-        // A cooperative kernel (grid barrier) needs every block resident at once. The
-        // emulator runs every thread of a launch at once, so it holds as many blocks as fit
-        // in its thread limit. The CUDA backend will ask the occupancy API instead
-        // (`cuOccupancyMaxActiveBlocksPerMultiprocessor` for the kernel, block size and
-        // shared memory, times the multiprocessor count) and launch such kernels with
-        // `cuLaunchCooperativeKernel`.
-        let resident_blocks = CPU_MAX_THREADS_PER_LAUNCH / b.volume();
-        if let Some(too_large) = kernel.not_co_resident(config, resident_blocks) {
-            return refuse(format!(
-                "{too_large} (the cpu backend runs at most {CPU_MAX_THREADS_PER_LAUNCH} \
-                 threads of a launch at once)"
-            ));
-        }
-        if config.total_threads() > CPU_MAX_THREADS_PER_LAUNCH {
-            return refuse(format!(
-                "grid {g} times block {b} is {} threads; the cpu backend runs at most \
-                 {CPU_MAX_THREADS_PER_LAUNCH} per launch",
-                config.total_threads()
-            ));
-        }
         if let Some(unsupported) = kernel.unsupported(config) {
             return Err(Error::InvalidUsage(unsupported.to_string()));
         }
-        if config.shared_mem_bytes != 0 {
-            return refuse(format!(
-                "{} bytes of dynamic shared memory requested; the cpu backend has none",
-                config.shared_mem_bytes
-            ));
+        // A cooperative kernel (grid barrier) needs every block resident at once.
+        match &self.kind {
+            StreamKind::Cpu(_) => {
+                // The emulator runs every thread of a launch at once, so it holds as many
+                // blocks as fit in its thread limit.
+                let resident_blocks = CPU_MAX_THREADS_PER_LAUNCH / b.volume();
+                if let Some(too_large) = kernel.not_co_resident(config, resident_blocks) {
+                    return refuse(format!(
+                        "{too_large} (the cpu backend runs at most \
+                         {CPU_MAX_THREADS_PER_LAUNCH} threads of a launch at once)"
+                    ));
+                }
+                if config.total_threads() > CPU_MAX_THREADS_PER_LAUNCH {
+                    return refuse(format!(
+                        "grid {g} times block {b} is {} threads; the cpu backend runs at most \
+                         {CPU_MAX_THREADS_PER_LAUNCH} per launch",
+                        config.total_threads()
+                    ));
+                }
+                if config.shared_mem_bytes != 0 {
+                    return refuse(format!(
+                        "{} bytes of dynamic shared memory requested; the cpu backend has none",
+                        config.shared_mem_bytes
+                    ));
+                }
+            }
+            StreamKind::Cuda(s) => {
+                // The GPU holds what the occupancy API says: blocks per multiprocessor for
+                // the kernel, block size and shared memory, times the multiprocessors.
+                if kernel.cooperative {
+                    let resident_blocks = s.resident_blocks(kernel, config)?;
+                    if let Some(too_large) = kernel.not_co_resident(config, resident_blocks) {
+                        return refuse(format!("{too_large} (the device's occupancy)"));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -208,7 +236,12 @@ impl Launcher for Stream {
     ) -> Result<()> {
         self.validate(kernel, &config, params)?;
         // SAFETY: the count is checked above; the values are valid by our caller's contract.
-        unsafe { self.cpu.launch(kernel, config, params) }
+        unsafe {
+            match &self.kind {
+                StreamKind::Cpu(s) => s.launch(kernel, config, params),
+                StreamKind::Cuda(s) => s.launch(kernel, config, params),
+            }
+        }
     }
 }
 
@@ -216,7 +249,13 @@ impl fmt::Debug for Stream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Stream")
             .field("device", &self.device)
-            .field("id", &self.cpu.id)
+            .field(
+                "id",
+                &match &self.kind {
+                    StreamKind::Cpu(s) => format!("{}", s.id),
+                    StreamKind::Cuda(s) => format!("{s:?}"),
+                },
+            )
             .field("timeout", &self.timeout)
             .finish()
     }

@@ -64,7 +64,7 @@ fn back_to_back(ranks: u32, ns: &[usize], threads: u32, in_place: bool) -> Vec<u
                 comm.device().alloc_from(&data)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let all = comm.all_gather_memory(&comm.register(&work))?;
+        let all = comm.all_gather_memory(&comm.register(&work)?)?;
         let mine = all[rank as usize].clone();
         let (next, prev) = comm.ring_memory_channels(&all, &mine, None)?;
         let errors = comm.alloc_zeroed::<u64>(1)?;
@@ -169,7 +169,7 @@ fn ring_all_reduce_shrinking_n_back_to_back() {
 fn unsupported_launch_shape_is_refused() {
     in_process::run(2, config(), |comm| {
         let work = comm.alloc_zeroed::<f32>(64)?;
-        let all = comm.all_gather_memory(&comm.register(&work))?;
+        let all = comm.all_gather_memory(&comm.register(&work)?)?;
         let mine = all[comm.rank() as usize].clone();
         let (next, prev) = comm.ring_memory_channels(&all, &mine, None)?;
         let args = RingAllReduceArgs {

@@ -61,6 +61,7 @@ fn config(wait_timeout: Duration) -> InProcessConfig {
             ..Default::default()
         },
         exchange_timeout: Duration::from_secs(20),
+        ..Default::default()
     }
 }
 
@@ -80,7 +81,7 @@ fn setup(
     let buf = comm
         .device()
         .alloc_from(&vec![comm.rank() as u8 + 1; BYTES])?;
-    let all = comm.all_gather_memory(&comm.register(&buf))?;
+    let all = comm.all_gather_memory(&comm.register(&buf)?)?;
     let peer = 1 - comm.rank();
     let chan = comm.port_channel(peer, &all[peer as usize], &all[comm.rank() as usize])?;
     Ok((buf, chan, all))
@@ -268,7 +269,7 @@ fn wait_times_out() {
     let limit = Duration::from_millis(200);
     in_process::run(2, config(limit), |comm| {
         let buf = comm.alloc::<u8>(64)?;
-        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let all = comm.all_gather_memory(&comm.register(&buf)?)?;
         let peer = 1 - comm.rank();
         let mine = all[comm.rank() as usize].clone();
         let memory = comm.memory_channel(peer, &all[peer as usize], &mine, None)?;

@@ -145,7 +145,7 @@ fn gather_buffer(
     chunk: usize,
 ) -> Result<(oxccl::DeviceBuffer<u32>, Vec<RegisteredMemory>)> {
     let buf = comm.alloc::<u32>(chunk * comm.size() as usize)?;
-    let all = comm.all_gather_memory(&comm.register(&buf))?;
+    let all = comm.all_gather_memory(&comm.register(&buf)?)?;
     Ok((buf, all))
 }
 
@@ -209,7 +209,7 @@ fn broadcast_over_a_port_channel_set() {
         let (rank, n, root) = (comm.rank(), comm.size(), 1);
         let count = 4099usize;
         let buf = comm.alloc::<u32>(count)?;
-        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let all = comm.all_gather_memory(&comm.register(&buf)?)?;
         let mine = all[rank as usize].clone();
         let channels: Vec<PortChannel> = to_every_peer(comm, |c, peer| {
             c.port_channel(peer, &all[peer as usize], &mine)
@@ -269,7 +269,7 @@ fn unknown_peers_and_duplicate_channels_are_refused() {
         let rank = comm.rank();
         let peer = 1 - rank;
         let buf = comm.alloc_zeroed::<u8>(64)?;
-        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let all = comm.all_gather_memory(&comm.register(&buf)?)?;
         let mine = all[rank as usize].clone();
         let channels = vec![
             comm.memory_channel(peer, &all[peer as usize], &mine, None)?,

@@ -15,7 +15,7 @@ use oxccl::in_process;
 fn channels_built_in_different_orders_are_refused() {
     let results = in_process::run(2, config(), |comm| {
         let buf = comm.alloc_zeroed::<u8>(64)?;
-        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let all = comm.all_gather_memory(&comm.register(&buf)?)?;
         let (rank, peer) = (comm.rank(), 1 - comm.rank());
         let (mine, theirs) = (all[rank as usize].clone(), all[peer as usize].clone());
         // Keys in the same order: both succeed.

@@ -167,8 +167,8 @@ fn packets_back_to_back(
     // Layout of `data`: words 0..words to send, words..2*words received.
     let data = comm.alloc::<u32>(2 * words)?;
     let packets = comm.alloc_zeroed::<u8>(8 * words)?;
-    let data_mem = comm.all_gather_memory(&comm.register(&data))?;
-    let packet_mem = comm.all_gather_memory(&comm.register(&packets))?;
+    let data_mem = comm.all_gather_memory(&comm.register(&data)?)?;
+    let packet_mem = comm.all_gather_memory(&comm.register(&packets)?)?;
     let me = rank as usize;
     let (to_next, from_prev) =
         comm.ring_memory_channels(&packet_mem, &data_mem[me], Some(&packet_mem[me]))?;
@@ -277,7 +277,7 @@ fn ll16_packet_exchange() {
 fn ring_helpers_and_channels_refuse_bad_peers() {
     in_process::run(1, config(), |comm| {
         let buf = comm.alloc::<u8>(64)?;
-        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let all = comm.all_gather_memory(&comm.register(&buf)?)?;
         let err = comm.ring_port_channels(&all, &all[0]).unwrap_err();
         assert!(matches!(err, oxccl::Error::InvalidUsage(_)), "{err}");
         let err = comm.memory_channel(0, &all[0], &all[0], None).unwrap_err();
@@ -287,7 +287,7 @@ fn ring_helpers_and_channels_refuse_bad_peers() {
     .unwrap();
     in_process::run(2, config(), |comm| {
         let buf = comm.alloc::<u8>(64)?;
-        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let all = comm.all_gather_memory(&comm.register(&buf)?)?;
         let err = comm
             .ring_memory_channels(&all[..1], &all[0], None)
             .unwrap_err();

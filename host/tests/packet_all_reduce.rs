@@ -26,7 +26,7 @@ fn setup(
 ) -> oxccl::Result<(DeviceBuffer<u64>, MemoryChannel, MemoryChannel)> {
     let bytes = packet_scratch_bytes(capacity as u64, comm.size()).max(16);
     let scratch = comm.alloc_zeroed::<u64>((bytes / 8) as usize)?;
-    let all = comm.all_gather_memory(&comm.register(&scratch))?;
+    let all = comm.all_gather_memory(&comm.register(&scratch)?)?;
     let mine = all[comm.rank() as usize].clone();
     let (next, prev) = comm.ring_memory_channels(&all, &mine, Some(&mine))?;
     Ok((scratch, next, prev))

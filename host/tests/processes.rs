@@ -68,7 +68,7 @@ fn run_rank() -> Result<u32> {
         *v = value(rank, i);
     }
     let work = comm.device().alloc_from(&host)?;
-    let all = comm.all_gather_memory(&comm.register(&work))?;
+    let all = comm.all_gather_memory(&comm.register(&work)?)?;
     let (next, prev) = comm.ring_memory_channels(&all, &all[rank as usize], None)?;
     let args = RingAllReduceArgs {
         next: next.device_handle(),

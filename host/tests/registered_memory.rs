@@ -44,7 +44,7 @@ fn encode(version: u32, wire: &Wire) -> Vec<u8> {
 fn registered_memory_rejects_bad_handle() {
     in_process::run(2, config(), |comm| {
         let buf = comm.alloc::<u64>(1024)?;
-        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let all = comm.all_gather_memory(&comm.register(&buf)?)?;
         if comm.rank() == 0 {
             let file = tempfile::tempfile().unwrap();
             let (version, good) = decode(&all[1]);

@@ -27,6 +27,7 @@ extern crate std;
 
 pub mod all_reduce;
 pub mod collectives;
+pub mod device_check;
 pub mod packet_all_reduce;
 pub mod packet_exchange;
 pub mod pingpong;

@@ -22,7 +22,7 @@ pub fn run_rank(comm: &mut Communicator, opts: &Options) -> Result<Outcome> {
     // The buffer peers store into: registered, and its registration sent to every rank
     // (`all[p]` is rank p's, valid on this rank once mapped by a channel).
     let buf = comm.alloc::<u32>(total)?;
-    let all = comm.all_gather_memory(&comm.register(&buf))?;
+    let all = comm.all_gather_memory(&comm.register(&buf)?)?;
 
     // A memory channel to every peer: kernels store into the peer's `buf` (`all[peer]`)
     // from ours (`all[rank]`). Every rank builds them in the same (ascending) order, which

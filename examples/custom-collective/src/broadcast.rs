@@ -20,7 +20,7 @@ pub fn run_rank(comm: &mut Communicator, opts: &Options) -> Result<Outcome> {
 
     // The buffer the proxy copies from (on the root) and into (everywhere else).
     let buf = comm.alloc::<u32>(count)?;
-    let all = comm.all_gather_memory(&comm.register(&buf))?;
+    let all = comm.all_gather_memory(&comm.register(&buf)?)?;
 
     // A port channel to every peer: the proxy copies from our `buf` into the peer's. Only
     // the root's channels carry data; the others carry their ready signals to the root.

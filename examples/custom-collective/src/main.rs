@@ -47,6 +47,9 @@ struct Cli {
     /// Longest one device wait may take, in seconds.
     #[arg(long, default_value_t = 30)]
     wait_timeout_secs: u64,
+    /// Backend of every rank's device: `auto`, `cpu` (the emulator) or `cuda`.
+    #[arg(long, default_value = "cpu", value_parser = |s: &str| s.parse::<oxccl::Backend>().map_err(|e| e.to_string()))]
+    backend: oxccl::Backend,
     /// Build the kernel crate to PTX instead of running (needs the rustup components
     /// rust-src, llvm-tools and llvm-bitcode-linker).
     #[arg(long)]
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         root: cli.root,
         proxy_assist: !cli.no_proxy_assist,
         wait_timeout: Duration::from_secs(cli.wait_timeout_secs),
+        backend: cli.backend,
     };
     println!(
         "# custom collectives: {} ranks as threads of one process (CPU emulator), 1 block of {} \

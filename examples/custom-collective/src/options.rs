@@ -25,6 +25,8 @@ pub struct Options {
     /// Longest any one device wait may take before the kernel gives up and the host
     /// reports the channel.
     pub wait_timeout: Duration,
+    /// Backend of every rank's device.
+    pub backend: oxccl::Backend,
 }
 
 impl Default for Options {
@@ -37,6 +39,7 @@ impl Default for Options {
             root: 1,
             proxy_assist: true,
             wait_timeout: Duration::from_secs(30),
+            backend: oxccl::Backend::Cpu,
         }
     }
 }
@@ -76,6 +79,7 @@ impl Options {
                 ..Default::default()
             },
             exchange_timeout: self.wait_timeout,
+            backend: self.backend,
         }
     }
 }

@@ -14,6 +14,7 @@ fn options(ranks: u32, count: usize, root: u32, proxy_assist: bool) -> Options {
         root,
         proxy_assist,
         wait_timeout: Duration::from_secs(20),
+        ..Options::default()
     }
 }
 

@@ -141,6 +141,7 @@ pub fn run(collective: Collective, args: &BenchArgs) -> Result<bool> {
 pub fn run_in_process(plan: &Plan, args: &BenchArgs) -> Result<Vec<RankOutcome>> {
     let config = InProcessConfig {
         communicator: args.communicator_config(),
+        backend: args.backend,
         ..InProcessConfig::default()
     };
     in_process::run(plan.ranks, config, |comm| rank_body(comm, plan, args))

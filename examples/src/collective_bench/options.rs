@@ -3,7 +3,7 @@
 use crate::parse_bytes;
 use clap::ValueEnum;
 use oxccl::collectives::{Algorithm, AlgorithmChoice};
-use oxccl::{CollectiveConfig, CommunicatorConfig, DataType, ReduceOp};
+use oxccl::{Backend, CollectiveConfig, CommunicatorConfig, DataType, ReduceOp};
 use oxccl_device::launch::LaunchConfig;
 use std::path::PathBuf;
 
@@ -90,10 +90,18 @@ pub struct BenchArgs {
     /// as threads of one process.
     #[arg(long)]
     pub processes: bool,
+    /// Backend of every rank's device: `auto`, `cpu` (the emulator) or `cuda`.
+    #[arg(long, default_value = "cpu", value_parser = parse_backend)]
+    pub backend: Backend,
     /// Also time Open MPI's counterpart with the same ranks, sizes, type, operation and
     /// iterations in the same run (needs mpicc and mpirun).
     #[arg(long)]
     pub mpi: bool,
+}
+
+/// A backend named as `OXCCL_BACKEND` names it.
+pub fn parse_backend(name: &str) -> Result<Backend, String> {
+    name.parse::<Backend>().map_err(|e| e.to_string())
 }
 
 impl BenchArgs {

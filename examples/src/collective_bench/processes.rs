@@ -83,6 +83,7 @@ pub fn launch_processes(args: &BenchArgs, baselines: &Baselines) -> Result<bool>
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env("OXCCL_SECRET", &secret)
+            .env(oxccl::backend::BACKEND_ENV, args.backend.name())
             .env(BASELINES_ENV, &encoded)
             .stdout(if rank == 0 {
                 std::process::Stdio::inherit()

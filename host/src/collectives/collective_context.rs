@@ -67,7 +67,7 @@ impl CollectiveContext {
         // Zeroed: a packet slot must never read as arrived before its first packet (flags
         // are never 0).
         let scratch = comm.alloc_zeroed::<u8>(bytes)?;
-        let mine = comm.register(&scratch);
+        let mine = comm.register(&scratch)?;
         let all = comm.all_gather_memory(&mine)?;
         let mut channels = Vec::with_capacity(size as usize);
         for peer in (0..size).filter(|&p| p != rank) {

@@ -24,6 +24,7 @@ pub fn config_with_assist(proxy_assist: bool) -> InProcessConfig {
             ..Default::default()
         },
         exchange_timeout: Duration::from_secs(20),
+        ..Default::default()
     }
 }
 
@@ -53,7 +54,7 @@ pub fn ring_buffer(
         host[rank as usize * chunk + i] = pattern(rank, i as u64, 0);
     }
     let buf = comm.device().alloc_from(&host)?;
-    let all = comm.all_gather_memory(&comm.register(&buf))?;
+    let all = comm.all_gather_memory(&comm.register(&buf)?)?;
     Ok((buf, all))
 }
 

@@ -85,6 +85,9 @@ struct Args {
     /// After the measurement, print each thread's CPU time and context switches.
     #[arg(long)]
     thread_stats: bool,
+    /// Backend of both ranks' devices: `auto`, `cpu` (the emulator) or `cuda`.
+    #[arg(long, default_value = "cpu", value_parser = oxccl_examples::collective_bench::options::parse_backend)]
+    backend: oxccl::Backend,
 }
 
 fn main() -> std::process::ExitCode {

@@ -66,9 +66,10 @@ pub(crate) fn run(args: &Args) -> Result<Measurement> {
     let warmup = (iters / 10).clamp(1, 1000);
     let mut config = InProcessConfig::default();
     config.communicator.proxy_assist = args.assist == Assist::On;
+    config.backend = args.backend;
     let times = in_process::run(2, config, |comm| {
         let buf = comm.alloc::<u8>(args.bytes.max(8) as usize)?;
-        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let all = comm.all_gather_memory(&comm.register(&buf)?)?;
         let (rank, peer) = (comm.rank(), 1 - comm.rank());
         let mine = all[rank as usize].clone();
         let stream = comm.device().stream()?;

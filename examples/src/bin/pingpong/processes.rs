@@ -70,6 +70,8 @@ fn child_args(args: &Args) -> Vec<String> {
         args.channel.name(),
         "--assist",
         args.assist.name(),
+        "--backend",
+        args.backend.name(),
     ]
     .iter()
     .map(|s| s.to_string())

@@ -552,7 +552,7 @@ fn communicator_dropped_while_its_kernel_thread_is_moved() {
     crate::in_process::run(2, config, |comm| {
         let rank = comm.rank();
         let buf = comm.alloc::<u64>(512)?;
-        let all = comm.all_gather_memory(&comm.register(&buf))?;
+        let all = comm.all_gather_memory(&comm.register(&buf)?)?;
         let mine = all[rank as usize].clone();
         let (next, prev) = comm.ring_memory_channels(&all, &mine, None)?;
         let stream = comm.device().stream()?;

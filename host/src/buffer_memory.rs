@@ -1,0 +1,79 @@
+//! The memory behind a device buffer, on its backend: host memory of the emulator, or a
+//! GPU's memory. Byte-level: the address kernels see, and synchronous copies between it and
+//! the host.
+
+use crate::cpu::memory::DeviceMemory;
+use crate::cuda::cuda_memory::CudaMemory;
+use crate::{Error, Result};
+use std::sync::Arc;
+
+/// A buffer's memory.
+#[derive(Clone)]
+pub(crate) enum BufferMemory {
+    /// Emulator memory: kernels and the host use the same address.
+    Cpu(Arc<DeviceMemory>),
+    /// GPU memory: only kernels dereference the address; the host copies through the
+    /// driver.
+    Cuda(Arc<CudaMemory>),
+}
+
+impl BufferMemory {
+    /// The device address of the first byte.
+    pub(crate) fn addr(&self) -> u64 {
+        match self {
+            BufferMemory::Cpu(m) => m.as_ptr() as usize as u64,
+            BufferMemory::Cuda(m) => m.addr(),
+        }
+    }
+
+    /// The emulator memory, or an error saying that `what` needs the CPU backend for now.
+    pub(crate) fn cpu(&self, what: &str) -> Result<&Arc<DeviceMemory>> {
+        match self {
+            BufferMemory::Cpu(m) => Ok(m),
+            BufferMemory::Cuda(_) => Err(Error::BackendUnavailable(format!(
+                "{what}: the buffer is on a cuda device, and this needs the cpu backend for \
+                 now (CUDA IPC is not built)"
+            ))),
+        }
+    }
+
+    /// Copies `src` to bytes `offset..offset + src.len()`, synchronously.
+    ///
+    /// # Safety
+    /// The range lies inside the memory, and on the emulator no host reference covers it.
+    pub(crate) unsafe fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        match self {
+            BufferMemory::Cpu(m) => {
+                // SAFETY: the range lies inside the memory (caller), which is writable host
+                // memory; `src` is a host slice, so the two do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.as_ptr(), m.as_ptr().add(offset), src.len())
+                };
+                Ok(())
+            }
+            BufferMemory::Cuda(m) => m.write(offset, src),
+        }
+    }
+
+    /// Copies bytes `offset..offset + dst.len()` into `dst`, synchronously.
+    ///
+    /// # Safety
+    /// The range lies inside the memory.
+    pub(crate) unsafe fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        match self {
+            BufferMemory::Cpu(m) => {
+                // SAFETY: the range lies inside the memory (caller), initialized at
+                // allocation; `dst` is an exclusive host slice, so the two do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        m.as_ptr().add(offset),
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                    )
+                };
+                Ok(())
+            }
+            BufferMemory::Cuda(m) => m.read(offset, dst),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! A GPU opened through the CUDA driver: its primary context, what it reports about itself,
+//! and the kernels loaded on it.
+//!
+//! Kernels are found by the crate that defines them ([`KernelInfo::module`]): the first
+//! launch of a kernel of crate `c` loads `c`'s PTX for the newest architecture the device
+//! runs (see [`crate::ptx`]), once per device; each kernel's function handle is then looked
+//! up once and kept.
+
+use super::driver::{Context, DeviceFacts};
+use crate::ptx;
+use crate::{Error, Result};
+use cudarc::driver::sys;
+use oxccl_device::launch::KernelInfo;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+
+/// A loaded kernel: its function handle, and how many blocks of it fit on the device at
+/// once for the block size it was last asked about.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LoadedKernel {
+    pub(crate) function: sys::CUfunction,
+}
+
+// SAFETY: a function handle is an opaque value valid in its context on any thread; the
+// module that owns it stays loaded as long as the device (see `CudaDevice::modules`).
+unsafe impl Send for LoadedKernel {}
+// SAFETY: as above.
+unsafe impl Sync for LoadedKernel {}
+
+/// A loaded PTX module.
+struct Module(sys::CUmodule);
+
+// SAFETY: as for `LoadedKernel`: an opaque handle of the device's context.
+unsafe impl Send for Module {}
+
+/// One CUDA device.
+pub(crate) struct CudaDevice {
+    pub(crate) ordinal: usize,
+    pub(crate) facts: DeviceFacts,
+    pub(crate) context: Context,
+    /// PTX modules loaded, by crate; a crate whose PTX could not be loaded keeps its error
+    /// text, so every launch says the same thing without searching again.
+    modules: Mutex<HashMap<&'static str, std::result::Result<Module, String>>>,
+    /// Kernels looked up, by (crate, name).
+    kernels: Mutex<HashMap<(&'static str, &'static str), LoadedKernel>>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cuda device {} ({}, sm_{}{})",
+            self.ordinal, self.facts.name, self.facts.major, self.facts.minor
+        )
+    }
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal`.
+    ///
+    /// # Errors
+    /// [`Error::BackendUnavailable`] without a driver or without that device;
+    /// [`Error::Cuda`] if the driver refuses.
+    pub(crate) fn open(ordinal: usize) -> Result<CudaDevice> {
+        let (context, facts) = Context::open(ordinal)?;
+        tracing::info!(
+            ordinal,
+            name = %facts.name,
+            arch = %format!("sm_{}{}", facts.major, facts.minor),
+            multiprocessors = facts.multiprocessors,
+            "cuda device opened"
+        );
+        Ok(CudaDevice {
+            ordinal,
+            facts,
+            context,
+            modules: Mutex::new(HashMap::new()),
+            kernels: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// `kernel`, loaded on this device (its crate's PTX module loaded first if needed).
+    ///
+    /// # Errors
+    /// No PTX module of the kernel's crate for this device (the message names the command
+    /// that builds it), a module the driver refuses, or a module without the kernel.
+    pub(crate) fn kernel(&self, kernel: &'static KernelInfo) -> Result<LoadedKernel> {
+        if let Some(k) = self.kernels.lock().get(&(kernel.module, kernel.name)) {
+            return Ok(*k);
+        }
+        let mut modules = self.modules.lock();
+        let module = modules
+            .entry(kernel.module)
+            .or_insert_with(|| self.load_module(kernel.module));
+        let module = module
+            .as_ref()
+            .map_err(|why| Error::InvalidUsage(format!("kernel `{}`: {why}", kernel.name)))?;
+        // SAFETY: the module is loaded in this device's context and stays loaded (modules
+        // are never unloaded before the device is dropped).
+        let function = unsafe { self.context.function(module.0, kernel.name)? };
+        let loaded = LoadedKernel { function };
+        self.kernels
+            .lock()
+            .insert((kernel.module, kernel.name), loaded);
+        Ok(loaded)
+    }
+
+    fn load_module(&self, crate_name: &str) -> std::result::Result<Module, String> {
+        let (major, minor) = (self.facts.major, self.facts.minor);
+        let (path, arch) = ptx::locate_for_device(crate_name, major, minor).map_err(|e| {
+            format!(
+                "{e}; build it with `cargo xtask build-ptx` (or `oxccl-build` for a kernel \
+                 crate of your own), or point {} at a copy of `target/ptx`",
+                ptx::PTX_DIR_ENV
+            )
+        })?;
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let what = format!("{} ({arch}) on {self:?}", path.display());
+        let module = self
+            .context
+            .load_module(&text, &what)
+            .map_err(|e| e.to_string())?;
+        tracing::info!(module = crate_name, %arch, path = %path.display(), "ptx module loaded");
+        Ok(Module(module))
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // Every stream and buffer holds the device, so none is left to use a module; work
+        // still queued completes before the context goes (streams are destroyed after
+        // their last synchronize, buffers freed after theirs).
+        for module in self.modules.get_mut().drain().filter_map(|(_, m)| m.ok()) {
+            // SAFETY: loaded in this context; nothing can launch its kernels any more (see
+            // above).
+            if let Err(e) = unsafe { self.context.unload_module(module.0) } {
+                tracing::warn!(error = %e, "unloading a PTX module failed");
+            }
+        }
+    }
+}

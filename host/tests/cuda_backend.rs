@@ -1,0 +1,126 @@
+//! The CUDA backend: what it does without a driver (every machine), and, on a machine with
+//! an NVIDIA driver and GPU, device memory and kernel launches on it. The GPU tests say
+//! "skipped" with the reason where there is none, so a run shows what it did not check.
+
+use oxccl::{Backend, Device, Error};
+use oxccl_device::launch::LaunchConfig;
+use oxccl_kernels::device_check::fill_sequence;
+
+/// The reason the CUDA backend cannot be used here, or `None` if it can.
+fn no_cuda() -> Option<String> {
+    Backend::cuda_device_count().err().map(|e| e.to_string())
+}
+
+/// A CUDA device, or `None` after printing why the calling test is skipped.
+fn gpu(test: &str) -> Option<Device> {
+    match no_cuda() {
+        Some(why) => {
+            println!("{test}: skipped: {why}");
+            None
+        }
+        None => Some(Device::new(Backend::Cuda, 0).expect("open cuda device 0")),
+    }
+}
+
+/// Guards against a machine without an NVIDIA driver crashing (cudarc panics on the first
+/// call into a library it could not load) or silently running on the emulator when the
+/// CUDA backend is asked for by name.
+#[test]
+fn cuda_backend_without_driver_errors() {
+    let Some(why) = no_cuda() else {
+        println!(
+            "cuda_backend_without_driver_errors: skipped: a CUDA driver and device are present"
+        );
+        return;
+    };
+    let err = Device::new(Backend::Cuda, 0).unwrap_err();
+    assert!(matches!(err, Error::BackendUnavailable(_)), "{err}");
+    assert_eq!(
+        err.to_string(),
+        why,
+        "the device error and the backend's reason differ"
+    );
+    assert!(
+        why.contains("libcuda") || why.contains("cuInit") || why.contains("no device"),
+        "{why}"
+    );
+}
+
+/// Guards against `auto` picking a backend that cannot run here, or not picking the GPU
+/// where there is one.
+#[test]
+fn auto_backend_falls_back_to_cpu() {
+    let device = Device::new(Backend::Auto, 0).unwrap();
+    let want = if no_cuda().is_some() {
+        Backend::Cpu
+    } else {
+        Backend::Cuda
+    };
+    assert_eq!(device.backend(), want);
+    assert_eq!(Backend::Auto.resolve(), want);
+    // Whatever it picked works.
+    let buf = device.alloc_from(&[5u32, 6, 7]).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), [5, 6, 7]);
+}
+
+/// Guards against a communicator on a GPU, which this build cannot serve yet (no CUDA IPC,
+/// no mapped FIFO), being created and failing later in obscure ways.
+#[test]
+fn cuda_communicator_is_refused_with_the_reason() {
+    let Some(device) = gpu("cuda_communicator_is_refused_with_the_reason") else {
+        return;
+    };
+    let oob = std::sync::Arc::new(
+        oxccl::InProcessExchange::group(1, std::time::Duration::from_secs(5)).remove(0),
+    );
+    let err = oxccl::Communicator::new(oob, device, Default::default()).unwrap_err();
+    assert!(matches!(err, Error::BackendUnavailable(_)), "{err}");
+    assert!(err.to_string().contains("cuda"), "{err}");
+}
+
+/// Guards against copies that lose or shift bytes between host and GPU memory.
+#[test]
+fn cuda_buffer_round_trip() {
+    let Some(device) = gpu("cuda_buffer_round_trip") else {
+        return;
+    };
+    let data: Vec<u64> = (0..100_003).map(|i| i * 0x9e37_79b9).collect();
+    let mut buf = device.alloc_from(&data).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), data);
+    buf.copy_from_host_at(7, &[1, 2, 3]).unwrap();
+    let mut part = [0u64; 5];
+    buf.copy_to_host_at(6, &mut part).unwrap();
+    assert_eq!(part, [data[6], 1, 2, 3, data[10]]);
+    buf.fill(42).unwrap();
+    assert!(buf.to_vec().unwrap().iter().all(|&v| v == 42));
+    buf.zero().unwrap();
+    assert!(buf.to_vec().unwrap().iter().all(|&v| v == 0));
+    let zeroed = device.alloc_zeroed::<u8>(4097).unwrap();
+    assert!(zeroed.to_vec().unwrap().iter().all(|&v| v == 0));
+    assert!(
+        buf.copy_from_host_at(100_000, &[0; 4]).is_err(),
+        "past the end"
+    );
+}
+
+/// Guards against a kernel that does not run on the GPU, runs with wrong indices or
+/// parameters, or whose writes `synchronize` does not wait for.
+#[test]
+fn cuda_kernel_fills_a_buffer() {
+    let Some(device) = gpu("cuda_kernel_fills_a_buffer") else {
+        return;
+    };
+    let stream = device.stream().unwrap();
+    let n = 1_000_003usize;
+    let out = device.alloc::<u32>(n).unwrap();
+    for config in [
+        LaunchConfig::grid(1).block(1),
+        LaunchConfig::grid(80).block(256),
+    ] {
+        fill_sequence::launch(&stream, config, out.view_mut(), 1000).unwrap();
+        stream.synchronize().unwrap();
+        let got = out.to_vec().unwrap();
+        let wrong = (0..n).filter(|&i| got[i] != 1000 + i as u32).count();
+        assert_eq!(wrong, 0, "{config:?}: {wrong} wrong elements");
+    }
+}
