@@ -18,6 +18,8 @@
 //!    PTX, as a user builds theirs ([`USER_KERNELS_TEST`], within [`STEP_TIME_LIMIT`]; it
 //!    builds `core` for nvptx64 once more, in a target directory of its own, about half a
 //!    minute on two cores); fails if it ran no test
+//! 7. `gpu-bundle`: builds `target/gpu-bundle/` from the PTX of step 6 (compile only: no
+//!    GPU here), so what runs on a GPU machine cannot rot ([`crate::gpu_bundle`])
 //!
 //! Every command runs under a deadline (see [`oxccl_build::bounded`]): one that hangs fails its
 //! step, named in the error, instead of holding CI until the runner's own limit.
@@ -153,6 +155,11 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
                     &libtest::summaries(&stdout),
                 )
             }),
+        ),
+        (
+            "gpu-bundle",
+            "cargo xtask gpu-bundle --reuse-ptx (built, not run: no GPU here)".into(),
+            Box::new(|| crate::gpu_bundle::run_gpu_bundle(ws, true)),
         ),
     ];
 

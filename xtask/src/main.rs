@@ -4,11 +4,14 @@
 //!   `target/ptx/<arch>/<crate>.ptx`; `--check` validates it with ptxas and the memory-model
 //!   rules (see [`build_ptx`]).
 //! - `loom`: model-checks the FIFO and semaphore protocols (see [`ci::run_loom`]).
+//! - `gpu-bundle`: the programs and kernels that need a GPU, packed with a script that runs
+//!   them on a GPU machine without a Rust toolchain (see [`gpu_bundle`]).
 //! - `ci`: everything CI checks, in order (see [`ci`]).
 
 mod barrier_sites;
 mod build_ptx;
 mod ci;
+mod gpu_bundle;
 mod kernels;
 mod layouts;
 mod libtest;
@@ -68,7 +71,14 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Run every CI step: fmt, clippy, tests, loom, build-ptx --check.
+    /// Build `target/gpu-bundle/`: stripped programs, the PTX and `run.sh`, to run on a
+    /// machine with an NVIDIA GPU and driver but no Rust toolchain or network.
+    GpuBundle {
+        /// Use the PTX already in `target/ptx` if every architecture has it.
+        #[arg(long)]
+        reuse_ptx: bool,
+    },
+    /// Run every CI step: fmt, clippy, tests, loom, build-ptx --check, gpu-bundle.
     Ci {
         /// Report register spills in kernels as warnings instead of failing.
         #[arg(long)]
@@ -105,6 +115,7 @@ fn run(task: Task) -> anyhow::Result<()> {
             },
         ),
         Task::Loom { args } => ci::run_loom(&ws, &args),
+        Task::GpuBundle { reuse_ptx } => gpu_bundle::run_gpu_bundle(&ws, reuse_ptx),
         Task::Ci { allow_spills } => ci::run_ci(&ws, &ci::CiOptions { allow_spills }),
     }
 }

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# oxccl GPU checks: one line per step, `gpu-check <step> ok|FAILED <figure>`.
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+logs="${OUT:-$here/logs}"
+mkdir -p "$logs"
+export OXCCL_PTX_DIR="$here/ptx"
+export OXCCL_BACKEND=cuda
+failed=0
+
+# step NAME SECONDS FIGURE_PATTERN COMMAND...: runs COMMAND with a deadline, logs its output,
+# prints the last line matching FIGURE_PATTERN as the figure.
+step() {
+    local name="$1" limit="$2" pattern="$3"
+    shift 3
+    local log="$logs/$name.log"
+    timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
+    local rc=$?
+    local figure
+    figure="$(grep -E "$pattern" "$log" | tail -n 1 | cut -c1-200)"
+    if [ $rc -eq 0 ] && ! grep -q "skipped:" "$log"; then
+        echo "gpu-check $name ok $figure"
+    else
+        [ $rc -eq 124 ] && figure="timed out after ${limit}s; $figure"
+        grep -q "skipped:" "$log" && figure="skipped on a GPU machine: $(grep -m1 'skipped:' "$log")"
+        [ -z "$figure" ] && figure="$(tail -n 3 "$log" | tr '\n' ' ' | cut -c1-300)"
+        echo "gpu-check $name FAILED rc=$rc $figure"
+        failed=1
+    fi
+}
+
+echo "# $(date -u +%FT%TZ) $(uname -srm)"
+nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>/dev/null | sed 's/^/# gpu: /'
+ldd --version 2>/dev/null | head -n 1 | sed 's/^/# /'
+
+step tests 600 "test result" "$here/bin/cuda_backend" --nocapture --test-threads=1
+step pingpong-port 300 "^pingpong " "$here/bin/pingpong" --backend cuda --channel port --iters 2000
+step pingpong-memory 300 "^pingpong " "$here/bin/pingpong" --backend cuda --channel memory --iters 2000
+step allreduce 600 "^ +[0-9]+ " "$here/bin/allreduce" --backend cuda --ranks 2 --processes --max-bytes 64M
+
+exit $failed
