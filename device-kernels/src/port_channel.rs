@@ -12,6 +12,7 @@
 //! arrives after the data. A `put` returns when the request is queued, not done: reuse the
 //! source only after `flush` (or after the peer's answer).
 
+use crate::arch::in_place;
 use crate::error::{DeviceError, DeviceOp};
 use crate::fifo::{FifoDeviceHandle, MAX_TRIGGER_BYTES, ProxyTrigger, TriggerFields, trigger_type};
 use crate::semaphore::Host2DeviceSemaphoreDeviceHandle;
@@ -90,15 +91,7 @@ impl<'a> PortChannelDeviceHandle<'a> {
 
     #[inline(always)]
     fn trigger(&self, kind: u64, dst_off: u64, src_off: u64, bytes: u64) -> ProxyTrigger {
-        ProxyTrigger::encode(&TriggerFields {
-            kind,
-            dst_memory_id: self.ids.dst_memory_id,
-            dst_offset: dst_off,
-            src_memory_id: self.ids.src_memory_id,
-            src_offset: src_off,
-            size: bytes,
-            semaphore_id: self.ids.semaphore_id,
-        })
+        trigger_of(self.ids, kind, dst_off, src_off, bytes)
     }
 
     /// Pushes the data triggers of a copy of `bytes` from `src_off` to `dst_off`; the last
@@ -143,8 +136,17 @@ impl<'a> PortChannelDeviceHandle<'a> {
         }
         self.fifo
             .push(self.trigger(trigger_type::DATA, 0, 0, MAX))?;
-        self.fifo
-            .push(self.trigger(trigger_type::DATA | last_kind, MAX, MAX, bytes - MAX))
+        // The second trigger's ids are read here, after the first push: otherwise LLVM
+        // encodes them once for both triggers, and the encoded words hold registers through
+        // the whole first push (its wait included) in every kernel that calls `put`.
+        let ids = ids_in_place(self.ids);
+        self.fifo.push(trigger_of(
+            ids,
+            trigger_type::DATA | last_kind,
+            MAX,
+            MAX,
+            in_place(bytes) - MAX,
+        ))
     }
 
     /// Asks the proxy to copy `bytes` from our memory at `src_off` to the peer's at
@@ -234,6 +236,33 @@ impl<'a> PortChannelDeviceHandle<'a> {
     pub fn poll(&self) -> Result<bool, DeviceError> {
         self.semaphore.poll()
     }
+}
+
+/// The trigger of a channel with `ids` asking for `kind` with these offsets and size.
+#[inline(always)]
+fn trigger_of(
+    ids: PortChannelIds,
+    kind: u64,
+    dst_off: u64,
+    src_off: u64,
+    bytes: u64,
+) -> ProxyTrigger {
+    ProxyTrigger::encode(&TriggerFields {
+        kind,
+        dst_memory_id: ids.dst_memory_id,
+        dst_offset: dst_off,
+        src_memory_id: ids.src_memory_id,
+        src_offset: src_off,
+        size: bytes,
+        semaphore_id: ids.semaphore_id,
+    })
+}
+
+/// `ids`, as read where this call stands (see [`in_place`]).
+#[inline(always)]
+fn ids_in_place(ids: PortChannelIds) -> PortChannelIds {
+    let [a, b]: [u64; 2] = bytemuck::cast(ids);
+    bytemuck::cast([in_place(a), in_place(b)])
 }
 
 #[cfg(all(test, not(oxccl_loom)))]
