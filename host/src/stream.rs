@@ -130,6 +130,51 @@ impl Stream {
         }
     }
 
+    /// The CUDA driver's handle of this stream (`CUstream`), to enqueue work of one's own
+    /// (cudarc, a CUDA library) in order with oxccl's launches; `None` on the CPU backend.
+    pub fn cuda_stream(&self) -> Option<*mut std::ffi::c_void> {
+        match &self.kind {
+            StreamKind::Cpu(_) => None,
+            StreamKind::Cuda(s) => Some(s.raw().cast()),
+        }
+    }
+
+    /// A stream of `device` over a CUDA stream created elsewhere (cudarc's
+    /// `CudaStream::cu_stream()`, a CUDA library's): oxccl's launches go in order with the
+    /// caller's work on it. The stream is not destroyed when the returned one is dropped.
+    ///
+    /// # Safety
+    /// `stream` is a live `CUstream` of the primary context of `device`'s GPU (the context
+    /// cudarc's `CudaContext::new(ordinal)` and the CUDA runtime use), and outlives the
+    /// returned stream.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] if `device` is not a CUDA device or `stream` is null.
+    pub unsafe fn from_cuda_stream(
+        device: &Device,
+        stream: *mut std::ffi::c_void,
+    ) -> Result<Stream> {
+        let DeviceKind::Cuda(cuda) = device.kind() else {
+            return Err(Error::InvalidUsage(format!(
+                "Stream::from_cuda_stream: {device:?} is not a cuda device"
+            )));
+        };
+        if stream.is_null() {
+            return Err(Error::InvalidUsage(
+                "Stream::from_cuda_stream: the stream is null (the legacy default stream \
+                 would serialize with every other stream; pass a stream of its own)"
+                    .into(),
+            ));
+        }
+        // SAFETY: forwarded contract.
+        let kind = StreamKind::Cuda(unsafe { CudaStream::borrowed(cuda, stream.cast()) });
+        Ok(Stream {
+            device: device.clone(),
+            kind,
+            timeout: crate::device::timeout_from_env()?,
+        })
+    }
+
     /// The emulator's stream.
     #[cfg(test)]
     pub(crate) fn cpu_stream(&self) -> &Arc<CpuStream> {

@@ -124,3 +124,38 @@ fn cuda_kernel_fills_a_buffer() {
         assert_eq!(wrong, 0, "{config:?}: {wrong} wrong elements");
     }
 }
+
+/// Guards against a CPU device accepting a foreign CUDA stream, or a CPU stream claiming to
+/// have one.
+#[test]
+fn cuda_stream_interop_refuses_the_cpu_backend() {
+    let device = Device::cpu(0);
+    let stream = device.stream().unwrap();
+    assert!(stream.cuda_stream().is_none());
+    // SAFETY: refused before the pointer is used.
+    let err =
+        unsafe { oxccl::Stream::from_cuda_stream(&device, std::ptr::null_mut()) }.unwrap_err();
+    assert!(matches!(err, Error::InvalidUsage(_)), "{err}");
+}
+
+/// Guards against oxccl's launches and a cudarc user's work on one stream not running in
+/// order, or a borrowed stream being destroyed under its owner.
+#[test]
+fn cuda_kernel_runs_on_a_cudarc_stream() {
+    let Some(device) = gpu("cuda_kernel_runs_on_a_cudarc_stream") else {
+        return;
+    };
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let theirs = ctx.new_stream().unwrap();
+    // SAFETY: the stream belongs to device 0's primary context and outlives `ours`.
+    let ours =
+        unsafe { oxccl::Stream::from_cuda_stream(&device, theirs.cu_stream().cast()) }.unwrap();
+    assert_eq!(ours.cuda_stream(), Some(theirs.cu_stream().cast()));
+    let out = device.alloc::<u32>(4096).unwrap();
+    fill_sequence::launch(&ours, LaunchConfig::grid(4).block(128), out.view_mut(), 7).unwrap();
+    ours.synchronize().unwrap();
+    drop(ours);
+    theirs.synchronize().unwrap();
+    let got = out.to_vec().unwrap();
+    assert!(got.iter().enumerate().all(|(i, &v)| v == 7 + i as u32));
+}

@@ -29,6 +29,9 @@ const MAX_SLEEP: Duration = Duration::from_micros(200);
 pub(crate) struct CudaStream {
     device: Arc<CudaDevice>,
     stream: sys::CUstream,
+    /// Whether the stream was created here (and is destroyed on drop), or lent by the
+    /// caller ([`Self::borrowed`]).
+    owned: bool,
     /// Kernels launched since the last `synchronize`: the first few names and the count.
     since_sync: Mutex<(Vec<&'static str>, u64)>,
 }
@@ -51,8 +54,28 @@ impl CudaStream {
         Ok(CudaStream {
             stream: device.context.create_stream()?,
             device: device.clone(),
+            owned: true,
             since_sync: Mutex::new((Vec::new(), 0)),
         })
+    }
+
+    /// A stream created elsewhere (by the caller's own CUDA code), used but not destroyed.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of `device`'s primary context, and stays alive as long as
+    /// the returned value.
+    pub(crate) unsafe fn borrowed(device: &Arc<CudaDevice>, stream: sys::CUstream) -> Self {
+        CudaStream {
+            stream,
+            device: device.clone(),
+            owned: false,
+            since_sync: Mutex::new((Vec::new(), 0)),
+        }
+    }
+
+    /// The driver's handle.
+    pub(crate) fn raw(&self) -> sys::CUstream {
+        self.stream
     }
 
     /// Most blocks of `kernel` with `config`'s block shape the device holds at once.
@@ -169,6 +192,9 @@ impl CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: created by `new` in this device's context and not used after this.
         if let Err(e) = unsafe { self.device.context.destroy_stream(self.stream) } {
             tracing::warn!(error = %e, "destroying a stream failed");
