@@ -2,8 +2,8 @@
 //! with an NVIDIA driver but no Rust toolchain and no network.
 //!
 //! `target/gpu-bundle/` holds stripped release binaries (the test programs with GPU tests,
-//! the example programs), the PTX of every kernel crate (`ptx/<arch>/<crate>.ptx`, found
-//! through `OXCCL_PTX_DIR`), and `run.sh`, which runs each step under a deadline, prints one
+//! the example programs), the PTX of every kernel crate (`ptx.tar.gz`, unpacked by the
+//! script to `ptx/<arch>/<crate>.ptx` and found through `OXCCL_PTX_DIR`), and `run.sh`, which runs each step under a deadline, prints one
 //! `gpu-check <step> ok|FAILED <figure>` line per step and exits non-zero if any failed.
 //! The GPU tests print "skipped" where no driver is found; on the GPU machine a skip fails
 //! its step, so a bundle run on a machine without a working driver cannot pass.
@@ -97,7 +97,21 @@ pub fn run_gpu_bundle(ws: &Workspace, reuse_ptx: bool) -> Result<()> {
         run_bounded(&mut strip, Duration::from_secs(120))
             .context("stripping the bundle's programs (`strip`, from binutils)")?;
     }
-    copy_dir(&ptx_dir, &bundle.join("ptx"))?;
+    // The PTX compresses about tenfold: packed, the bundle stays far below its limit as
+    // kernels are added; `run.sh` unpacks it next to its logs.
+    let staging = ws.target_dir.join("gpu-bundle-ptx");
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)?;
+    }
+    copy_dir(&ptx_dir, &staging.join("ptx"))?;
+    let mut tar = Command::new("tar");
+    tar.arg("-czf")
+        .arg(bundle.join("ptx.tar.gz"))
+        .arg("-C")
+        .arg(&staging)
+        .arg("ptx");
+    run_bounded(&mut tar, Duration::from_secs(300)).context("packing the PTX (`tar`)")?;
+    std::fs::remove_dir_all(&staging)?;
     let run = bundle.join("run.sh");
     std::fs::write(&run, RUN_SH)?;
     set_executable(&run)?;
@@ -191,7 +205,7 @@ Debian 12, RHEL 9; no Rust toolchain or network needed):
 
 Each step runs under a deadline and prints `gpu-check <step> ok|FAILED <figure>`; the script
 exits non-zero if any step failed. Logs of each step are in $OUT (or ./logs). bin/ holds the
-programs, ptx/ the kernels (found through OXCCL_PTX_DIR).
+programs, ptx.tar.gz the kernels (unpacked next to the logs, found through OXCCL_PTX_DIR).
 ";
 
 /// The bundle's script.

@@ -4,7 +4,8 @@ set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${OUT:-$here/logs}"
 mkdir -p "$logs"
-export OXCCL_PTX_DIR="$here/ptx"
+tar -xzf "$here/ptx.tar.gz" -C "$logs" || { echo "gpu-check unpack FAILED cannot unpack ptx.tar.gz into $logs"; exit 1; }
+export OXCCL_PTX_DIR="$logs/ptx"
 export OXCCL_BACKEND=cuda
 failed=0
 
