@@ -12,6 +12,7 @@ mod cuda;
 pub mod device;
 pub mod device_buffer;
 pub mod error;
+pub mod ethernet_registry;
 pub mod ethernet_wire;
 pub mod grid_barrier;
 pub mod host_ipc;
