@@ -48,4 +48,4 @@ pub use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp, bf16, f16};
 pub use port_channel::PortChannel;
 pub use registered_memory::RegisteredMemory;
 pub use stream::Stream;
-pub use transport::Transport;
+pub use transport::{Transport, TransportChoice};
