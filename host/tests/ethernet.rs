@@ -9,13 +9,15 @@ use oxccl::ethernet::new_token;
 use oxccl::ethernet_wire::{
     MAX_CHUNK_BYTES, MAX_FRAME_HEADER_BYTES, Message, ReadOutcome, TOKEN_BYTES, encode, read_header,
 };
+use oxccl::host_ipc::HostIpcHandle;
 use oxccl::in_process::{self, InProcessConfig};
-use oxccl::{Communicator, Error, TransportChoice};
+use oxccl::{Communicator, Error, RegisteredMemory, Transport, TransportChoice};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_device::port_channel::PortChannelDeviceHandle;
 use oxccl_device::{DeviceError, kernel};
 use oxccl_kernels::ring_exchange::port_ring_exchange;
 use oxccl_proxy::ProxyError;
+use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -182,6 +184,101 @@ fn ethernet_transport_mismatch_is_an_error() {
             other => panic!("expected a refusal, got {other:?}"),
         }
     }
+}
+
+/// Puts `bytes` from `src_off` to `dst_off`, then flushes.
+#[kernel]
+fn put_then_flush(
+    chan: PortChannelDeviceHandle<'_>,
+    dst_off: u64,
+    src_off: u64,
+    bytes: u64,
+) -> Result<(), DeviceError> {
+    chan.put(dst_off, src_off, bytes)?;
+    chan.flush()
+}
+
+/// What a registered memory is on the wire after its layout version: a lying peer can send
+/// any of it.
+#[derive(Serialize, Deserialize)]
+struct Wire {
+    rank: u32,
+    addr: u64,
+    size: u64,
+    transports: Vec<Transport>,
+    node: String,
+    process_id: u32,
+    host_ipc: Option<(HostIpcHandle, u64)>,
+    ethernet_id: Option<u32>,
+}
+
+/// Guards against a receiver that trusts the sender's view of its memory: rank 1 claims
+/// its 4096-byte buffer has 8192 bytes, so rank 0's proxy lets a put at offset 4096 through;
+/// rank 1's receiver refuses it against its own table and writes nothing, rank 1's host
+/// learns why, and rank 0's flush fails with rank 1's reason instead of succeeding.
+#[test]
+fn ethernet_receiver_refuses_what_a_lying_registration_allowed() {
+    in_process::run(2, ethernet(false), |comm| {
+        let (rank, peer) = (comm.rank(), 1 - comm.rank());
+        let bytes = [8192, 4096][rank as usize];
+        let buf = comm.device().alloc_from(&vec![rank as u8 + 1; bytes])?;
+        let mine = comm.register(&buf)?;
+        let mut sent = mine.to_bytes()?;
+        if rank == 1 {
+            let (version, rest) = postcard::take_from_bytes::<u32>(&sent).unwrap();
+            let mut wire: Wire = postcard::from_bytes(rest).unwrap();
+            wire.size = 8192;
+            wire.host_ipc = None;
+            wire.transports = vec![Transport::Ethernet];
+            sent = postcard::to_stdvec(&version).unwrap();
+            sent.extend(postcard::to_stdvec(&wire).unwrap());
+        }
+        let theirs =
+            RegisteredMemory::from_bytes(&comm.out_of_band().all_gather(sent)?[peer as usize])?;
+        let chan = comm.port_channel(peer, &theirs, &mine)?;
+        if rank == 0 {
+            let stream = comm.device().stream()?;
+            put_then_flush::launch(
+                &stream,
+                LaunchConfig::grid(1),
+                chan.device_handle(),
+                4096,
+                0,
+                64,
+            )?;
+            assert!(
+                stream.synchronize().is_err(),
+                "the failed flush must fail the kernel"
+            );
+            match comm.check() {
+                Err(Error::Proxy(ProxyError::Connection {
+                    peer: 1, message, ..
+                })) => assert!(
+                    message.contains("the peer refused")
+                        && message.contains("outside its 4096 bytes"),
+                    "{message}"
+                ),
+                other => panic!("expected the connection failure, got {other:?}"),
+            }
+        }
+        comm.barrier()?;
+        if rank == 1 {
+            match comm.check() {
+                Err(Error::Proxy(ProxyError::Inbound {
+                    peer: 0, message, ..
+                })) => {
+                    assert!(message.contains("outside its 4096 bytes"), "{message}")
+                }
+                other => panic!("expected the refusal reported, got {other:?}"),
+            }
+            assert!(
+                buf.to_vec()?.iter().all(|&b| b == 2),
+                "rank 1's memory was written"
+            );
+        }
+        comm.barrier()
+    })
+    .unwrap();
 }
 
 const RECEIVER_BYTES: usize = 4096;
