@@ -142,15 +142,15 @@ impl EthernetEndpoint {
             };
             match self.admit(&stream, peer, token, deadline) {
                 Ok(()) => {
-                    send_frame(&stream, &Message::Welcome, &[])
-                        .map_err(|e| system("welcoming", e))?;
                     let mut receivers = self.receivers.lock();
                     receivers.retain(|r| !r.is_finished());
                     if receivers.len() >= MAX_RECEIVERS {
-                        return Err(Error::InvalidUsage(format!(
-                            "rank {rank}: more than {MAX_RECEIVERS} Ethernet connections"
-                        )));
+                        let why = format!("more than {MAX_RECEIVERS} Ethernet connections");
+                        let _ = send_frame(&stream, &Message::error(&why), &[]);
+                        return Err(Error::InvalidUsage(format!("rank {rank}: {why}")));
                     }
+                    send_frame(&stream, &Message::Welcome, &[])
+                        .map_err(|e| system("welcoming", e))?;
                     receivers.push(Receiver::spawn(stream, peer, self.context.clone())?);
                     tracing::debug!(rank, peer, %from, "Ethernet connection admitted");
                     return Ok(());
