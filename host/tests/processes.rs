@@ -141,6 +141,23 @@ fn child_rank_ethernet_role() {
     }
 }
 
+/// The child role of a job whose `OXCCL_TRANSPORT` names no transport: the communicator
+/// must refuse to start, saying which variable is wrong.
+#[test]
+#[ignore = "the child role of the multi-process tests, started by them"]
+fn child_rank_bad_transport_role() {
+    assert!(
+        child_rank().is_some(),
+        "run by the multi-process tests only"
+    );
+    match Communicator::from_env(CommunicatorConfig::default()) {
+        Err(Error::InvalidUsage(why)) if why.contains("OXCCL_TRANSPORT") => {
+            println!("\nCHILD-OK rank={}", child_rank().unwrap_or(0))
+        }
+        other => panic!("a misspelt OXCCL_TRANSPORT gave {other:?}"),
+    }
+}
+
 /// The child role: one rank of a job the parent started. Ignored in normal runs; the
 /// parent runs it by name with `--ignored`.
 #[test]
@@ -213,5 +230,15 @@ fn three_ranks_as_processes_over_ethernet() {
         3,
         "child_rank_ethernet_role",
         &[("OXCCL_TRANSPORT", "ethernet")],
+    );
+}
+
+/// Guards against a misspelt `OXCCL_TRANSPORT` silently running on another transport.
+#[test]
+fn misspelt_transport_is_refused() {
+    run_job_as(
+        1,
+        "child_rank_bad_transport_role",
+        &[("OXCCL_TRANSPORT", "infiniband")],
     );
 }
