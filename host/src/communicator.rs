@@ -11,10 +11,12 @@
 //! setup checks. Over Ethernet a peer's memory is named by the id its owner gave it, and the
 //! owner's receiver checks every write against its own table (see [`crate::ethernet`]).
 //!
-//! Memory of another rank reached over host IPC is always reached through a mapping of its shared object, made
-//! here after checking the handle (see [`crate::host_ipc`]) and kept as long as anything
-//! built on it: ranks that are threads of one process do it too, so a rank that frees its
-//! memory (it failed, it finished) never pulls it from under a peer.
+//! Memory of another rank reached over host IPC is always reached through a mapping of its
+//! shared object, made here after checking the handle (see [`crate::host_ipc`]) and kept as
+//! long as anything built on it: ranks that are threads of one process do it too, so a rank
+//! that frees its memory (it failed, it finished) never pulls it from under a peer. Memory
+//! reached over Ethernet is kept by its owner's table for as long as the owner's
+//! communicator.
 
 use crate::backend::Backend;
 use crate::channel_abort::ChannelAbort;
