@@ -530,3 +530,52 @@ fn ethernet_rejects_out_of_bounds_write() {
     })
     .unwrap();
 }
+
+/// Guards against a receiver waiting forever inside a frame: a client that sends half a
+/// write's payload and then nothing is refused once the wait limit passes, and nothing of
+/// the half is written.
+#[test]
+fn ethernet_stalled_frame_is_refused_at_the_limit() {
+    let mut config = ethernet(false);
+    config.communicator.wait_timeout = Duration::from_millis(500);
+    in_process::run(2, config, |comm| {
+        if comm.rank() == 1 {
+            let oob = comm.out_of_band();
+            let (addr, token, id): Setup = postcard::from_bytes(&oob.recv(0, 1)?).unwrap();
+            let (mut stream, welcome) = hello(addr, token);
+            assert!(matches!(welcome, ReadOutcome::Frame(Message::Welcome)));
+            let mut half = frame(&Message::Write {
+                id,
+                offset: 0,
+                len: 64,
+            });
+            half.extend_from_slice(&[1; 32]);
+            stream.write_all(&half).unwrap();
+            let started = Instant::now();
+            match next_frame(&mut stream) {
+                Ok(ReadOutcome::Frame(Message::Error { reason })) => {
+                    assert!(reason.contains("in time"), "{reason}")
+                }
+                other => panic!("a stalled frame got {other:?}"),
+            }
+            assert!(started.elapsed() < Duration::from_secs(5));
+            return oob.send(0, 1, Vec::new());
+        }
+        let buf = comm.device().alloc_from(&[FILL; RECEIVER_BYTES])?;
+        let id = comm.register(&buf)?.ethernet_id().unwrap();
+        let token = new_token()?;
+        let addr = comm.ethernet_endpoint()?.local_addr();
+        let setup: Setup = (addr, token, id);
+        comm.out_of_band()
+            .send(1, 1, postcard::to_stdvec(&setup).unwrap())?;
+        comm.ethernet_endpoint()?.accept(1, &token)?;
+        comm.out_of_band().recv(1, 1)?;
+        assert!(matches!(
+            comm.check(),
+            Err(Error::Proxy(ProxyError::Inbound { .. }))
+        ));
+        assert!(buf.to_vec()?.iter().all(|&b| b == FILL));
+        Ok(())
+    })
+    .unwrap();
+}
