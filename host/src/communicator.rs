@@ -6,10 +6,17 @@
 //! (in the same order relative to their other channels to each other), and the two swap
 //! semaphore addresses through the exchange. Every failure names rank, peer and channel.
 //!
-//! Memory of another rank is always reached through a mapping of its shared object, made
-//! here after checking the handle (see [`crate::host_ipc`]) and kept as long as anything
-//! built on it: ranks that are threads of one process do it too, so a rank that frees its
-//! memory (it failed, it finished) never pulls it from under a peer.
+//! Port channels run over host IPC or Ethernet, as [`CommunicatorConfig::transport`]
+//! chooses (logged at creation); both ends of a channel must choose the same, which the
+//! setup checks. Over Ethernet a peer's memory is named by the id its owner gave it, and the
+//! owner's receiver checks every write against its own table (see [`crate::ethernet`]).
+//!
+//! Memory of another rank reached over host IPC is always reached through a mapping of its
+//! shared object, made here after checking the handle (see [`crate::host_ipc`]) and kept as
+//! long as anything built on it: ranks that are threads of one process do it too, so a rank
+//! that frees its memory (it failed, it finished) never pulls it from under a peer. Memory
+//! reached over Ethernet is kept by its owner's table for as long as the owner's
+//! communicator.
 
 use crate::backend::Backend;
 use crate::channel_abort::ChannelAbort;
@@ -20,7 +27,11 @@ use crate::cpu::memory::PeerMapping;
 use crate::device::Device;
 use crate::device_buffer::DeviceBuffer;
 use crate::error::{ChannelError, ChannelFailure, ChannelKind, ChannelRef, Error, Result};
+use crate::ethernet::{EthernetEndpoint, new_token};
+use crate::ethernet_connection::EthernetConnection;
+use crate::ethernet_registry::EthernetRegistry;
 use crate::grid_barrier::{GRID_BARRIER_SITE, GridBarrier};
+use crate::host_ipc::node_name;
 use crate::host_ipc_connection::HostIpcConnection;
 use crate::memory_channel::MemoryChannel;
 use crate::out_of_band::{BootstrapExchange, OutOfBand};
@@ -28,15 +39,19 @@ use crate::port_channel::PortChannel;
 use crate::registered_memory::RegisteredMemory;
 use crate::semaphore::SemaphoreCells;
 use crate::stream::Stream;
-use crate::transport::Transport;
+use crate::transport::{Transport, TransportChoice};
 use oxccl_device::DeviceError;
 use oxccl_device::abort::{AbortReason, AbortRecord};
 use oxccl_device::error::DeviceOp;
 use oxccl_device::port_channel::PortChannelIds;
-use oxccl_proxy::{FIFO_SITE, MemoryId, MemoryRegion, ProxyConfig, ProxyService};
+use oxccl_proxy::{
+    Connection, FIFO_SITE, INBOUND_SITE, MemoryId, MemoryRegion, ProxyConfig, ProxyService,
+};
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -52,6 +67,11 @@ pub const HOST_STOP_SITE: u32 = u32::MAX - 1;
 /// Tag of a channel setup's first message (either kind: the message says which).
 const TAG_CHANNEL_SETUP: u64 = 1 << 56;
 const TAG_SETUP_DONE: u64 = 3 << 56;
+/// Tag of an Ethernet connection setup (listener address and token).
+const TAG_ETHERNET_SETUP: u64 = 4 << 56;
+
+/// Longest Ethernet setup message a peer may send.
+const MAX_ETHERNET_SETUP_BYTES: usize = 256;
 
 /// Settings of a communicator.
 #[derive(Clone, Debug)]
@@ -68,6 +88,10 @@ pub struct CommunicatorConfig {
     pub proxy_assist: bool,
     /// How collectives run: scratch sizes, launch shape, algorithm.
     pub collectives: CollectiveConfig,
+    /// The transport of port channels. The default is `OXCCL_TRANSPORT` if it names one,
+    /// else [`TransportChoice::Auto`] (a misspelt variable is reported by
+    /// [`Communicator::new`]). Every rank of a job must choose the same.
+    pub transport: TransportChoice,
 }
 
 impl Default for CommunicatorConfig {
@@ -77,6 +101,10 @@ impl Default for CommunicatorConfig {
             wait_timeout: Duration::from_secs(30),
             proxy_assist: true,
             collectives: CollectiveConfig::default(),
+            transport: TransportChoice::from_env()
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
         }
     }
 }
@@ -120,8 +148,9 @@ pub struct Communicator {
     cpu: Arc<CpuDevice>,
     proxy: ProxyService,
     config: CommunicatorConfig,
-    /// Proxy memory ids by (owner rank, address, size).
-    memory_ids: HashMap<(u32, u64, u64), MemoryId>,
+    /// Proxy memory ids by (owner rank, address, size, Ethernet id): a peer's memories
+    /// reached over Ethernet all have address 0 here.
+    memory_ids: HashMap<(u32, u64, u64, Option<u32>), MemoryId>,
     /// Setups done with each peer, so both sides pair their messages.
     setups: HashMap<u32, u64>,
     /// Every channel's abort record, by site.
@@ -130,6 +159,12 @@ pub struct Communicator {
     channel_counts: HashMap<(ChannelKind, u32), u32>,
     /// Memory channels built so far (the next one's site).
     memory_channels: u32,
+    /// This rank's memories reachable over Ethernet, by the id peers name them with.
+    ethernet_registry: Arc<EthernetRegistry>,
+    /// The Ethernet listener, bound by the first Ethernet channel.
+    ethernet: Option<EthernetEndpoint>,
+    /// The connection this rank's proxy writes each peer's memory over, by peer.
+    ethernet_connections: HashMap<u32, Arc<EthernetConnection>>,
     /// Memory of other ranks mapped here, by (node, pid, inode): shared with every region
     /// built on it, so a mapping lives as long as its last user, and is unmapped only when
     /// no kernel of this rank's device runs.
@@ -169,6 +204,9 @@ impl Communicator {
                 oob.rank()
             )));
         }
+        if let Err(why) = TransportChoice::from_env() {
+            return Err(Error::InvalidUsage(format!("rank {}: {why}", oob.rank())));
+        }
         let cpu = device.cpu_device_for("a communicator")?.clone();
         let mut proxy = ProxyService::new(ProxyConfig {
             rank: oob.rank(),
@@ -177,6 +215,18 @@ impl Communicator {
             assist: config.proxy_assist,
         })?;
         proxy.start()?;
+        tracing::info!(
+            rank = oob.rank(),
+            transport = %config.transport,
+            single_node = oob.single_node(),
+            "port channels: {}",
+            match config.transport {
+                TransportChoice::Auto if oob.single_node() => "host IPC (auto, one node)",
+                TransportChoice::Auto => "host IPC on this node, Ethernet to other nodes (auto)",
+                TransportChoice::HostIpc => "host IPC",
+                TransportChoice::Ethernet => "Ethernet",
+            }
+        );
         Ok(Communicator {
             oob,
             device,
@@ -188,6 +238,9 @@ impl Communicator {
             channels: HashMap::new(),
             channel_counts: HashMap::new(),
             memory_channels: 0,
+            ethernet_registry: Arc::new(EthernetRegistry::new()),
+            ethernet: None,
+            ethernet_connections: HashMap::new(),
             mappings: HashMap::new(),
             stop_why: Arc::new(Mutex::new(None)),
             collectives: None,
@@ -266,18 +319,50 @@ impl Communicator {
     /// [`Self::all_gather_memory`]). The registration, and every channel built from it,
     /// keeps the buffer's memory allocated.
     ///
+    /// When port channels may run over Ethernet (see [`CommunicatorConfig::transport`]),
+    /// the registration also gets an id in this rank's Ethernet table, which then keeps the
+    /// memory allocated as long as the communicator.
+    ///
     /// # Errors
     /// [`Error::BackendUnavailable`] for a buffer of a CUDA device (registration needs CUDA
-    /// IPC, which is not built yet).
+    /// IPC, which is not built yet); too many Ethernet registrations.
     pub fn register<T: bytemuck::Pod>(&self, buffer: &DeviceBuffer<T>) -> Result<RegisteredMemory> {
         let memory = buffer.cpu_memory(&format!("rank {}: register", self.rank()))?;
-        Ok(RegisteredMemory::new_local(
+        let mut registered = RegisteredMemory::new_local(
             self.rank(),
             memory.clone(),
             0,
             buffer.size_bytes() as u64,
             vec![Transport::HostIpc],
-        ))
+        );
+        if self.ethernet_possible() {
+            self.make_ethernet_reachable(&mut registered)?;
+        }
+        Ok(registered)
+    }
+
+    /// Whether port channels of this communicator may run over Ethernet.
+    fn ethernet_possible(&self) -> bool {
+        match self.config.transport {
+            TransportChoice::Auto => !self.oob.single_node(),
+            TransportChoice::HostIpc => false,
+            TransportChoice::Ethernet => true,
+        }
+    }
+
+    /// Gives a local registration an id in this rank's Ethernet table.
+    fn make_ethernet_reachable(&self, memory: &mut RegisteredMemory) -> Result<()> {
+        let Some(owner) = memory.owner() else {
+            return Err(Error::Internal(
+                "only a registration made here can be made reachable over Ethernet".into(),
+            ));
+        };
+        let id = self
+            .ethernet_registry
+            .add(memory.addr(), memory.size(), owner.clone())
+            .map_err(|e| Error::InvalidUsage(format!("rank {}: {e}", self.rank())))?;
+        memory.set_ethernet_id(id);
+        Ok(())
     }
 
     /// Every rank's registered memory, indexed by rank (a collective call). Our own entry is
@@ -349,12 +434,17 @@ impl Communicator {
         peer: u32,
         kind: ChannelKind,
         key: u64,
+        transport: Transport,
         cells: &SemaphoreCells,
     ) -> Result<RegisteredMemory> {
         let tag = self.next_tag(peer, TAG_CHANNEL_SETUP);
-        let mine = cells.inbound_memory(self.rank(), vec![Transport::HostIpc]);
+        let mut mine = cells.inbound_memory(self.rank(), vec![Transport::HostIpc]);
+        if transport == Transport::Ethernet {
+            self.make_ethernet_reachable(&mut mine)?;
+        }
+        let code = channel_kind_code(kind) | transport_code(transport) << 8;
         let mut message = Vec::with_capacity(64);
-        message.extend_from_slice(&channel_kind_code(kind).to_le_bytes());
+        message.extend_from_slice(&code.to_le_bytes());
         message.extend_from_slice(&key.to_le_bytes());
         message.extend_from_slice(&mine.to_bytes()?);
         self.oob.send(peer, tag, message)?;
@@ -367,7 +457,8 @@ impl Communicator {
             )));
         }
         let word = |at: usize| u64::from_le_bytes(answer[at..at + 8].try_into().unwrap_or([0; 8]));
-        let (their_kind, their_key) = (word(0), word(8));
+        let (their_code, their_key) = (word(0), word(8));
+        let their_kind = their_code & 0xff;
         if their_kind != channel_kind_code(kind) || their_key != key {
             let theirs = match their_kind {
                 0 => "port".to_string(),
@@ -380,13 +471,26 @@ impl Communicator {
                  must build their channels to each other in the same order, with the same keys"
             )));
         }
-        let theirs = RegisteredMemory::from_bytes(&answer[16..])?;
-        if theirs.rank() != peer || theirs.size() < 8 {
+        if their_code != code {
             return Err(Error::InvalidUsage(format!(
-                "rank {}: peer {peer} answered channel setup with a semaphore of rank {} ({} bytes)",
+                "rank {rank}: {kind} channel setup with peer {peer} (key {key}): this rank uses \
+                 {transport}, peer {peer} {}; every rank of a job must choose the same transport \
+                 (CommunicatorConfig::transport, OXCCL_TRANSPORT)",
+                transport_name(their_code >> 8)
+            )));
+        }
+        let theirs = RegisteredMemory::from_bytes(&answer[16..])?;
+        if theirs.rank() != peer
+            || theirs.size() < 8
+            || (transport == Transport::Ethernet) != theirs.ethernet_id().is_some()
+        {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: peer {peer} answered a {transport} channel setup with a semaphore of \
+                 rank {} ({} bytes, Ethernet id {:?})",
                 self.rank(),
                 theirs.rank(),
-                theirs.size()
+                theirs.size(),
+                theirs.ethernet_id()
             )));
         }
         Ok(theirs)
@@ -462,8 +566,113 @@ impl Communicator {
         Ok(region.with_keep_alive(mapping))
     }
 
+    /// The transport of a port channel writing `dst` (a peer's memory), as the configured
+    /// choice has it. Both ends decide the same: `auto` looks at whether the other's memory
+    /// is on this node, which is true from both sides or from neither.
+    fn port_transport(&self, dst: &RegisteredMemory) -> Transport {
+        match self.config.transport {
+            TransportChoice::HostIpc => Transport::HostIpc,
+            TransportChoice::Ethernet => Transport::Ethernet,
+            TransportChoice::Auto if dst.node() == node_name() => Transport::HostIpc,
+            TransportChoice::Auto => Transport::Ethernet,
+        }
+    }
+
+    /// A peer's `memory` as the proxy names it over Ethernet: its owner's id, no address.
+    ///
+    /// # Errors
+    /// Memory of this rank, or memory its owner did not make reachable over Ethernet.
+    pub fn reach_over_ethernet(&self, memory: &RegisteredMemory) -> Result<MemoryRegion> {
+        let rank = self.rank();
+        match memory.ethernet_id() {
+            Some(id) if memory.rank() != rank => {
+                Ok(MemoryRegion::new(memory.rank(), 0, memory.size()).with_registration_id(id))
+            }
+            Some(_) => Err(Error::InvalidUsage(format!(
+                "rank {rank}: its own memory is not reached over Ethernet"
+            ))),
+            None => Err(Error::InvalidUsage(format!(
+                "rank {rank}: memory of rank {} is not reachable over Ethernet (registered with \
+                 the transport choice {}?): every rank must choose the same transport",
+                memory.rank(),
+                TransportChoice::HostIpc
+            ))),
+        }
+    }
+
+    /// This rank's Ethernet endpoint, bound on first use: its listener, and the receivers of
+    /// the connections it admitted. Channels set it up themselves; this is for programs that
+    /// speak the wire format ([`crate::ethernet_wire`]) on their own.
+    ///
+    /// # Errors
+    /// The listener could not be bound.
+    pub fn ethernet_endpoint(&mut self) -> Result<&EthernetEndpoint> {
+        if self.ethernet.is_none() {
+            let ip = self
+                .oob
+                .local_ip()
+                .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+            self.ethernet = Some(EthernetEndpoint::bind(
+                self.rank(),
+                ip,
+                self.ethernet_registry.clone(),
+                self.proxy.failure_sink(),
+                self.config.wait_timeout,
+            )?);
+        }
+        self.ethernet
+            .as_ref()
+            .ok_or_else(|| Error::Internal("Ethernet endpoint missing".into()))
+    }
+
+    /// The connection this rank's proxy writes `peer`'s memory over, opened on first use.
+    /// Pairwise: the peer opens its own to us at the same point, through the exchange.
+    fn ethernet_connection(&mut self, peer: u32) -> Result<Arc<EthernetConnection>> {
+        if let Some(connection) = self.ethernet_connections.get(&peer) {
+            return Ok(connection.clone());
+        }
+        let rank = self.rank();
+        let addr = self.ethernet_endpoint()?.local_addr();
+        let token = new_token()?;
+        let tag = self.next_tag(peer, TAG_ETHERNET_SETUP);
+        let mine = postcard::to_stdvec(&EthernetSetup { addr, token })
+            .map_err(|e| Error::Internal(format!("encoding an Ethernet setup: {e}")))?;
+        self.oob.send(peer, tag, mine)?;
+        let answer = self.oob.recv(peer, tag)?;
+        let theirs = (answer.len() <= MAX_ETHERNET_SETUP_BYTES)
+            .then(|| postcard::from_bytes::<EthernetSetup>(&answer).ok())
+            .flatten()
+            .ok_or_else(|| {
+                Error::InvalidUsage(format!(
+                    "rank {rank}: peer {peer} answered an Ethernet setup with {} bytes that are \
+                     not one",
+                    answer.len()
+                ))
+            })?;
+        // Connecting does not wait for the peer to accept (the listener's backlog does), so
+        // both ranks connect first and then admit each other's connection.
+        let connection = EthernetConnection::connect(
+            rank,
+            peer,
+            theirs.addr,
+            theirs.token,
+            self.config.wait_timeout,
+        )?;
+        self.ethernet_endpoint()?.accept(peer, &token)?;
+        connection.wait_welcome()?;
+        tracing::info!(rank, peer, to = %theirs.addr, "Ethernet connection up");
+        let connection = Arc::new(connection);
+        self.ethernet_connections.insert(peer, connection.clone());
+        Ok(connection)
+    }
+
     fn memory_id(&mut self, region: MemoryRegion) -> Result<MemoryId> {
-        let key = (region.owner_rank, region.addr, region.size);
+        let key = (
+            region.owner_rank,
+            region.addr,
+            region.size,
+            region.registration_id,
+        );
         if let Some(&id) = self.memory_ids.get(&key) {
             return Ok(id);
         }
@@ -544,13 +753,24 @@ impl Communicator {
                 src.rank()
             )));
         }
+        let transport = self.port_transport(dst);
+        tracing::debug!(rank = self.rank(), peer, key, %transport, "port channel");
         let cells = SemaphoreCells::new(&self.device)?;
-        let remote_inbound = self.swap_inbound(peer, ChannelKind::Port, key, &cells)?;
-        let remote_inbound = self.reach(&remote_inbound)?;
-        let dst = self.reach(dst)?;
+        let remote_inbound = self.swap_inbound(peer, ChannelKind::Port, key, transport, &cells)?;
+        let (connection, remote_inbound, dst): (Arc<dyn Connection>, _, _) = match transport {
+            Transport::Ethernet => (
+                self.ethernet_connection(peer)?,
+                self.reach_over_ethernet(&remote_inbound)?,
+                self.reach_over_ethernet(dst)?,
+            ),
+            _ => (
+                Arc::new(HostIpcConnection::new(peer)),
+                self.reach(&remote_inbound)?,
+                self.reach(dst)?,
+            ),
+        };
         let src = self.reach(src)?;
         let (channel, record) = self.new_channel(ChannelKind::Port, peer);
-        let connection = Arc::new(HostIpcConnection::new(peer));
         let id = self
             .proxy
             .add_channel(connection, remote_inbound, record.clone())?;
@@ -612,8 +832,21 @@ impl Communicator {
                 remote.rank()
             )));
         }
+        if self.config.transport == TransportChoice::Ethernet
+            || (self.config.transport == TransportChoice::Auto && remote.node() != node_name())
+        {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: a memory channel to peer {peer} needs load/store access to its memory, \
+                 which Ethernet does not give (transport {}, peer on node {:?}): use a port \
+                 channel, or the host-ipc transport between ranks of one node",
+                self.rank(),
+                self.config.transport,
+                remote.node()
+            )));
+        }
         let cells = SemaphoreCells::new(&self.device)?;
-        let remote_inbound = self.swap_inbound(peer, ChannelKind::Memory, key, &cells)?;
+        let remote_inbound =
+            self.swap_inbound(peer, ChannelKind::Memory, key, Transport::HostIpc, &cells)?;
         let remote_inbound = self.reach(&remote_inbound)?;
         let remote = self.reach(remote)?;
         let local = self.reach(local)?;
@@ -805,6 +1038,10 @@ impl Communicator {
                     s.op
                 )),
             }),
+            Some(s) if s.site == INBOUND_SITE => Err(Error::Aborted(format!(
+                "rank {}: a peer's connection to this rank was refused and closed",
+                self.rank()
+            ))),
             Some(s) if s.site == FIFO_SITE => Err(Error::Aborted(format!(
                 "rank {}: the proxy's FIFO stalled; every port channel is stopped",
                 self.rank()
@@ -879,6 +1116,31 @@ impl Communicator {
             kernel: None,
         }))
     }
+}
+
+/// How a channel setup message names its transport (shifted above the kind).
+fn transport_code(transport: Transport) -> u64 {
+    match transport {
+        Transport::Ethernet => 1,
+        _ => 0,
+    }
+}
+
+/// The transport a channel setup message names, for messages.
+fn transport_name(code: u64) -> String {
+    match code {
+        0 => "host-ipc".into(),
+        1 => "ethernet".into(),
+        other => format!("an unknown transport ({other})"),
+    }
+}
+
+/// What ranks swap to open an Ethernet connection: where to connect, and the token to
+/// present there.
+#[derive(Serialize, Deserialize)]
+struct EthernetSetup {
+    addr: SocketAddr,
+    token: [u8; crate::ethernet_wire::TOKEN_BYTES],
 }
 
 /// How a channel setup message names its kind.

@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,15 @@ pub trait OutOfBand: Send + Sync {
     /// As `send`/`recv`.
     fn barrier(&self) -> Result<()> {
         self.all_gather(Vec::new()).map(drop)
+    }
+    /// Whether every rank of the job runs on this node. Unknown counts as no.
+    fn single_node(&self) -> bool {
+        false
+    }
+    /// The address at which peers reach this rank, for the listeners of network transports;
+    /// `None` for the loopback address.
+    fn local_ip(&self) -> Option<IpAddr> {
+        None
     }
 }
 
@@ -182,6 +192,10 @@ impl OutOfBand for InProcessExchange {
             })
             .collect()
     }
+
+    fn single_node(&self) -> bool {
+        true
+    }
 }
 
 /// The exchange over `oxccl_bootstrap`'s authenticated TCP bootstrap: ranks in separate
@@ -225,6 +239,15 @@ impl OutOfBand for BootstrapExchange {
 
     fn barrier(&self) -> Result<()> {
         Ok(self.bootstrap.barrier()?)
+    }
+
+    fn single_node(&self) -> bool {
+        self.bootstrap.local_size() == self.bootstrap.size()
+    }
+
+    fn local_ip(&self) -> Option<IpAddr> {
+        let ip = self.bootstrap.listen_addr().ip();
+        (!ip.is_unspecified()).then_some(ip)
     }
 }
 

@@ -5,7 +5,8 @@
 //! followed by the description; a peer decodes the version first and refuses any other, so
 //! ranks built from different layouts fail with a clear error instead of misreading each
 //! other. What a peer sends is checked on arrival ([`RegisteredMemory::from_bytes`]): the
-//! transports, the size and offset inside the shared object, their alignment. The object
+//! transports, the size and offset inside the shared object, their alignment, an Ethernet
+//! id exactly when the Ethernet transport is named. The object
 //! itself is checked when it is mapped (see [`crate::host_ipc`]).
 
 use crate::cpu::memory::DeviceMemory;
@@ -43,6 +44,10 @@ pub struct RegisteredMemory {
     /// The shared object holding the memory, and the memory's offset in it, for ranks that
     /// map it.
     host_ipc: Option<(HostIpcHandle, u64)>,
+    /// The id the owner gave the memory in its Ethernet table
+    /// ([`EthernetRegistry`](crate::ethernet_registry::EthernetRegistry)), for peers that
+    /// reach it over Ethernet: they name it by this id, never by its address.
+    ethernet_id: Option<u32>,
     /// A share of the memory, for a registration made in this process.
     #[serde(skip)]
     owner: Option<Arc<DeviceMemory>>,
@@ -65,6 +70,7 @@ impl RegisteredMemory {
             node: node_name().to_owned(),
             process_id: std::process::id(),
             host_ipc: memory.ipc_handle().map(|h| (h, offset)),
+            ethernet_id: None,
             owner: Some(memory),
         }
     }
@@ -83,6 +89,21 @@ impl RegisteredMemory {
     /// mapped by other ranks.
     pub fn host_ipc(&self) -> Option<&(HostIpcHandle, u64)> {
         self.host_ipc.as_ref()
+    }
+
+    /// The id the owner gave the memory for peers that reach it over Ethernet, if it is
+    /// reachable so.
+    pub fn ethernet_id(&self) -> Option<u32> {
+        self.ethernet_id
+    }
+
+    /// Makes a local registration reachable over Ethernet under `id` (its entry in this
+    /// rank's table).
+    pub(crate) fn set_ethernet_id(&mut self, id: u32) {
+        self.ethernet_id = Some(id);
+        if !self.transports.contains(&Transport::Ethernet) {
+            self.transports.push(Transport::Ethernet);
+        }
     }
 
     /// Rank that owns the memory.
@@ -184,7 +205,18 @@ impl RegisteredMemory {
                 ));
             }
         }
-        Ok(())
+        match (
+            self.transports.contains(&Transport::Ethernet),
+            self.ethernet_id,
+        ) {
+            (true, None) => {
+                refuse("it names the Ethernet transport but carries no Ethernet id".into())
+            }
+            (false, Some(_)) => {
+                refuse("it carries an Ethernet id but not the Ethernet transport".into())
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -199,6 +231,7 @@ impl PartialEq for RegisteredMemory {
             &self.node,
             self.process_id,
             &self.host_ipc,
+            self.ethernet_id,
         ) == (
             other.rank,
             other.addr,
@@ -207,6 +240,7 @@ impl PartialEq for RegisteredMemory {
             &other.node,
             other.process_id,
             &other.host_ipc,
+            other.ethernet_id,
         )
     }
 }
@@ -223,6 +257,7 @@ impl fmt::Debug for RegisteredMemory {
             .field("node", &self.node)
             .field("process_id", &self.process_id)
             .field("host_ipc", &self.host_ipc)
+            .field("ethernet_id", &self.ethernet_id)
             .field("local", &self.is_local())
             .finish()
     }

@@ -1,4 +1,5 @@
-//! Transports: the ways a rank can reach a peer's memory.
+//! Transports: the ways a rank can reach a peer's memory, and how a communicator chooses
+//! one for its port channels.
 
 use serde::{Deserialize, Serialize};
 
@@ -36,5 +37,94 @@ impl std::fmt::Display for Transport {
             Transport::Ib(n) => write!(f, "ib{n}"),
             t => f.write_str(t.name()),
         }
+    }
+}
+
+/// Environment variable that chooses the transport of port channels: `auto`, `host-ipc`
+/// or `ethernet` (see [`TransportChoice`]).
+pub const TRANSPORT_ENV: &str = "OXCCL_TRANSPORT";
+
+/// Which transport a communicator's port channels use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TransportChoice {
+    /// Host IPC to a peer on the same node whose memory can be mapped here, else Ethernet.
+    #[default]
+    Auto,
+    /// Host IPC only (a peer on another node is an error).
+    HostIpc,
+    /// Ethernet (TCP) for every port channel, even on one node. Memory channels, which
+    /// need load/store access to the peer's memory, are refused.
+    Ethernet,
+}
+
+impl TransportChoice {
+    /// The choice named `name` (`auto`, `host-ipc`, `ethernet`; case and `_` for `-` are
+    /// forgiven).
+    ///
+    /// # Errors
+    /// Any other name.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+            "auto" | "" => Ok(TransportChoice::Auto),
+            "host-ipc" | "hostipc" => Ok(TransportChoice::HostIpc),
+            "ethernet" | "tcp" => Ok(TransportChoice::Ethernet),
+            _ => Err(format!(
+                "{TRANSPORT_ENV}={name:?} is not a transport: use auto, host-ipc or ethernet"
+            )),
+        }
+    }
+
+    /// The choice in `OXCCL_TRANSPORT`, if set.
+    ///
+    /// # Errors
+    /// The variable names no transport (or is not Unicode).
+    pub fn from_env() -> Result<Option<Self>, String> {
+        match std::env::var(TRANSPORT_ENV) {
+            Ok(name) => Self::parse(&name).map(Some),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(format!("{TRANSPORT_ENV} is not valid Unicode"))
+            }
+        }
+    }
+
+    /// Short name, as `OXCCL_TRANSPORT` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportChoice::Auto => "auto",
+            TransportChoice::HostIpc => "host-ipc",
+            TransportChoice::Ethernet => "ethernet",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against a misspelt `OXCCL_TRANSPORT` silently falling back to another
+    /// transport.
+    #[test]
+    fn choice_parses_known_names_only() {
+        assert_eq!(TransportChoice::parse("auto"), Ok(TransportChoice::Auto));
+        assert_eq!(
+            TransportChoice::parse("HOST_IPC"),
+            Ok(TransportChoice::HostIpc)
+        );
+        assert_eq!(
+            TransportChoice::parse("ethernet"),
+            Ok(TransportChoice::Ethernet)
+        );
+        assert!(
+            TransportChoice::parse("infiniband")
+                .unwrap_err()
+                .contains("auto, host-ipc")
+        );
     }
 }

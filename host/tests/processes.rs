@@ -2,13 +2,15 @@
 //! bootstrap (torchrun variables), maps its peers' device memory (memfd shared between the
 //! processes), and runs the port ring, the memory ring and the ring all-reduce.
 //!
+//! Then again with `OXCCL_TRANSPORT=ethernet`: the port ring over TCP between processes.
+//!
 //! The parent test re-runs this test binary once per rank with `child_rank` selected.
 #![allow(missing_docs)]
 
 mod common;
 
 use common::{assert_all_gathered, ring_buffer};
-use oxccl::{Communicator, CommunicatorConfig, Result};
+use oxccl::{Communicator, CommunicatorConfig, Error, Result, TransportChoice};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
 use oxccl_kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
@@ -91,6 +93,71 @@ fn run_rank() -> Result<u32> {
     Ok(rank)
 }
 
+/// One rank of a job whose `OXCCL_TRANSPORT` is `ethernet`: the port ring over TCP, with
+/// chunks larger than a wire chunk; a memory channel is refused.
+fn run_rank_over_ethernet() -> Result<u32> {
+    let mut comm = Communicator::from_env(CommunicatorConfig {
+        wait_timeout: Duration::from_secs(30),
+        proxy_assist: false,
+        ..Default::default()
+    })?;
+    assert_eq!(comm.config().transport, TransportChoice::Ethernet);
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let stream = comm.device().stream()?;
+    let chunk = 70_001;
+    let (buf, all) = ring_buffer(&comm, chunk)?;
+    let (to_next, to_prev) = comm.ring_port_channels(&all, &all[rank as usize])?;
+    port_ring_exchange::launch(
+        &stream,
+        LaunchConfig::grid(1).block(1),
+        to_next.device_handle(),
+        to_prev.device_handle(),
+        rank,
+        ranks,
+        (chunk * 4) as u64,
+    )?;
+    comm.synchronize(&stream)?;
+    assert_all_gathered(&comm, &buf, chunk, 0);
+    let next = (rank + 1) % ranks;
+    match comm.memory_channel(next, &all[next as usize], &all[rank as usize], None) {
+        Err(Error::InvalidUsage(why)) => assert!(why.contains("load/store"), "{why}"),
+        other => panic!("a memory channel over Ethernet: {other:?}"),
+    }
+    comm.barrier()?;
+    Ok(rank)
+}
+
+/// The child role over Ethernet (see [`run_rank_over_ethernet`]).
+#[test]
+#[ignore = "the child role of the multi-process tests, started by them"]
+fn child_rank_ethernet_role() {
+    assert!(
+        child_rank().is_some(),
+        "run by the multi-process tests only"
+    );
+    match run_rank_over_ethernet() {
+        Ok(rank) => println!("\nCHILD-OK rank={rank}"),
+        Err(e) => panic!("rank failed: {e}"),
+    }
+}
+
+/// The child role of a job whose `OXCCL_TRANSPORT` names no transport: the communicator
+/// must refuse to start, saying which variable is wrong.
+#[test]
+#[ignore = "the child role of the multi-process tests, started by them"]
+fn child_rank_bad_transport_role() {
+    assert!(
+        child_rank().is_some(),
+        "run by the multi-process tests only"
+    );
+    match Communicator::from_env(CommunicatorConfig::default()) {
+        Err(Error::InvalidUsage(why)) if why.contains("OXCCL_TRANSPORT") => {
+            println!("\nCHILD-OK rank={}", child_rank().unwrap_or(0))
+        }
+        other => panic!("a misspelt OXCCL_TRANSPORT gave {other:?}"),
+    }
+}
+
 /// The child role: one rank of a job the parent started. Ignored in normal runs; the
 /// parent runs it by name with `--ignored`.
 #[test]
@@ -110,9 +177,17 @@ fn child_rank_role() {
 /// Starts `ranks` processes of this test binary as one job (torchrun's variables) and
 /// checks every one finished its work.
 fn run_job(ranks: usize) {
+    run_job_as(ranks, "child_rank_role", &[]);
+}
+
+/// Starts `ranks` processes running the child test `role`, with `env` set in each.
+fn run_job_as(ranks: usize, role: &str, env: &[(&str, &str)]) {
     let port = oxccl_testing::free_port();
     let mut job = Job::new(ranks);
-    job.child_test("child_rank_role")
+    for (key, value) in env {
+        job.env_all(key, value);
+    }
+    job.child_test(role)
         .deadline(JOB_TIMEOUT)
         .env_all("WORLD_SIZE", ranks.to_string())
         .env_all("LOCAL_WORLD_SIZE", ranks.to_string())
@@ -144,4 +219,26 @@ fn two_ranks_as_processes() {
 #[test]
 fn three_ranks_as_processes() {
     run_job(3);
+}
+
+/// Guards against the Ethernet transport working only between threads of one process:
+/// `OXCCL_TRANSPORT` not read by `Communicator::from_env`, a listener address or token that
+/// does not survive the bootstrap exchange, registration ids of another process.
+#[test]
+fn three_ranks_as_processes_over_ethernet() {
+    run_job_as(
+        3,
+        "child_rank_ethernet_role",
+        &[("OXCCL_TRANSPORT", "ethernet")],
+    );
+}
+
+/// Guards against a misspelt `OXCCL_TRANSPORT` silently running on another transport.
+#[test]
+fn misspelt_transport_is_refused() {
+    run_job_as(
+        1,
+        "child_rank_bad_transport_role",
+        &[("OXCCL_TRANSPORT", "infiniband")],
+    );
 }

@@ -22,6 +22,7 @@ struct Wire {
     node: String,
     process_id: u32,
     host_ipc: Option<(HostIpcHandle, u64)>,
+    ethernet_id: Option<u32>,
 }
 
 fn decode(memory: &RegisteredMemory) -> (u32, Wire) {
@@ -39,7 +40,8 @@ fn encode(version: u32, wire: &Wire) -> Vec<u8> {
 /// Guards against a peer's registered memory being trusted: a handle forged to name
 /// another file of the owner (any descriptor of any process would do), a size or offset
 /// that does not fit the object, a misaligned offset, another layout version, a handle
-/// without its transport. Each is refused with an error saying why, and nothing is mapped.
+/// without its transport, an Ethernet id without its transport or the other way round.
+/// Each is refused with an error saying why, and nothing is mapped.
 #[test]
 fn registered_memory_rejects_bad_handle() {
     in_process::run(2, config(), |comm| {
@@ -109,6 +111,17 @@ fn registered_memory_rejects_bad_handle() {
                         &forge(&|w| w.transports = vec![Transport::Ethernet]),
                     ),
                     "host-ipc",
+                ),
+                (
+                    encode(
+                        version,
+                        &forge(&|w| w.transports = vec![Transport::HostIpc, Transport::Ethernet]),
+                    ),
+                    "carries no Ethernet id",
+                ),
+                (
+                    encode(version, &forge(&|w| w.ethernet_id = Some(3))),
+                    "carries an Ethernet id but not",
                 ),
                 (b"\x01garbage".to_vec(), "malformed"),
             ];

@@ -120,6 +120,26 @@ pub enum ProxyError {
         /// How long the proxy waited for it.
         waited: std::time::Duration,
     },
+    /// A connection from a peer carried something this rank refused (a write outside its
+    /// registrations, an unknown id, a malformed frame) or broke mid-frame; nothing of the
+    /// refused frame was written and the connection is closed.
+    #[error(
+        "rank {rank}: inbound connection from peer {peer} ({transport}) refused and closed: \
+         {message}"
+    )]
+    Inbound {
+        /// This rank (the receiver).
+        rank: u32,
+        /// The sending peer.
+        peer: u32,
+        /// Transport name.
+        transport: &'static str,
+        /// What was refused, and why.
+        message: String,
+    },
+    /// A transport operation failed (a socket error, a deadline, the peer's refusal).
+    #[error("{0}")]
+    Transport(String),
     /// A registration or configuration the proxy cannot accept.
     #[error("invalid usage: {0}")]
     InvalidUsage(String),

@@ -21,4 +21,6 @@ pub use error::{ProxyError, Refusal, Side};
 pub use fifo::Fifo;
 pub use memory_region::MemoryRegion;
 #[cfg(not(oxccl_loom))]
-pub use proxy_service::{FIFO_SITE, MemoryId, ProxyConfig, ProxyService, SemaphoreId};
+pub use proxy_service::{
+    FIFO_SITE, FailureSink, INBOUND_SITE, MemoryId, ProxyConfig, ProxyService, SemaphoreId,
+};

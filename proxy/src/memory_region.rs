@@ -21,6 +21,10 @@ pub struct MemoryRegion {
     pub addr: u64,
     /// Bytes.
     pub size: u64,
+    /// The id the owner gave the memory, for transports that name it by id instead of by
+    /// address (Ethernet): the owner resolves (id, offset, length) against its own table, so
+    /// no address of one rank is ever trusted by another.
+    pub registration_id: Option<u32>,
     /// A share of the owner of the memory at `addr`, if the region keeps it alive.
     keep_alive: Option<Arc<dyn Any + Send + Sync>>,
 }
@@ -32,8 +36,16 @@ impl MemoryRegion {
             owner_rank,
             addr,
             size,
+            registration_id: None,
             keep_alive: None,
         }
+    }
+
+    /// The same region, named by its owner's registration `id` (see
+    /// [`Self::registration_id`]).
+    pub fn with_registration_id(mut self, id: u32) -> Self {
+        self.registration_id = Some(id);
+        self
     }
 
     /// The same region, holding a share of `owner` (the allocation or mapping at `addr`) for
@@ -57,7 +69,13 @@ impl MemoryRegion {
 impl PartialEq for MemoryRegion {
     /// Regions are equal when they name the same bytes of the same rank, whoever keeps them.
     fn eq(&self, other: &Self) -> bool {
-        (self.owner_rank, self.addr, self.size) == (other.owner_rank, other.addr, other.size)
+        (self.owner_rank, self.addr, self.size, self.registration_id)
+            == (
+                other.owner_rank,
+                other.addr,
+                other.size,
+                other.registration_id,
+            )
     }
 }
 
@@ -69,6 +87,7 @@ impl fmt::Debug for MemoryRegion {
             .field("owner_rank", &self.owner_rank)
             .field("addr", &format_args!("{:#x}", self.addr))
             .field("size", &self.size)
+            .field("registration_id", &self.registration_id)
             .field("keeps_alive", &self.keeps_alive())
             .finish()
     }

@@ -60,6 +60,10 @@ const STALL_CHECK_EVERY: u32 = 4096;
 /// rank's stop word.
 pub const FIFO_SITE: u32 = u32::MAX;
 
+/// The site a refused inbound connection (a peer's bad frame, see [`FailureSink`]) is
+/// recorded under in the rank's stop word.
+pub const INBOUND_SITE: u32 = u32::MAX - 3;
+
 /// Settings of a proxy service.
 #[derive(Clone, Debug)]
 pub struct ProxyConfig {
@@ -173,6 +177,32 @@ impl Shared {
     }
 }
 
+/// Records failures of the rank's transports that no trigger carries (what a receiver
+/// refused from a peer) with the proxy's own: [`ProxyService::check`] reports them, and
+/// the rank's stop word is raised, so kernels waiting for that peer stop instead of
+/// waiting out their limit.
+#[derive(Clone)]
+pub struct FailureSink {
+    shared: Arc<Shared>,
+}
+
+impl FailureSink {
+    /// Records `error` and raises the rank's stop word under [`INBOUND_SITE`] (unless a
+    /// failure already did).
+    pub fn record(&self, error: ProxyError) {
+        self.shared.raise_stop(DeviceError::Aborted, INBOUND_SITE);
+        self.shared.record(error);
+    }
+}
+
+impl std::fmt::Debug for FailureSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FailureSink")
+            .field("rank", &self.shared.rank)
+            .finish()
+    }
+}
+
 /// One FIFO and its proxy thread, with the id tables triggers refer to.
 pub struct ProxyService {
     shared: Arc<Shared>,
@@ -249,6 +279,14 @@ impl ProxyService {
     /// The rank's stop word (see the module docs), for the wait policies of its handles.
     pub fn stop_word(&self) -> Arc<AtomicU64> {
         self.shared.stop_word.clone()
+    }
+
+    /// Where failures found outside the proxy thread go (a transport's receiver refusing a
+    /// peer's frame): the next [`Self::check`] reports them.
+    pub fn failure_sink(&self) -> FailureSink {
+        FailureSink {
+            shared: self.shared.clone(),
+        }
     }
 
     /// The FIFO's cells, for its device handles; a share keeps them alive.

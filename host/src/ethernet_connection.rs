@@ -1,0 +1,304 @@
+//! The Ethernet connection: the proxy sends a peer's writes and signals over TCP, and the
+//! peer's receiver (`ethernet_receiver.rs`) applies them to its memory.
+//!
+//! Memory of the peer is named by the peer's registration id
+//! ([`MemoryRegion::registration_id`]), never by an address: the peer resolves it against
+//! its own table. `write` sends the bytes in frames of at most [`MAX_CHUNK_BYTES`] and
+//! returns once the socket took them; `update_and_sync` sends a signal after them (TCP
+//! keeps the order, and the receiver applies frames in order); `flush` sends a flush and
+//! waits, at most the communicator's wait limit, for its acknowledgement, which the peer
+//! sends once everything before it is applied. Every send waits at most that limit too.
+//!
+//! The first failure breaks the connection for good (a frame may be half sent): every
+//! later call returns it.
+
+use crate::error::{Error, Result};
+use crate::ethernet_wire::{
+    MAX_CHUNK_BYTES, Message, ReadOutcome, TOKEN_BYTES, read_header, send_frame,
+};
+use oxccl_proxy::{Connection, MemoryRegion, ProxyError};
+use parking_lot::Mutex;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// How long a socket read waits before the caller looks at its deadline again.
+const READ_TICK: Duration = Duration::from_millis(50);
+
+/// How long a failed send looks for the peer's reason (an error frame) before reporting
+/// the socket's.
+const REASON_WAIT: Duration = Duration::from_millis(200);
+
+/// A connection to a peer over TCP; the sending half of one direction of a peer pair.
+#[derive(Debug)]
+pub struct EthernetConnection {
+    rank: u32,
+    peer: u32,
+    timeout: Duration,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    stream: TcpStream,
+    /// Sequence number of the last flush.
+    flushes: u64,
+    /// Why the connection is unusable, once it is.
+    broken: Option<String>,
+}
+
+impl EthernetConnection {
+    /// Connects this rank (`rank`) to `peer`'s listener at `addr` and presents `token` (what
+    /// the peer handed out for this connection through the out-of-band exchange). Retries a
+    /// refused connect until `timeout`; every later send or wait is bounded by `timeout`
+    /// too. Call [`Self::wait_welcome`] before using it.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] if no connection could be made in time, [`Error::System`] if the
+    /// socket failed.
+    pub fn connect(
+        rank: u32,
+        peer: u32,
+        addr: SocketAddr,
+        token: [u8; TOKEN_BYTES],
+        timeout: Duration,
+    ) -> Result<Self> {
+        let what = format!("rank {rank}: Ethernet connection to peer {peer} at {addr}");
+        let system = |e: std::io::Error| Error::System {
+            context: what.clone(),
+            source: e,
+        };
+        let deadline = Instant::now() + timeout;
+        let mut backoff = Duration::from_millis(1);
+        let stream = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    what: what.clone(),
+                    after: timeout,
+                });
+            }
+            match TcpStream::connect_timeout(&addr, left) {
+                Ok(stream) => break stream,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionRefused
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    std::thread::sleep(backoff.min(left));
+                    backoff = (backoff * 2).min(Duration::from_millis(100));
+                }
+                Err(e) => return Err(system(e)),
+            }
+        };
+        // Signals and flushes are small frames that must leave at once.
+        stream.set_nodelay(true).map_err(system)?;
+        stream.set_read_timeout(Some(READ_TICK)).map_err(system)?;
+        stream.set_write_timeout(Some(timeout)).map_err(system)?;
+        send_frame(
+            &stream,
+            &Message::Hello {
+                from: rank,
+                to: peer,
+                token,
+            },
+            &[],
+        )
+        .map_err(system)?;
+        Ok(EthernetConnection {
+            rank,
+            peer,
+            timeout,
+            state: Mutex::new(State {
+                stream,
+                flushes: 0,
+                broken: None,
+            }),
+        })
+    }
+
+    /// Waits (at most the connection's limit) for the peer to admit the connection.
+    ///
+    /// # Errors
+    /// The peer refused (its reason is given), closed, or did not answer in time.
+    pub fn wait_welcome(&self) -> Result<()> {
+        let mut state = self.state.lock();
+        match self.read_reply(&mut state) {
+            Ok(Message::Welcome) => Ok(()),
+            Ok(other) => Err(self.setup_error(format!("answered {} to its Hello", other.kind()))),
+            Err(why) => Err(self.setup_error(why)),
+        }
+    }
+
+    fn setup_error(&self, why: String) -> Error {
+        Error::InvalidUsage(format!(
+            "rank {}: Ethernet connection to peer {}: {why}",
+            self.rank, self.peer
+        ))
+    }
+
+    /// The next frame the peer sends back, within the limit; an error frame or a closed
+    /// connection is an error saying so.
+    fn read_reply(&self, state: &mut State) -> Result<Message, String> {
+        let deadline = Instant::now() + self.timeout;
+        let outcome = read_header(
+            &mut &state.stream,
+            || Instant::now() < deadline,
+            || deadline,
+        );
+        match outcome {
+            Ok(ReadOutcome::Frame(Message::Error { reason })) => {
+                Err(format!("the peer refused: {reason}"))
+            }
+            Ok(ReadOutcome::Frame(message)) => Ok(message),
+            Ok(ReadOutcome::Closed) => Err("the peer closed the connection".into()),
+            Ok(ReadOutcome::Stopped) => Err(format!("no answer within {:?}", self.timeout)),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Sends one frame; a failure breaks the connection, with the peer's reason if it sent
+    /// one.
+    fn send(&self, state: &mut State, message: &Message, payload: &[u8]) -> Result<(), ProxyError> {
+        if let Some(why) = &state.broken {
+            return Err(broken(why));
+        }
+        if let Err(e) = send_frame(&state.stream, message, payload) {
+            let why = match self.peer_reason(state) {
+                Some(reason) => format!("sending {message}: the peer refused: {reason}"),
+                None => format!("sending {message}: {e}"),
+            };
+            return Err(self.breaks(state, why));
+        }
+        Ok(())
+    }
+
+    /// The reason in an error frame the peer sent before closing, if one comes soon.
+    fn peer_reason(&self, state: &mut State) -> Option<String> {
+        let deadline = Instant::now() + REASON_WAIT;
+        loop {
+            match read_header(
+                &mut &state.stream,
+                || Instant::now() < deadline,
+                || deadline,
+            ) {
+                Ok(ReadOutcome::Frame(Message::Error { reason })) => return Some(reason),
+                // A flush acknowledgement still in flight: look behind it.
+                Ok(ReadOutcome::Frame(_)) => {}
+                _ => return None,
+            }
+        }
+    }
+
+    fn breaks(&self, state: &mut State, why: String) -> ProxyError {
+        let _ = state.stream.shutdown(std::net::Shutdown::Both);
+        state.broken = Some(why.clone());
+        ProxyError::Transport(why)
+    }
+}
+
+fn broken(why: &str) -> ProxyError {
+    ProxyError::Transport(format!("the connection broke earlier: {why}"))
+}
+
+/// The peer's registration id of `region`, which names it on the wire.
+fn remote_id(region: &MemoryRegion) -> Result<u32, ProxyError> {
+    region.registration_id.ok_or_else(|| {
+        ProxyError::InvalidUsage(format!(
+            "memory of rank {} carries no Ethernet registration id",
+            region.owner_rank
+        ))
+    })
+}
+
+impl Connection for EthernetConnection {
+    fn write(
+        &self,
+        dst: &MemoryRegion,
+        dst_off: u64,
+        src: &MemoryRegion,
+        src_off: u64,
+        bytes: u64,
+    ) -> Result<(), ProxyError> {
+        let id = remote_id(dst)?;
+        if src.addr == 0 {
+            return Err(ProxyError::InvalidUsage(format!(
+                "source memory of rank {} is not mapped in this process",
+                src.owner_rank
+            )));
+        }
+        let mut state = self.state.lock();
+        let mut done = 0;
+        while done < bytes {
+            let len = (bytes - done).min(MAX_CHUNK_BYTES as u64);
+            // SAFETY: the proxy checked `src_off..src_off + bytes` against the source's
+            // registered size; registered memory stays allocated while channels using it
+            // exist (the region holds a share). Kernels leave a put's source alone until
+            // it is flushed (the channel's contract).
+            let payload = unsafe {
+                std::slice::from_raw_parts(
+                    (src.addr + src_off + done) as usize as *const u8,
+                    len as usize,
+                )
+            };
+            let header = Message::Write {
+                id,
+                offset: dst_off + done,
+                len: len as u32,
+            };
+            self.send(&mut state, &header, payload)?;
+            done += len;
+        }
+        Ok(())
+    }
+
+    fn update_and_sync(
+        &self,
+        dst: &MemoryRegion,
+        dst_off: u64,
+        value: u64,
+    ) -> Result<(), ProxyError> {
+        let id = remote_id(dst)?;
+        let mut state = self.state.lock();
+        self.send(
+            &mut state,
+            &Message::Signal {
+                id,
+                offset: dst_off,
+                value,
+            },
+            &[],
+        )
+    }
+
+    fn flush(&self) -> Result<(), ProxyError> {
+        let mut state = self.state.lock();
+        state.flushes += 1;
+        let seq = state.flushes;
+        self.send(&mut state, &Message::Flush { seq }, &[])?;
+        match self.read_reply(&mut state) {
+            Ok(Message::FlushAck { seq: acked }) if acked == seq => Ok(()),
+            Ok(other) => {
+                let why = format!("answered {other} to Flush {{ seq {seq} }}");
+                Err(self.breaks(&mut state, why))
+            }
+            Err(why) => Err(self.breaks(&mut state, format!("flush {seq}: {why}"))),
+        }
+    }
+
+    fn peer(&self) -> u32 {
+        self.peer
+    }
+
+    fn transport(&self) -> &'static str {
+        "ethernet"
+    }
+}
+
+impl Drop for EthernetConnection {
+    fn drop(&mut self) {
+        let _ = self.state.lock().stream.shutdown(std::net::Shutdown::Both);
+    }
+}

@@ -1,0 +1,253 @@
+//! The receiving end of an Ethernet connection: one thread per accepted connection applies
+//! the peer's frames to this rank's memory, in order.
+//!
+//! Every write and signal is resolved against this rank's own [`EthernetRegistry`] by
+//! (id, offset, length) before anything is read into memory; a write's payload is read
+//! whole into a buffer of one chunk (at most [`MAX_CHUNK_BYTES`]) and copied only once it
+//! has arrived, so a frame cut short writes nothing. A signal is a release store, after
+//! every earlier write (frames are applied in the order TCP delivers them); a flush is
+//! acknowledged once every frame before it is applied.
+//!
+//! A refused frame (unknown id, range outside the registration, malformed or oversized
+//! header or length, another wire version, a frame cut short or stalled past the limit, an
+//! unexpected kind) writes nothing: the failure is recorded with the rank's proxy (its next
+//! `check` reports it, and the rank's stop word is raised), the peer is told why in an
+//! [`Message::Error`] frame, and the connection is closed.
+
+use crate::error::{Error, Result};
+use crate::ethernet_registry::EthernetRegistry;
+use crate::ethernet_wire::{
+    MAX_CHUNK_BYTES, Message, ReadOutcome, WireError, read_exact_by, read_header, send_frame,
+};
+use oxccl_proxy::{FailureSink, ProxyError};
+use std::io::BufReader;
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often a receiver waiting between frames looks whether it should stop.
+const IDLE_TICK: Duration = Duration::from_millis(100);
+
+/// Longest a refusing receiver reads what the peer still sends before closing (see
+/// [`drain`]), and most bytes it reads.
+const LINGER: Duration = Duration::from_millis(200);
+const LINGER_BYTES: usize = 1 << 20;
+
+/// Buffered bytes of a receiver's socket reads: many small frames per system call.
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
+/// What a receiver needs to know and where it reports.
+#[derive(Clone, Debug)]
+pub(crate) struct ReceiverContext {
+    /// This rank.
+    pub rank: u32,
+    /// The table writes are resolved against.
+    pub registry: Arc<EthernetRegistry>,
+    /// Where refusals are recorded.
+    pub failures: FailureSink,
+    /// How long a frame may take to arrive once begun, and a reply to be taken.
+    pub frame_timeout: Duration,
+}
+
+/// A running receiver thread; dropping it closes the connection and waits (bounded) for
+/// the thread.
+pub(crate) struct Receiver {
+    peer: u32,
+    stream: TcpStream,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    join_timeout: Duration,
+}
+
+impl Receiver {
+    /// Starts applying frames from `peer` on `stream` (already admitted).
+    ///
+    /// # Errors
+    /// The socket could not be set up or the thread not started.
+    pub(crate) fn spawn(stream: TcpStream, peer: u32, context: ReceiverContext) -> Result<Self> {
+        let rank = context.rank;
+        let system = |what: &str, e: std::io::Error| Error::System {
+            context: format!("rank {rank}: Ethernet receiver for peer {peer}: {what}"),
+            source: e,
+        };
+        stream
+            .set_read_timeout(Some(IDLE_TICK))
+            .map_err(|e| system("read timeout", e))?;
+        stream
+            .set_write_timeout(Some(context.frame_timeout))
+            .map_err(|e| system("write timeout", e))?;
+        let ours = stream.try_clone().map_err(|e| system("cloning", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let join_timeout = context.frame_timeout;
+        let thread = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name(format!("oxccl-eth-r{rank}-from{peer}"))
+                .spawn(move || receive(stream, peer, &context, &stop))
+                .map_err(|e| system("starting its thread", e))?
+        };
+        Ok(Receiver {
+            peer,
+            stream: ours,
+            stop,
+            thread: Some(thread),
+            join_timeout,
+        })
+    }
+
+    /// Whether the thread has ended (the connection closed or was refused).
+    pub(crate) fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        // Relaxed: the flag carries no data; the shutdown below also wakes the thread.
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.stream.shutdown(Shutdown::Both);
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let deadline = Instant::now() + self.join_timeout;
+        while !thread.is_finished() {
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    peer = self.peer,
+                    "Ethernet receiver did not stop within {:?}; left to end by itself",
+                    self.join_timeout
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = thread.join();
+    }
+}
+
+/// The thread: applies frames until the peer closes, the owner stops it, or a frame is
+/// refused.
+fn receive(stream: TcpStream, peer: u32, context: &ReceiverContext, stop: &AtomicBool) {
+    let Ok(read_half) = stream.try_clone() else {
+        return refuse(&stream, peer, context, "cannot clone the socket".into());
+    };
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
+    // One chunk at most, grown as writes need it: the connection's whole buffer.
+    let mut chunk: Vec<u8> = Vec::new();
+    loop {
+        let timeout = context.frame_timeout;
+        let next = read_header(
+            &mut reader,
+            // Relaxed: see `Receiver::drop`.
+            || !stop.load(Ordering::Relaxed),
+            || Instant::now() + timeout,
+        );
+        let message = match next {
+            Ok(ReadOutcome::Frame(message)) => message,
+            Ok(ReadOutcome::Closed) | Ok(ReadOutcome::Stopped) => {
+                tracing::debug!(rank = context.rank, peer, "Ethernet connection closed");
+                return;
+            }
+            Err(_) if stop.load(Ordering::Relaxed) => return,
+            Err(e) => return refuse(&stream, peer, context, e.to_string()),
+        };
+        if let Err(why) = apply(&message, &mut reader, &mut chunk, &stream, context) {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            return refuse(&stream, peer, context, format!("{message}: {why}"));
+        }
+    }
+}
+
+/// Applies one frame (reading a write's payload first).
+fn apply(
+    message: &Message,
+    reader: &mut BufReader<TcpStream>,
+    chunk: &mut Vec<u8>,
+    stream: &TcpStream,
+    context: &ReceiverContext,
+) -> Result<(), String> {
+    match *message {
+        Message::Write { id, offset, len } => {
+            // Checked before a payload byte is read; `decode_header` bounds `len` already,
+            // this keeps the buffer bounded whatever changes there.
+            if len > MAX_CHUNK_BYTES {
+                return Err(WireError::PayloadTooLong { len: len as u64 }.to_string());
+            }
+            let len = len as usize;
+            let addr = context
+                .registry
+                .resolve(id, offset, len as u64)
+                .map_err(|e| e.to_string())?;
+            if chunk.len() < len {
+                chunk.resize(len, 0);
+            }
+            let deadline = Instant::now() + context.frame_timeout;
+            read_exact_by(reader, &mut chunk[..len], deadline, "payload")
+                .map_err(|e| e.to_string())?;
+            if len > 0 {
+                // SAFETY: `addr..addr + len` lies inside a registration of this rank
+                // (resolved above), whose memory the registry keeps allocated as long as
+                // it lives, and we hold it; `chunk` is our own buffer, which cannot overlap
+                // device memory.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(chunk.as_ptr(), addr as usize as *mut u8, len)
+                };
+            }
+            Ok(())
+        }
+        Message::Signal { id, offset, value } => {
+            let addr = context
+                .registry
+                .resolve_semaphore(id, offset)
+                .map_err(|e| e.to_string())?;
+            // SAFETY: an aligned u64 inside a registration of this rank, kept allocated by
+            // the registry (resolved and checked above); semaphore cells are only accessed
+            // atomically.
+            let cell = unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) };
+            // Release: pairs with the kernel's Acquire load of its inbound counter, so the
+            // writes applied before this frame are visible to it.
+            cell.store(value, Ordering::Release);
+            Ok(())
+        }
+        Message::Flush { seq } => send_frame(stream, &Message::FlushAck { seq }, &[])
+            .map_err(|e| format!("acknowledging: {e}")),
+        Message::Error { ref reason } => Err(format!("the peer gave up: {reason}")),
+        ref other => Err(format!("a {} frame has no place here", other.kind())),
+    }
+}
+
+/// Records the refusal, tells the peer why, and closes the connection.
+fn refuse(stream: &TcpStream, peer: u32, context: &ReceiverContext, why: String) {
+    context.failures.record(ProxyError::Inbound {
+        rank: context.rank,
+        peer,
+        transport: "ethernet",
+        message: why.clone(),
+    });
+    let _ = send_frame(stream, &Message::error(&why), &[]);
+    let _ = stream.shutdown(Shutdown::Write);
+    drain(stream);
+}
+
+/// Reads and drops what the peer still sends, for a moment: a socket closed with unread
+/// bytes sends a reset, which can destroy the error frame before the peer reads it.
+fn drain(mut stream: &TcpStream) {
+    use std::io::Read;
+    let deadline = Instant::now() + LINGER;
+    let mut left = LINGER_BYTES;
+    let mut sink = [0u8; 4096];
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(20)));
+    while left > 0 && Instant::now() < deadline {
+        match stream.read(&mut sink) {
+            Ok(0) => return,
+            Ok(n) => left = left.saturating_sub(n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
+}

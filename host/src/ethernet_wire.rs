@@ -1,0 +1,488 @@
+//! The Ethernet transport's wire format: versioned, length-prefixed frames whose header is
+//! postcard, followed (for writes only) by a payload of a bounded length.
+//!
+//! ```text
+//! frame   = header_len: u16 little-endian | header (header_len bytes) | payload
+//! header  = version: u16 (postcard varint) | Message (postcard; the variant index is the kind)
+//! payload = exactly `len` bytes after a `Write { len, .. }`, none after any other message
+//! ```
+//!
+//! Invariants a reader keeps, whatever the bytes:
+//! - the header length is checked against [`MAX_HEADER_BYTES`] before it is read, into a
+//!   fixed buffer: a header costs no allocation beyond an [`Message::Error`]'s short text;
+//! - the version is decoded on its own first, so a peer of another version is reported as
+//!   such, not as garbage; a header must decode to exactly one message, nothing left over;
+//! - a write's payload length is checked against [`MAX_CHUNK_BYTES`] (and by the receiver
+//!   against the registration it names) before any payload byte is read: larger writes
+//!   travel as several frames, so a connection's memory is bounded by one chunk;
+//! - no input panics.
+//!
+//! Who sends what: the connecting side (the one whose proxy writes) sends
+//! [`Message::Hello`] first, then writes, signals and flushes; the accepting side (the one
+//! whose memory is written) answers [`Message::Welcome`], [`Message::FlushAck`]s, and an
+//! [`Message::Error`] right before it closes a connection whose frame it refused. TCP keeps
+//! the order, so a signal or flush acknowledgement follows every write sent before it.
+
+use rustix::io::Errno;
+use rustix::net::SendFlags;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::io::{self, Read};
+use std::net::TcpStream;
+use std::time::Instant;
+
+/// Version of the Ethernet wire format; both ends of a connection must speak the same.
+pub const WIRE_VERSION: u16 = 1;
+
+/// Bytes of the length prefix of every frame.
+pub const LENGTH_PREFIX_BYTES: usize = 2;
+
+/// Longest header a frame may carry.
+pub const MAX_HEADER_BYTES: usize = 256;
+
+/// Longest payload of one write frame; a larger write is sent as several frames.
+pub const MAX_CHUNK_BYTES: u32 = 256 << 10;
+
+/// Bytes of the token a connecting side presents in its [`Message::Hello`].
+pub const TOKEN_BYTES: usize = 16;
+
+/// Longest text an [`Message::Error`] carries (longer text is cut).
+pub const MAX_ERROR_TEXT_BYTES: usize = 200;
+
+/// Longest encoded frame without its payload.
+pub const MAX_FRAME_HEADER_BYTES: usize = LENGTH_PREFIX_BYTES + MAX_HEADER_BYTES;
+
+/// Everything that travels on an Ethernet connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// Connector → acceptor, first frame: who connects, to whom, and the token the
+    /// acceptor handed out for this connection through the authenticated out-of-band
+    /// exchange.
+    Hello {
+        /// Rank of the connector.
+        from: u32,
+        /// Rank the connector means to reach.
+        to: u32,
+        /// The token the acceptor expects.
+        token: [u8; TOKEN_BYTES],
+    },
+    /// Acceptor → connector: admitted; frames may flow.
+    Welcome,
+    /// Connector → acceptor: `len` bytes follow, for bytes `offset..offset + len` of the
+    /// acceptor's registration `id`.
+    Write {
+        /// The acceptor's registration id.
+        id: u32,
+        /// Byte offset inside the registration.
+        offset: u64,
+        /// Payload bytes that follow (at most [`MAX_CHUNK_BYTES`]).
+        len: u32,
+    },
+    /// Connector → acceptor: store `value` with release semantics into the 8-byte aligned
+    /// u64 at `offset` of registration `id` (a semaphore), after every earlier write.
+    Signal {
+        /// The acceptor's registration id.
+        id: u32,
+        /// Byte offset inside the registration.
+        offset: u64,
+        /// The value to store.
+        value: u64,
+    },
+    /// Connector → acceptor: answer with `FlushAck { seq }` once every earlier frame is
+    /// applied.
+    Flush {
+        /// Sequence number, echoed.
+        seq: u64,
+    },
+    /// Acceptor → connector: every frame before `Flush { seq }` is applied.
+    FlushAck {
+        /// The flush's sequence number.
+        seq: u64,
+    },
+    /// Either side: the connection is being closed, and why.
+    Error {
+        /// What was refused (at most [`MAX_ERROR_TEXT_BYTES`]).
+        reason: String,
+    },
+}
+
+impl Message {
+    /// Short name of the kind, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Hello { .. } => "Hello",
+            Message::Welcome => "Welcome",
+            Message::Write { .. } => "Write",
+            Message::Signal { .. } => "Signal",
+            Message::Flush { .. } => "Flush",
+            Message::FlushAck { .. } => "FlushAck",
+            Message::Error { .. } => "Error",
+        }
+    }
+
+    /// An [`Message::Error`] with `reason` cut to [`MAX_ERROR_TEXT_BYTES`] (at a character
+    /// boundary).
+    pub fn error(reason: &str) -> Message {
+        let mut end = reason.len().min(MAX_ERROR_TEXT_BYTES);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        Message::Error {
+            reason: reason[..end].to_owned(),
+        }
+    }
+}
+
+/// Why bytes are not a valid frame.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// The stream ended inside a frame.
+    #[error("truncated frame: the connection ended after {got} of {wanted} bytes of its {part}")]
+    Truncated {
+        /// Header or payload.
+        part: &'static str,
+        /// Bytes that arrived.
+        got: usize,
+        /// Bytes the frame needs.
+        wanted: usize,
+    },
+    /// A header longer than [`MAX_HEADER_BYTES`], or empty.
+    #[error("header of {len} bytes (allowed: 1..={MAX_HEADER_BYTES})")]
+    HeaderLength {
+        /// The claimed length.
+        len: usize,
+    },
+    /// A write payload longer than [`MAX_CHUNK_BYTES`].
+    #[error("write of {len} bytes in one frame (at most {MAX_CHUNK_BYTES})")]
+    PayloadTooLong {
+        /// The claimed length.
+        len: u64,
+    },
+    /// The frame carries another wire version.
+    #[error("wire version {got}; this build speaks version {WIRE_VERSION}")]
+    Version {
+        /// The version in the frame.
+        got: u16,
+    },
+    /// The header does not decode to one message.
+    #[error("malformed header: {0}")]
+    Malformed(String),
+    /// A frame did not arrive completely before the deadline.
+    #[error("a frame did not arrive completely in time ({got} of {wanted} bytes of its {part})")]
+    Stalled {
+        /// Header or payload.
+        part: &'static str,
+        /// Bytes that arrived.
+        got: usize,
+        /// Bytes the frame needs.
+        wanted: usize,
+    },
+    /// The socket failed.
+    #[error("socket: {0}")]
+    Io(String),
+}
+
+/// Encodes `message` as a frame (length prefix and header; a write's payload goes after
+/// it) into `out`; returns the frame's length.
+///
+/// # Errors
+/// [`WireError::HeaderLength`] if the header would not fit [`MAX_HEADER_BYTES`] (an
+/// [`Message::Error`] whose text was not cut by [`Message::error`]).
+pub fn encode(
+    message: &Message,
+    out: &mut [u8; MAX_FRAME_HEADER_BYTES],
+) -> Result<usize, WireError> {
+    let (prefix, header) = out.split_at_mut(LENGTH_PREFIX_BYTES);
+    let too_long = |_| WireError::HeaderLength {
+        len: MAX_HEADER_BYTES + 1,
+    };
+    let len = postcard::to_slice(&(WIRE_VERSION, message), header)
+        .map_err(too_long)?
+        .len();
+    prefix.copy_from_slice(&(len as u16).to_le_bytes());
+    Ok(LENGTH_PREFIX_BYTES + len)
+}
+
+/// Decodes a header (the bytes after the length prefix).
+///
+/// # Errors
+/// Another version, bytes that are not one message, a write longer than
+/// [`MAX_CHUNK_BYTES`].
+pub fn decode_header(header: &[u8]) -> Result<Message, WireError> {
+    let (version, rest) = postcard::take_from_bytes::<u16>(header)
+        .map_err(|e| WireError::Malformed(format!("version: {e}")))?;
+    if version != WIRE_VERSION {
+        return Err(WireError::Version { got: version });
+    }
+    let (message, rest) = postcard::take_from_bytes::<Message>(rest)
+        .map_err(|e| WireError::Malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(WireError::Malformed(format!(
+            "{} bytes after a {} message",
+            rest.len(),
+            message.kind()
+        )));
+    }
+    if let Message::Write { len, .. } = message
+        && len > MAX_CHUNK_BYTES
+    {
+        return Err(WireError::PayloadTooLong { len: len as u64 });
+    }
+    Ok(message)
+}
+
+/// What a frame read found instead of a frame.
+#[derive(Debug)]
+pub enum ReadOutcome {
+    /// A header, decoded.
+    Frame(Message),
+    /// The stream ended cleanly between frames.
+    Closed,
+    /// `idle` said to stop while no frame had begun.
+    Stopped,
+}
+
+/// Reads the next frame's header from `reader`, which must time out its reads (a socket
+/// with a read timeout) so that waits stay bounded.
+///
+/// Between frames it waits as long as `idle()` returns `true` (it is asked after every
+/// read that timed out with nothing of a frame read); once a frame has begun, it must
+/// complete by `deadline()` (asked when the frame begins), else [`WireError::Stalled`].
+///
+/// # Errors
+/// A malformed, oversized or truncated header, or the socket failed.
+pub fn read_header(
+    reader: &mut impl Read,
+    mut idle: impl FnMut() -> bool,
+    deadline: impl Fn() -> Instant,
+) -> Result<ReadOutcome, WireError> {
+    let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
+    let mut got = 0;
+    let mut frame_deadline = None;
+    while got < prefix.len() {
+        match reader.read(&mut prefix[got..]) {
+            Ok(0) if got == 0 => return Ok(ReadOutcome::Closed),
+            Ok(0) => {
+                return Err(WireError::Truncated {
+                    part: "length prefix",
+                    got,
+                    wanted: prefix.len(),
+                });
+            }
+            Ok(n) => {
+                got += n;
+                frame_deadline.get_or_insert_with(&deadline);
+            }
+            Err(e) if timed_out(&e) => match frame_deadline {
+                None if !idle() => return Ok(ReadOutcome::Stopped),
+                None => {}
+                Some(at) if Instant::now() >= at => {
+                    return Err(WireError::Stalled {
+                        part: "length prefix",
+                        got,
+                        wanted: prefix.len(),
+                    });
+                }
+                Some(_) => {}
+            },
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(WireError::Io(e.to_string())),
+        }
+    }
+    let len = u16::from_le_bytes(prefix) as usize;
+    if len == 0 || len > MAX_HEADER_BYTES {
+        return Err(WireError::HeaderLength { len });
+    }
+    let mut header = [0u8; MAX_HEADER_BYTES];
+    let at = frame_deadline.unwrap_or_else(&deadline);
+    read_exact_by(reader, &mut header[..len], at, "header")?;
+    decode_header(&header[..len]).map(ReadOutcome::Frame)
+}
+
+/// Fills `buf` from `reader` by `deadline`; `part` names what is read, for errors.
+///
+/// # Errors
+/// The stream ended ([`WireError::Truncated`]), the deadline passed
+/// ([`WireError::Stalled`]), or the socket failed.
+pub fn read_exact_by(
+    reader: &mut impl Read,
+    buf: &mut [u8],
+    deadline: Instant,
+    part: &'static str,
+) -> Result<(), WireError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match reader.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(WireError::Truncated {
+                    part,
+                    got,
+                    wanted: buf.len(),
+                });
+            }
+            Ok(n) => got += n,
+            Err(e) if timed_out(&e) => {
+                if Instant::now() >= deadline {
+                    return Err(WireError::Stalled {
+                        part,
+                        got,
+                        wanted: buf.len(),
+                    });
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(WireError::Io(e.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// Sends `message` on `stream` and then `payload` (a write's bytes, else empty), whole,
+/// within the stream's write timeout per send. `MSG_NOSIGNAL`: a peer that closed gives an
+/// error, never a `SIGPIPE` that would kill a program which did not ignore it.
+///
+/// # Errors
+/// The header does not encode, or the socket failed or timed out (the frame may then be
+/// partly sent: the connection is unusable).
+pub fn send_frame(stream: &TcpStream, message: &Message, payload: &[u8]) -> io::Result<()> {
+    let mut header = [0u8; MAX_FRAME_HEADER_BYTES];
+    let n = encode(message, &mut header).map_err(io::Error::other)?;
+    // MORE: the header waits for its payload, so both leave in one segment despite
+    // TCP_NODELAY.
+    let flags = if payload.is_empty() {
+        SendFlags::NOSIGNAL
+    } else {
+        SendFlags::NOSIGNAL | SendFlags::MORE
+    };
+    send_all(stream, &header[..n], flags)?;
+    send_all(stream, payload, SendFlags::NOSIGNAL)
+}
+
+fn send_all(stream: &TcpStream, mut bytes: &[u8], flags: SendFlags) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match rustix::net::send(stream, bytes, flags) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the peer took no bytes within the write timeout",
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Whether a read error is a socket read timeout (which Linux reports as `WouldBlock`).
+fn timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+impl fmt::Display for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Message::Write { id, offset, len } => {
+                write!(f, "Write {{ id {id}, bytes {offset}..+{len} }}")
+            }
+            Message::Signal { id, offset, value } => {
+                write!(f, "Signal {{ id {id}, offset {offset}, value {value} }}")
+            }
+            Message::Hello { from, to, .. } => write!(f, "Hello {{ from {from}, to {to} }}"),
+            other => write!(f, "{other:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn frame(message: &Message) -> Vec<u8> {
+        let mut out = [0u8; MAX_FRAME_HEADER_BYTES];
+        let n = encode(message, &mut out).unwrap();
+        out[..n].to_vec()
+    }
+
+    fn read(bytes: &[u8]) -> Result<ReadOutcome, WireError> {
+        let far = Instant::now() + Duration::from_secs(5);
+        read_header(&mut &bytes[..], || true, || far)
+    }
+
+    /// Guards against a message that does not survive the trip, or a header that may grow
+    /// past its fixed buffer.
+    #[test]
+    fn every_message_round_trips() {
+        let all = [
+            Message::Hello {
+                from: 3,
+                to: u32::MAX,
+                token: [0xab; TOKEN_BYTES],
+            },
+            Message::Welcome,
+            Message::Write {
+                id: u32::MAX,
+                offset: u64::MAX,
+                len: MAX_CHUNK_BYTES,
+            },
+            Message::Signal {
+                id: 1,
+                offset: u64::MAX,
+                value: u64::MAX,
+            },
+            Message::Flush { seq: u64::MAX },
+            Message::FlushAck { seq: 0 },
+            Message::error(&"é".repeat(MAX_ERROR_TEXT_BYTES)),
+        ];
+        for m in all {
+            match read(&frame(&m)) {
+                Ok(ReadOutcome::Frame(back)) => assert_eq!(back, m),
+                other => panic!("{m:?}: {other:?}"),
+            }
+        }
+    }
+
+    /// Guards against a peer's bytes being trusted: an empty or oversized header length, a
+    /// header of another version, garbage, trailing bytes, a write longer than a chunk, a
+    /// frame cut short; each is an error, none panics.
+    #[test]
+    fn bad_frames_are_refused() {
+        assert!(matches!(read(&[]), Ok(ReadOutcome::Closed)));
+        assert!(matches!(read(&[1]), Err(WireError::Truncated { .. })));
+        assert!(matches!(
+            read(&[0, 0]),
+            Err(WireError::HeaderLength { len: 0 })
+        ));
+        let long = (MAX_HEADER_BYTES as u16 + 1).to_le_bytes();
+        assert!(matches!(read(&long), Err(WireError::HeaderLength { .. })));
+        let mut v2 = frame(&Message::Welcome);
+        v2[2] = 2;
+        assert!(matches!(read(&v2), Err(WireError::Version { got: 2 })));
+        assert!(matches!(
+            read(&[3, 0, 1, 99, 0]),
+            Err(WireError::Malformed(_))
+        ));
+        let mut trailing = frame(&Message::Welcome);
+        trailing[0] += 1;
+        trailing.push(0);
+        assert!(matches!(read(&trailing), Err(WireError::Malformed(_))));
+        let big = frame(&Message::Write {
+            id: 0,
+            offset: 0,
+            len: MAX_CHUNK_BYTES + 1,
+        });
+        assert!(matches!(read(&big), Err(WireError::PayloadTooLong { .. })));
+        let cut = frame(&Message::Flush { seq: 7 });
+        assert!(matches!(
+            read(&cut[..cut.len() - 1]),
+            Err(WireError::Truncated { part: "header", .. })
+        ));
+    }
+}
