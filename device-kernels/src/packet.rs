@@ -78,7 +78,7 @@ pub trait Packet: Copy + bytemuck::Pod {
     /// As [`Self::store`].
     unsafe fn seen_flag(addr: u64) -> u32;
 
-    /// Waits (under `policy`, against `deadline`: see [`WaitPolicy::missed`])
+    /// Waits (under `policy`, against `deadline`: see [`WaitPolicy::wait_until_within`])
     /// until the packet at `addr` carries `flag`, then returns its payload. `offset` (the
     /// packet's byte offset in its buffer) and `op` go into the abort record if the wait
     /// times out, with the flag waited for and the flag seen.
@@ -97,19 +97,19 @@ pub trait Packet: Copy + bytemuck::Pod {
         op: DeviceOp,
         offset: u64,
     ) -> Result<Self::Payload, DeviceError> {
-        deadline.new_wait();
-        let error = loop {
+        let mut out = None;
+        policy.wait_until_within(
+            deadline,
+            op,
+            || {
+                // SAFETY: forwarded contract.
+                out = unsafe { Self::try_load(addr, flag) };
+                out.is_some()
+            },
             // SAFETY: forwarded contract.
-            if let Some(payload) = unsafe { Self::try_load(addr, flag) } {
-                return Ok(payload);
-            }
-            if let Err(error) = policy.missed(deadline) {
-                break error;
-            }
-        };
-        // SAFETY: forwarded contract.
-        let seen = unsafe { Self::seen_flag(addr) };
-        Err(policy.give_up(error, op, [offset, flag as u64, seen as u64]))
+            || [offset, flag as u64, unsafe { Self::seen_flag(addr) } as u64],
+        )?;
+        out.ok_or(DeviceError::Aborted)
     }
 }
 
