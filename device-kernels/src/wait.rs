@@ -174,7 +174,7 @@ impl<'a> WaitPolicy<'a> {
 
     /// [`Self::wait_until`] against `deadline`, which several waits of one call share: the
     /// first of them that has to look at the clock sets it, so the call as a whole, not each
-    /// of its waits, gets the policy's limit.
+    /// of its waits, gets the policy's limit (the packets of one `unpack_packets`).
     ///
     /// # Errors
     /// As [`Self::wait_until`].
@@ -187,9 +187,7 @@ impl<'a> WaitPolicy<'a> {
         detail: impl FnOnce() -> [u64; 3],
     ) -> Result<(), DeviceError> {
         // Few values live across the loop, so a waiting kernel needs few registers: the poll
-        // count and the deadline, nothing else. The hot path is `ready` and the count. (The
-        // steps of `missed`, written out: its shape here, returning straight from the loop,
-        // costs fewer registers in the FIFO's and the semaphores' waits.)
+        // count and the deadline, nothing else. The hot path is `ready` and the count.
         let mut polls = 0u32;
         let error = loop {
             if ready() {
@@ -204,9 +202,9 @@ impl<'a> WaitPolicy<'a> {
                     break DeviceError::InvalidArgument;
                 }
                 let now = arch::clock_ns();
-                if deadline.at == 0 {
-                    deadline.at = now.saturating_add(self.timeout_ns);
-                } else if now > deadline.at {
+                if deadline.0 == 0 {
+                    deadline.0 = now.saturating_add(self.timeout_ns);
+                } else if now > deadline.0 {
                     break DeviceError::Timeout;
                 }
             }
@@ -217,74 +215,13 @@ impl<'a> WaitPolicy<'a> {
         };
         Err(self.raise(error, op, detail()))
     }
-
-    /// One unsuccessful poll of a wait under `deadline`: pauses, and every [`CHECK_EVERY`]
-    /// polls looks at the stop word and the clock, in a branch of its own.
-    ///
-    /// For loops that wait for several things in turn and keep their own state (the
-    /// packets of one `unpack_packets`): call [`Deadline::new_wait`] when one arrived, and
-    /// on an error leave the loop and pass it to [`Self::give_up`].
-    ///
-    /// # Errors
-    /// The error the wait must stop with, not yet recorded: [`DeviceError::Aborted`] once the
-    /// rank's stop word is raised, [`DeviceError::Timeout`] past the deadline,
-    /// [`DeviceError::InvalidArgument`] for a zero limit.
-    #[inline(always)]
-    pub fn missed(&self, deadline: &mut Deadline) -> Result<(), DeviceError> {
-        let polls = deadline.polls;
-        if polls % CHECK_EVERY == CHECK_EVERY - 1 {
-            // The slow part, every CHECK_EVERY polls: the stop word, then the clock.
-            if stopped(self.stop) {
-                return Err(DeviceError::Aborted);
-            }
-            if self.timeout_ns == 0 {
-                return Err(DeviceError::InvalidArgument);
-            }
-            let now = arch::clock_ns();
-            if deadline.at == 0 {
-                deadline.at = now.saturating_add(self.timeout_ns);
-            } else if now > deadline.at {
-                return Err(DeviceError::Timeout);
-            }
-        }
-        // `polls` is 0 at a wait's first pause: the emulator's back-off learns from it that a
-        // new wait began.
-        arch::spin_pause(polls);
-        deadline.polls = polls.wrapping_add(1);
-        Ok(())
-    }
-
-    /// Ends a wait that [`Self::missed`] stopped with `error`: records it in `op` with
-    /// `detail` (see [`Self::raise`]) and returns it; [`DeviceError::Aborted`] is returned
-    /// as it is (the failure that raised the stop word was recorded where it happened).
-    #[inline(always)]
-    pub fn give_up(&self, error: DeviceError, op: DeviceOp, detail: [u64; 3]) -> DeviceError {
-        if error == DeviceError::Aborted {
-            return error;
-        }
-        self.raise(error, op, detail)
-    }
 }
 
-/// When the waits of one call must give up, and how long the current one has polled: the
-/// deadline is unset until the first of them has waited [`CHECK_EVERY`] polls, then that
-/// moment plus the policy's limit. A wait whose condition holds within fewer polls never
-/// reads the clock.
+/// When the waits of one call must give up: unset until the first of them has waited
+/// [`CHECK_EVERY`] polls, then that moment plus the policy's limit. A wait whose condition
+/// holds within fewer polls never reads the clock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Deadline {
-    /// The clock reading past which the waits fail; 0 while unset.
-    at: u64,
-    /// Unsuccessful polls of the current wait.
-    polls: u32,
-}
-
-impl Deadline {
-    /// Starts the next wait of the call: its poll count from 0, the deadline unchanged.
-    #[inline(always)]
-    pub fn new_wait(&mut self) {
-        self.polls = 0;
-    }
-}
+pub struct Deadline(u64);
 
 /// Whether the stop word at `stop` (0: none) is raised.
 #[inline(always)]
