@@ -595,3 +595,134 @@ impl<P: Packet> PacketWalk<P> {
         Some(item)
     }
 }
+
+#[cfg(all(test, not(oxccl_loom)))]
+mod tests {
+    use super::*;
+    use crate::abort::AbortRecord;
+    use crate::arch::atomic::{AtomicU64, Ordering};
+    use crate::coop::Thread;
+    use crate::packet::Ll8Packet;
+    use crate::semaphore::SemaphoreRawParts;
+    use crate::wait::WaitPolicy;
+    use std::time::Duration;
+    use std::vec::Vec;
+
+    /// Packets in flight: how many, in `u64` cells (one `Ll8Packet` each).
+    const N: usize = 4;
+
+    /// A channel whose packet buffer is `packets` and whose local buffer is `local`, with
+    /// waits of at most `timeout_ns` that record failures in `record`.
+    fn channel<'a>(
+        packets: &'a [AtomicU64; N],
+        local: &'a mut [u32; N],
+        record: &'a AbortRecord,
+        stop: &'a AtomicU64,
+        timeout_ns: u64,
+    ) -> MemoryChannelDeviceHandle<'a> {
+        // SAFETY: record and stop live for 'a and are only accessed atomically.
+        let policy = unsafe { WaitPolicy::from_raw_parts(record, stop, timeout_ns, 5) };
+        // SAFETY: no counters: the test neither signals nor waits on the semaphore.
+        let semaphore = unsafe {
+            Device2DeviceSemaphoreDeviceHandle::from_raw_parts(SemaphoreRawParts::default(), policy)
+        };
+        let buffers = MemoryChannelBuffers {
+            remote: 0,
+            remote_size: 0,
+            local: local.as_mut_ptr() as usize as u64,
+            local_size: (N * 4) as u64,
+            packets: packets.as_ptr() as usize as u64,
+            packets_size: (N * 8) as u64,
+        };
+        // SAFETY: both buffers live for 'a, are 8-byte aligned (16 is only needed for LL16
+        // packets and 128-bit copies, which this channel does not make) and sized as said.
+        unsafe { MemoryChannelDeviceHandle::from_raw_parts(semaphore, buffers) }
+    }
+
+    fn packet(data: u32, flag: u32) -> u64 {
+        bytemuck::cast(Ll8Packet { data, flag })
+    }
+
+    /// Guards against an unpack that loses its place when a packet it polls arrives late
+    /// (the poll loop and the packet loop are one loop), or that stops at a stale flag.
+    #[test]
+    fn unpack_waits_for_each_packet_in_turn() {
+        let packets: [AtomicU64; N] = Default::default();
+        for (i, p) in packets.iter().enumerate() {
+            p.store(packet(100 + i as u32, 6), Ordering::Relaxed);
+        }
+        let mut local = [0u32; N];
+        let (record, stop) = (AbortRecord::new(), AtomicU64::new(0));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for (i, p) in packets.iter().enumerate() {
+                    std::thread::sleep(Duration::from_millis(2));
+                    p.store(packet(i as u32 * 3, 7), Ordering::Relaxed);
+                }
+            });
+            let chan = channel(&packets, &mut local, &record, &stop, 10_000_000_000);
+            assert_eq!(
+                chan.unpack_packets::<Ll8Packet>(Thread, 0, 0, 16, 7),
+                Ok(())
+            );
+        });
+        assert_eq!(local, [0, 3, 6, 9]);
+        assert_eq!(record.read(), None);
+    }
+
+    /// Guards against a deadline per packet: packets that each arrive within the limit, but
+    /// not all of them within it, must time the call out. Also that the record names the
+    /// packet waited for, the flag and the flag seen, and that what arrived was unpacked.
+    #[test]
+    fn unpack_has_one_deadline_per_call() {
+        const LIMIT: Duration = Duration::from_millis(100);
+        let packets: [AtomicU64; N] = Default::default();
+        let mut local = [0u32; N];
+        let (record, stop) = (AbortRecord::new(), AtomicU64::new(0));
+        packets[0].store(packet(11, 7), Ordering::Relaxed);
+        let done = AtomicU64::new(0);
+        let result = std::thread::scope(|s| {
+            s.spawn(|| {
+                // One packet every 0.8 limits: each would meet a limit of its own.
+                for (i, p) in packets.iter().enumerate().skip(1) {
+                    for _ in 0..8 {
+                        if done.load(Ordering::Relaxed) != 0 {
+                            return;
+                        }
+                        std::thread::sleep(LIMIT / 10);
+                    }
+                    p.store(packet(i as u32, 7), Ordering::Relaxed);
+                }
+            });
+            let chan = channel(
+                &packets,
+                &mut local,
+                &record,
+                &stop,
+                LIMIT.as_nanos() as u64,
+            );
+            let result = chan.unpack_packets::<Ll8Packet>(Thread, 0, 0, 16, 7);
+            done.store(1, Ordering::Relaxed);
+            result
+        });
+        assert_eq!(result, Err(DeviceError::Timeout));
+        let reason = record.read().expect("the timeout is recorded");
+        assert_eq!(reason.op, DeviceOp::UnpackPackets);
+        let [offset, flag, seen] = reason.detail.expect("with its details");
+        assert!(
+            (8..N as u64 * 8).contains(&offset),
+            "a late packet: {offset}"
+        );
+        assert_eq!(flag, 7);
+        assert_eq!(seen, 0, "the packet had not arrived");
+        let arrived = (offset / 8) as usize;
+        let expected: Vec<u32> = (0..N as u32)
+            .map(|i| match i {
+                0 => 11,
+                i if (i as usize) < arrived => i,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(local.to_vec(), expected);
+    }
+}
