@@ -788,6 +788,7 @@ impl Communicator {
             fifo: self.proxy.fifo_cells(),
             semaphore: cells,
             abort,
+            transport,
         })
     }
 
