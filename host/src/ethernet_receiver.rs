@@ -160,13 +160,13 @@ fn receive(stream: TcpStream, peer: u32, context: &ReceiverContext, stop: &Atomi
                 // No goodbye: the peer's process ended (or its socket was closed) mid-run.
                 // Recording raises this rank's stop word, so kernels waiting for the peer
                 // end now, with this error, instead of at their wait limit.
-                context.failures.record(ProxyError::Inbound {
+                context.failures.record(ProxyError::PeerLost {
                     rank: context.rank,
                     peer,
                     transport: "ethernet",
                     message: format!(
-                        "peer {peer} closed the connection without a goodbye: its process \
-                         ended, or dropped the connection mid-run"
+                        "peer {peer} closed its connection without a goodbye: its process \
+                         ended, or it dropped the connection mid-run"
                     ),
                 });
                 return;

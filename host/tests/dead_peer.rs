@@ -107,7 +107,7 @@ fn dead_peer_is_reported_over(transport: &str) {
         println!("rank {}: {line}", outcome.rank);
         assert!(outcome.success(), "{outcome}");
         assert!(
-            line.contains(&format!("peer {VICTIM}")),
+            line.contains(&format!("lost peer {VICTIM}")),
             "{line}\n{outcome}"
         );
     }
@@ -123,4 +123,12 @@ fn dead_peer_is_reported_over(transport: &str) {
 #[test]
 fn dead_peer_is_reported() {
     dead_peer_is_reported_over("ethernet");
+}
+
+/// Guards against the same over host IPC, where no connection closes: the survivors watch
+/// the process of every peer whose memory they map, and its end without a goodbye must stop
+/// their waits with an error naming it.
+#[test]
+fn dead_peer_is_reported_over_host_ipc() {
+    dead_peer_is_reported_over("host-ipc");
 }
