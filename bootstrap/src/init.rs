@@ -249,6 +249,11 @@ impl Bootstrap {
                 bs.hostname
             );
         }
+        // What peers dial, as the table has it: a rank other than 0 is bound to the
+        // unspecified address, which names no interface another node can reach.
+        if let Some(mine) = table.get(rank) {
+            bs.listen_addr = mine.listen;
+        }
         let addrs: Vec<SocketAddr> = table.into_iter().map(|i| i.listen).collect();
         if bs.inner.addrs.set(addrs).is_err() {
             return Err(Error::Internal("address table set twice".into()));

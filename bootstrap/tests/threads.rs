@@ -16,6 +16,13 @@ fn exercise(bs: Bootstrap) {
     assert!(me < n);
     // All threads share the OS host name.
     assert_eq!((bs.local_rank(), bs.local_size()), (me, n));
+    // Guards against a rank reporting the unspecified address it is bound to as the one
+    // peers dial: a network transport listening there is unreachable from another node.
+    assert!(
+        !bs.listen_addr().ip().is_unspecified(),
+        "rank {me} listens on {}",
+        bs.listen_addr()
+    );
 
     let expected: Vec<Vec<u8>> = (0..n).map(contribution).collect();
     assert_eq!(bs.all_gather(&contribution(me)).unwrap(), expected);

@@ -35,6 +35,7 @@ use crate::host_ipc::node_name;
 use crate::host_ipc_connection::HostIpcConnection;
 use crate::memory_channel::MemoryChannel;
 use crate::out_of_band::{BootstrapExchange, OutOfBand};
+use crate::peer_watch::PeerWatch;
 use crate::port_channel::PortChannel;
 use crate::registered_memory::RegisteredMemory;
 use crate::semaphore::SemaphoreCells;
@@ -165,6 +166,8 @@ pub struct Communicator {
     ethernet: Option<EthernetEndpoint>,
     /// The connection this rank's proxy writes each peer's memory over, by peer.
     ethernet_connections: HashMap<u32, Arc<EthernetConnection>>,
+    /// The processes of peers whose memory is mapped here, watched for a death mid-run.
+    peer_watch: PeerWatch,
     /// Memory of other ranks mapped here, by (node, pid, inode): shared with every region
     /// built on it, so a mapping lives as long as its last user, and is unmapped only when
     /// no kernel of this rank's device runs.
@@ -227,6 +230,7 @@ impl Communicator {
                 TransportChoice::Ethernet => "Ethernet",
             }
         );
+        let peer_watch = PeerWatch::new(oob.rank(), oob.clone(), proxy.failure_sink());
         Ok(Communicator {
             oob,
             device,
@@ -241,6 +245,7 @@ impl Communicator {
             ethernet_registry: Arc::new(EthernetRegistry::new()),
             ethernet: None,
             ethernet_connections: HashMap::new(),
+            peer_watch,
             mappings: HashMap::new(),
             stop_why: Arc::new(Mutex::new(None)),
             collectives: None,
@@ -540,6 +545,7 @@ impl Communicator {
             )));
         }
         let key = (handle.node.clone(), handle.pid, handle.inode);
+        let pid = handle.pid;
         let mapping = match self.mappings.entry(key) {
             Entry::Occupied(e) => e.get().clone(),
             Entry::Vacant(e) => e
@@ -562,6 +568,8 @@ impl Communicator {
                 mapping.len()
             )));
         }
+        // Mapped: the peer is alive now, so its process can be watched from here on.
+        self.peer_watch.watch(memory.rank(), pid);
         let region = MemoryRegion::new(memory.rank(), mapping.addr() + offset, memory.size());
         Ok(region.with_keep_alive(mapping))
     }
@@ -788,6 +796,7 @@ impl Communicator {
             fifo: self.proxy.fifo_cells(),
             semaphore: cells,
             abort,
+            transport,
         })
     }
 
@@ -1156,6 +1165,8 @@ impl Drop for Communicator {
     /// stops the proxy (bounded too). Memory that channels or registrations still hold stays
     /// allocated until they go.
     fn drop(&mut self) {
+        // First: peers that watch this process take its end as a death without it.
+        self.peer_watch.say_goodbye();
         let limit = self.config.wait_timeout;
         if !self.cpu.wait_idle(limit) {
             tracing::warn!(

@@ -299,6 +299,13 @@ impl Connection for EthernetConnection {
 
 impl Drop for EthernetConnection {
     fn drop(&mut self) {
-        let _ = self.state.lock().stream.shutdown(std::net::Shutdown::Both);
+        let state = self.state.lock();
+        // The peer's receiver reports a connection that ends without a goodbye as this
+        // rank lost mid-run. A broken connection has nothing to say goodbye on; the send
+        // waits at most the socket's write limit (the communicator's wait limit).
+        if state.broken.is_none() {
+            let _ = send_frame(&state.stream, &Message::Goodbye, &[]);
+        }
+        let _ = state.stream.shutdown(std::net::Shutdown::Both);
     }
 }

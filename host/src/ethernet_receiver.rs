@@ -8,6 +8,10 @@
 //! every earlier write (frames are applied in the order TCP delivers them); a flush is
 //! acknowledged once every frame before it is applied.
 //!
+//! A connection that ends without the peer's [`Message::Goodbye`] (its process was killed
+//! mid-run) is recorded the same way, naming the peer, so this rank's waits for it end at
+//! once instead of at their limit.
+//!
 //! A refused frame (unknown id, range outside the registration, malformed or oversized
 //! header or length, another wire version, a frame cut short or stalled past the limit, an
 //! unexpected kind) writes nothing: the failure is recorded with the rank's proxy (its next
@@ -145,9 +149,26 @@ fn receive(stream: TcpStream, peer: u32, context: &ReceiverContext, stop: &Atomi
             || Instant::now() + timeout,
         );
         let message = match next {
-            Ok(ReadOutcome::Frame(message)) => message,
-            Ok(ReadOutcome::Closed) | Ok(ReadOutcome::Stopped) => {
+            Ok(ReadOutcome::Frame(Message::Goodbye)) => {
                 tracing::debug!(rank = context.rank, peer, "Ethernet connection closed");
+                return;
+            }
+            Ok(ReadOutcome::Frame(message)) => message,
+            Ok(ReadOutcome::Stopped) => return,
+            Ok(ReadOutcome::Closed) if stop.load(Ordering::Relaxed) => return,
+            Ok(ReadOutcome::Closed) => {
+                // No goodbye: the peer's process ended (or its socket was closed) mid-run.
+                // Recording raises this rank's stop word, so kernels waiting for the peer
+                // end now, with this error, instead of at their wait limit.
+                context.failures.record(ProxyError::PeerLost {
+                    rank: context.rank,
+                    peer,
+                    transport: "ethernet",
+                    message: format!(
+                        "peer {peer} closed its connection without a goodbye: its process \
+                         ended, or it dropped the connection mid-run"
+                    ),
+                });
                 return;
             }
             Err(_) if stop.load(Ordering::Relaxed) => return,

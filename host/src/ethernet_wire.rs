@@ -21,7 +21,10 @@
 //! [`Message::Hello`] first, then writes, signals and flushes; the accepting side (the one
 //! whose memory is written) answers [`Message::Welcome`], [`Message::FlushAck`]s, and an
 //! [`Message::Error`] right before it closes a connection whose frame it refused. TCP keeps
-//! the order, so a signal or flush acknowledgement follows every write sent before it.
+//! the order, so a signal or flush acknowledgement follows every write sent before it. A
+//! connecting side that closes on purpose sends [`Message::Goodbye`] last: a connection
+//! that ends without one lost its peer mid-run (its process ended), which the accepting
+//! side reports.
 
 use rustix::io::Errno;
 use rustix::net::SendFlags;
@@ -32,7 +35,7 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 /// Version of the Ethernet wire format; both ends of a connection must speak the same.
-pub const WIRE_VERSION: u16 = 1;
+pub const WIRE_VERSION: u16 = 2;
 
 /// Bytes of the length prefix of every frame.
 pub const LENGTH_PREFIX_BYTES: usize = 2;
@@ -104,6 +107,9 @@ pub enum Message {
         /// What was refused (at most [`MAX_ERROR_TEXT_BYTES`]).
         reason: String,
     },
+    /// Connector → acceptor, last frame: the connection is closed on purpose (its
+    /// communicator is dropped); no frame follows. Added in wire version 2.
+    Goodbye,
 }
 
 impl Message {
@@ -117,6 +123,7 @@ impl Message {
             Message::Flush { .. } => "Flush",
             Message::FlushAck { .. } => "FlushAck",
             Message::Error { .. } => "Error",
+            Message::Goodbye => "Goodbye",
         }
     }
 
@@ -440,6 +447,7 @@ mod tests {
             Message::Flush { seq: u64::MAX },
             Message::FlushAck { seq: 0 },
             Message::error(&"é".repeat(MAX_ERROR_TEXT_BYTES)),
+            Message::Goodbye,
         ];
         for m in all {
             match read(&frame(&m)) {
@@ -462,11 +470,12 @@ mod tests {
         ));
         let long = (MAX_HEADER_BYTES as u16 + 1).to_le_bytes();
         assert!(matches!(read(&long), Err(WireError::HeaderLength { .. })));
-        let mut v2 = frame(&Message::Welcome);
-        v2[2] = 2;
-        assert!(matches!(read(&v2), Err(WireError::Version { got: 2 })));
+        let mut other = frame(&Message::Welcome);
+        other[2] = WIRE_VERSION as u8 + 1;
+        let got = WIRE_VERSION + 1;
+        assert!(matches!(read(&other), Err(WireError::Version { got: g }) if g == got));
         assert!(matches!(
-            read(&[3, 0, 1, 99, 0]),
+            read(&[3, 0, WIRE_VERSION as u8, 99, 0]),
             Err(WireError::Malformed(_))
         ));
         let mut trailing = frame(&Message::Welcome);

@@ -23,6 +23,7 @@ pub mod host_ipc_connection;
 pub mod in_process;
 pub mod memory_channel;
 pub mod out_of_band;
+mod peer_watch;
 pub mod port_channel;
 pub mod ptx;
 pub mod registered_memory;

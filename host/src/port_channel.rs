@@ -9,6 +9,7 @@
 use crate::channel_abort::ChannelAbort;
 use crate::error::ChannelRef;
 use crate::semaphore::SemaphoreCells;
+use crate::transport::Transport;
 use oxccl_device::port_channel::{PortChannelDeviceHandle, PortChannelIds};
 use oxccl_device::semaphore::Host2DeviceSemaphoreDeviceHandle;
 use oxccl_proxy::fifo::FifoCells;
@@ -22,6 +23,7 @@ pub struct PortChannel {
     pub(crate) fifo: Arc<FifoCells>,
     pub(crate) semaphore: SemaphoreCells,
     pub(crate) abort: ChannelAbort,
+    pub(crate) transport: Transport,
 }
 
 impl PortChannel {
@@ -33,6 +35,11 @@ impl PortChannel {
     /// The peer.
     pub fn peer(&self) -> u32 {
         self.channel.peer
+    }
+
+    /// The transport its puts and signals travel over.
+    pub fn transport(&self) -> Transport {
+        self.transport
     }
 
     /// The channel as errors name it (kind, peer, index).

@@ -312,7 +312,7 @@ struct Case {
 
 fn cases(id: u32) -> Vec<Case> {
     let mut other_version = frame(&Message::Flush { seq: 1 });
-    other_version[2] = 2; // the version varint right after the length prefix
+    other_version[2] = 9; // the version varint right after the length prefix
     let mut cut = frame(&Message::Write {
         id,
         offset: 0,
@@ -370,7 +370,7 @@ fn cases(id: u32) -> Vec<Case> {
             name: "another wire version",
             bytes: other_version,
             cut: false,
-            why: "wire version 2",
+            why: "wire version 9",
         },
         Case {
             name: "signal past the registration",

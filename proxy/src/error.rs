@@ -137,6 +137,19 @@ pub enum ProxyError {
         /// What was refused, and why.
         message: String,
     },
+    /// A peer was lost mid-run: its process ended (or its connection closed) without the
+    /// goodbye a peer that ends on purpose says first.
+    #[error("rank {rank}: lost peer {peer} ({transport}): {message}")]
+    PeerLost {
+        /// This rank.
+        rank: u32,
+        /// The lost peer.
+        peer: u32,
+        /// The transport that noticed.
+        transport: &'static str,
+        /// What was seen.
+        message: String,
+    },
     /// A transport operation failed (a socket error, a deadline, the peer's refusal).
     #[error("{0}")]
     Transport(String),

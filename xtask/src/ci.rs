@@ -9,16 +9,20 @@
 //! 3. `doc`: `cargo doc --workspace --no-deps` with rustdoc warnings denied (a broken or
 //!    private intra-doc link fails), within [`STEP_TIME_LIMIT`]
 //! 4. `test`: `cargo test --workspace`, within [`STEP_TIME_LIMIT`]
-//! 5. `loom`: the loom models of the FIFO and semaphore protocols ([`run_loom`]), within
+//! 5. `netns`: `cargo xtask netns-test` ([`crate::netns_test`]): port channels between two
+//!    nodes emulated by network namespaces, each job within
+//!    [`crate::netns_test::JOB_TIME_LIMIT`]. Where the machine cannot run it (not root, no
+//!    `ip` or `unshare`), the step passes and says why it skipped
+//! 6. `loom`: the loom models of the FIFO and semaphore protocols ([`run_loom`]), within
 //!    [`STEP_TIME_LIMIT`]; fails if a crate's models ran no test
-//! 6. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90, where each build,
+//! 7. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90, where each build,
 //!    each ptxas run and the installation of ptxas has its own limit
 //!    ([`oxccl_build::ptx::BUILD_TIME_LIMIT`], [`oxccl_build::ptxas`]); then the ignored
 //!    end-to-end test of oxccl-build that builds a kernel crate outside this workspace to
 //!    PTX, as a user builds theirs ([`USER_KERNELS_TEST`], within [`STEP_TIME_LIMIT`]; it
 //!    builds `core` for nvptx64 once more, in a target directory of its own, about half a
 //!    minute on two cores); fails if it ran no test
-//! 7. `gpu-bundle`: builds `target/gpu-bundle/` from the PTX of step 6 (compile only: no
+//! 8. `gpu-bundle`: builds `target/gpu-bundle/` from the PTX of step 7 (compile only: no
 //!    GPU here), so what runs on a GPU machine cannot rot ([`crate::gpu_bundle`])
 //!
 //! Every command runs under a deadline (see [`oxccl_build::bounded`]): one that hangs fails its
@@ -134,6 +138,20 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
             "test",
             show(&test),
             Box::new(move || Ok(run_bounded(&mut test, STEP_TIME_LIMIT)?)),
+        ),
+        (
+            "netns",
+            match crate::netns_test::unsupported() {
+                None => "cargo xtask netns-test".into(),
+                Some(why) => format!("cargo xtask netns-test: skipped, {why}"),
+            },
+            Box::new(|| match crate::netns_test::unsupported() {
+                None => crate::netns_test::run_netns_test(ws),
+                Some(why) => {
+                    println!("netns: SKIPPED, this machine cannot run it: {why}");
+                    Ok(())
+                }
+            }),
         ),
         (
             "loom",

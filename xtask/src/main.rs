@@ -6,6 +6,8 @@
 //! - `loom`: model-checks the FIFO and semaphore protocols (see [`ci::run_loom`]).
 //! - `gpu-bundle`: the programs and kernels that need a GPU, packed with a script that runs
 //!   them on a GPU machine without a Rust toolchain (see [`gpu_bundle`]).
+//! - `netns-test`: port channels between two nodes emulated by network namespaces, over
+//!   Ethernet, and put_bw between them (root only; see [`netns_test`]).
 //! - `ci`: everything CI checks, in order (see [`ci`]).
 
 mod barrier_sites;
@@ -15,6 +17,7 @@ mod gpu_bundle;
 mod kernels;
 mod layouts;
 mod libtest;
+mod netns_test;
 mod probe_table;
 mod ptx;
 mod ptx_cfg;
@@ -78,7 +81,12 @@ enum Task {
         #[arg(long)]
         reuse_ptx: bool,
     },
-    /// Run every CI step: fmt, clippy, tests, loom, build-ptx --check, gpu-bundle.
+    /// Run port channels between two nodes emulated by network namespaces (one rank per
+    /// node over Ethernet; two per node, host IPC within and Ethernet between), and put_bw
+    /// over the veth pair that joins them. Needs root, `ip` and `unshare`.
+    NetnsTest,
+    /// Run every CI step: fmt, clippy, tests, netns (where root), loom, build-ptx --check,
+    /// gpu-bundle.
     Ci {
         /// Report register spills in kernels as warnings instead of failing.
         #[arg(long)]
@@ -116,6 +124,7 @@ fn run(task: Task) -> anyhow::Result<()> {
         ),
         Task::Loom { args } => ci::run_loom(&ws, &args),
         Task::GpuBundle { reuse_ptx } => gpu_bundle::run_gpu_bundle(&ws, reuse_ptx),
+        Task::NetnsTest => netns_test::run_netns_test(&ws),
         Task::Ci { allow_spills } => ci::run_ci(&ws, &ci::CiOptions { allow_spills }),
     }
 }

@@ -32,4 +32,5 @@ pub mod packet_all_reduce;
 pub mod packet_exchange;
 pub mod pingpong;
 pub mod probes;
+pub mod put_bandwidth;
 pub mod ring_exchange;
