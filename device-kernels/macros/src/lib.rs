@@ -452,7 +452,7 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
             pub static KERNEL: ::oxccl_device::launch::KernelInfo =
                 ::oxccl_device::launch::KernelInfo {
                     name: #name_str,
-                    module: env!("CARGO_CRATE_NAME"),
+                    module: ::core::env!("CARGO_CRATE_NAME"),
                     params: &[ #( #layouts ),* ],
                     host_entry: __host_entry,
                     max_blocks: #max_blocks,

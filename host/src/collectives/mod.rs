@@ -673,12 +673,15 @@ impl Communicator {
             self.collectives = Some(Box::new(ctx));
         }
         let (rank, size) = (self.rank(), self.size());
+        // The agreed maximum, and whether it came from `last`: a repeated shape is compared
+        // once per call.
         let known = self.collectives.as_ref().and_then(|c| match &c.last {
-            Some((shape, max)) if *shape == call.shape => Some(*max),
-            _ => c.agreed.get(&call.shape).copied(),
+            Some((shape, max)) if *shape == call.shape => Some((*max, true)),
+            _ => c.agreed.get(&call.shape).map(|&max| (max, false)),
         });
+        let repeated = known.is_some_and(|(_, from_last)| from_last);
         let agreed = match known {
-            Some(max) => max,
+            Some((max, _)) => max,
             None => {
                 let shapes = shape::agree(self.out_of_band(), &call.shape)?;
                 let max = shapes
@@ -697,11 +700,7 @@ impl Communicator {
             .collectives
             .as_mut()
             .ok_or_else(|| Error::Internal("collectives not set up".into()))?;
-        if ctx
-            .last
-            .as_ref()
-            .is_none_or(|(shape, _)| *shape != call.shape)
-        {
+        if !repeated {
             ctx.last = Some((call.shape.clone(), agreed));
         }
         if call.shape.collective == Collective::AllToAllV {
