@@ -474,6 +474,9 @@ fn raw_client(comm: &Communicator, cases: &[Case]) -> oxccl::Result<()> {
         Ok(ReadOutcome::Frame(Message::FlushAck { seq: 1 })) => {}
         other => panic!("a good write and flush got {other:?}"),
     }
+    // Closing on purpose, as a sender does: without the goodbye, the receiver reports the
+    // closed connection as a lost peer, racing the host's last `check`.
+    stream.write_all(&frame(&Message::Goodbye)).unwrap();
     oob.send(0, tag, Vec::new())
 }
 
