@@ -25,7 +25,8 @@
 //!   and again on the same channels.
 //! - Safe kernel parameters for what kernels used raw addresses for: [`device_view`] (typed,
 //!   bounds-checked views of device buffers), [`channel_set`] (a channel to every peer, the
-//!   handles in device memory), [`grid_barrier`] (every block of a launch waits for all).
+//!   handles in device memory), [`grid_barrier`] (every block of a launch waits for all),
+//!   [`peer_buffer_table`] (the buffers every rank registered, reached by slot).
 //! - [`kernel`]: one function, a PTX entry point on the GPU and a launcher on the host.
 //!
 //! The crate holds no kernel of its own: the kernels oxccl ships are in `oxccl-kernels`, a
@@ -94,6 +95,7 @@ pub mod kernel_return;
 pub mod launch;
 pub mod memory_channel;
 pub mod packet;
+pub mod peer_buffer_table;
 pub mod port_channel;
 pub mod reduce;
 pub mod semaphore;
