@@ -1,6 +1,7 @@
 //! Ranks as separate processes on the CPU backend: each process joins through the TCP
 //! bootstrap (torchrun variables), maps its peers' device memory (memfd shared between the
-//! processes), and runs the port ring, the memory ring and the ring all-reduce.
+//! processes), and runs the port ring, the memory ring, the ring all-reduce and the
+//! communicator's all-reduce on registered buffers (read in the peers' processes).
 //!
 //! Then again with `OXCCL_TRANSPORT=ethernet`: the port ring over TCP between processes.
 //!
@@ -10,7 +11,7 @@
 mod common;
 
 use common::{assert_all_gathered, ring_buffer};
-use oxccl::{Communicator, CommunicatorConfig, Error, Result, TransportChoice};
+use oxccl::{Communicator, CommunicatorConfig, Error, ReduceOp, Result, TransportChoice};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
 use oxccl_kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
@@ -88,6 +89,30 @@ fn run_rank() -> Result<u32> {
     for (i, &have) in got.iter().take(n).enumerate() {
         let want: f32 = (0..ranks).map(|r| value(r, i)).sum();
         assert_eq!(have, want, "all-reduce: rank {rank} element {i}");
+    }
+
+    // The communicator's all-reduce on registered buffers: each rank reads its peers'
+    // buffers in their processes, out of place and in place.
+    let count = 100_003usize;
+    let mine: Vec<f32> = (0..count).map(|i| value(rank, i)).collect();
+    let mut send = comm.device().alloc_from(&mine)?;
+    let mut recv = comm.alloc::<f32>(count)?;
+    comm.register_collective_buffer(&send)?;
+    comm.register_collective_buffer(&recv)?;
+    comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+    comm.all_reduce_in_place(&mut send, count, ReduceOp::Sum, &stream)?;
+    comm.synchronize(&stream)?;
+    let (out, in_place) = (recv.to_vec()?, send.to_vec()?);
+    for i in 0..count {
+        let want: f32 = (0..ranks).map(|r| value(r, i)).sum();
+        assert_eq!(
+            out[i], want,
+            "registered all-reduce: rank {rank} element {i}"
+        );
+        assert_eq!(
+            in_place[i], want,
+            "registered, in place: rank {rank} element {i}"
+        );
     }
     comm.barrier()?;
     Ok(rank)

@@ -2,6 +2,7 @@
 //! every peer, a grid barrier, and the call counter, created on the first collective call.
 
 use super::collective_config::CollectiveConfig;
+use super::registered_buffers::RegisteredBuffers;
 use super::shape::Shape;
 use crate::channel_set::ChannelSet;
 use crate::communicator::Communicator;
@@ -26,6 +27,8 @@ pub(crate) struct CollectiveContext {
     pub(crate) scratch: DeviceBuffer<u8>,
     /// Where this rank's blocks meet.
     pub(crate) barrier: GridBarrier,
+    /// The buffers registered for zero-copy calls.
+    pub(crate) buffers: RegisteredBuffers,
     /// The number of the next call (see `CollectiveArgs::sequence`).
     pub(crate) sequence: u64,
     /// Shapes every rank has agreed on, with what the agreement found (the largest count
@@ -75,6 +78,7 @@ impl CollectiveContext {
         }
         let peers = ChannelSet::from_channels(comm.device(), channels)?;
         let barrier = comm.grid_barrier()?;
+        let buffers = RegisteredBuffers::new(comm, config.registered_buffers)?;
         tracing::debug!(
             rank,
             scratch_bytes = bytes,
@@ -87,6 +91,7 @@ impl CollectiveContext {
             peers,
             scratch,
             barrier,
+            buffers,
             sequence: 0,
             agreed: HashMap::new(),
             last: None,
@@ -101,6 +106,7 @@ impl CollectiveContext {
             peers: self.peers.device_handle(),
             barrier: self.barrier.device_handle(),
             scratch: scratch_view(&self.scratch),
+            buffers: self.buffers.device_handle(),
             layout: self.layout,
             sequence: self.sequence,
             rank,

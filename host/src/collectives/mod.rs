@@ -27,6 +27,7 @@ pub mod algorithm;
 mod check;
 pub mod collective_config;
 pub(crate) mod collective_context;
+mod registered_buffers;
 pub(crate) mod shape;
 
 pub use algorithm::{ALGO_ENV, Algorithm, AlgorithmChoice};
@@ -578,6 +579,29 @@ impl Communicator {
         self.run(call, stream, None)
     }
 
+    /// Sets up the collectives (the first call of any: a collective call itself).
+    fn collectives_set_up(&mut self) -> Result<()> {
+        if self.collectives.is_none() {
+            let ctx = CollectiveContext::new(self)?;
+            self.collectives = Some(Box::new(ctx));
+        }
+        Ok(())
+    }
+
+    /// The collectives' state, once set up.
+    fn collective_context(&self) -> Result<&CollectiveContext> {
+        self.collectives
+            .as_deref()
+            .ok_or_else(|| Error::Internal("collectives not set up".into()))
+    }
+
+    /// The collectives' state, once set up, to change.
+    fn collective_context_mut(&mut self) -> Result<&mut CollectiveContext> {
+        self.collectives
+            .as_deref_mut()
+            .ok_or_else(|| Error::Internal("collectives not set up".into()))
+    }
+
     fn fits(&self, c: Collective, needs: &[(&str, usize, usize)]) -> Result<()> {
         let needs: Vec<Need<'_>> = needs
             .iter()
@@ -668,10 +692,7 @@ impl Communicator {
     /// Sets up (first call), agrees on the shape (first call of it), launches the call's
     /// kernel and advances the call counter.
     fn run(&mut self, mut call: Call<'_>, stream: &Stream, algo: Option<Algorithm>) -> Result<()> {
-        if self.collectives.is_none() {
-            let ctx = CollectiveContext::new(self)?;
-            self.collectives = Some(Box::new(ctx));
-        }
+        self.collectives_set_up()?;
         let (rank, size) = (self.rank(), self.size());
         // The agreed maximum, and whether it came from `last`: a repeated shape is compared
         // once per call.
@@ -726,6 +747,14 @@ impl Communicator {
         args.dtype = call.dtype as u32;
         args.op = call.op as u32;
         args.root = call.root;
+        let in_place = call.input.addr() == call.output.addr();
+        let small = call.shape.collective == Collective::AllReduce
+            && in_place
+            && call.input.len() < ctx.config.in_place_zero_copy_from;
+        if !ctx.buffers.is_empty() && !small {
+            args.input_slot = ctx.buffers.slot_of(call.input.addr(), call.input.len());
+            args.output_slot = ctx.buffers.slot_of(call.output.addr(), call.output.len());
+        }
         let launched = match (call.shape.collective, algo) {
             (Collective::AllReduce, Some(Algorithm::Packets)) => {
                 let one_block = LaunchConfig::grid(1).block(direct.block.x);

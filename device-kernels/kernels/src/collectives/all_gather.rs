@@ -1,8 +1,10 @@
-//! All-gather, direct.
+//! All-gather, direct: in place of the peers' inputs when every rank's is registered.
 
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
+use super::published_buffers::{self, Reads};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
+use super::scratch_layout::parity;
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
@@ -26,23 +28,42 @@ fn all_gather<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
     let input = typed::<T>(a.input, 0, c)?;
     let output = typed_mut::<T>(a.output, 0, c.saturating_mul(nr as u64))?;
     let per = per_round::<T>(a, 1)?;
-    let (mut off, mut seq) = (0, a.sequence);
-    while off < c {
-        let len = per.min(c - off);
-        let (half_off, half) = my_half::<T>(a, seq)?;
+    let stage = |off: u64, len: u64, seq: u64| -> Result<(), DeviceError> {
+        let (_, half) = my_half::<T>(a, seq)?;
         let src = window(input, off, len)?;
         window_mut(half, 0, len)?.copy_from(Grid, src)?;
         let own = window_mut(output, r as u64 * c + off, len)?;
         if own.addr() != src.addr() {
             own.copy_from(Grid, src)?;
         }
-        all_peers_meet(a)?;
+        Ok(())
+    };
+    if published_buffers::begin(a, Reads::Inputs, true, || stage(0, per.min(c), a.sequence))? {
+        // Every rank's input is registered: copy each straight into place.
+        let own = window_mut(output, r as u64 * c, c)?;
+        if own.addr() != input.addr() {
+            own.copy_from(Grid, input)?;
+        }
+        for p in (0..nr).filter(|&p| p != r) {
+            let src = published_buffers::peer_input::<T>(a, p, a.sequence, 0, c)?;
+            window_mut(output, p as u64 * c, c)?.copy_from(Grid, src)?;
+        }
+        return all_peers_meet(a);
+    }
+    let (mut off, mut seq) = (0, a.sequence);
+    loop {
+        let len = per.min(c - off);
+        let half_off = a.layout.half(parity(seq));
         for p in (0..nr).filter(|&p| p != r) {
             let dst = window_mut(output, p as u64 * c + off, len)?;
             dst.copy_from(Grid, peer_half::<T>(a, p, half_off, 0, len)?)?;
         }
         off += len;
         seq += 1;
+        if off >= c {
+            return Ok(());
+        }
+        stage(off, per.min(c - off), seq)?;
+        all_peers_meet(a)?;
     }
-    Ok(())
 }

@@ -1,15 +1,19 @@
-//! All-reduce, direct (two-shot): each rank reduces one chunk of every round and gathers the others.
+//! All-reduce, direct (two-shot): each rank reduces one chunk of every round and gathers the
+//! others; in place of the peers' buffers when every rank's are registered.
 
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
 use super::peer_handshake::all_peers_meet;
+use super::published_buffers::{self, Reads};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
+use core::mem::size_of;
 use oxccl_device::coop::{Grid, contiguous_chunk};
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::ReduceElement;
 use oxccl_device::reduce::ReduceOp;
+use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// All-reduce, direct (two-shot): `count` elements of `input` reduced by `op` across the
 /// ranks into `output` on every rank (`output` may be `input`).
@@ -24,49 +28,148 @@ pub fn collective_all_reduce(args: CollectiveArgs<'_>) -> Result<(), DeviceError
 
 #[inline(always)]
 fn all_reduce<T: ReduceElement>(a: &CollectiveArgs<'_>, op: ReduceOp) -> Result<(), DeviceError> {
-    let (n, r, nr) = (a.count, a.rank, a.n_ranks);
+    let n = a.count;
     let input = typed::<T>(a.input, 0, n)?;
     let output = typed_mut::<T>(a.output, 0, n)?;
     let per = per_round::<T>(a, 1)?;
-    let (mut off, mut seq) = (0, a.sequence);
-    while off < n {
+    let first = a.sequence;
+    let stage_first = || stage_peer_chunks(a, input, 0, per.min(n), first);
+    if published_buffers::begin(a, Reads::InputsAndOutputs, true, stage_first)? {
+        return all_reduce_in_place_of_peers(a, input, output, op);
+    }
+    let (mut off, mut seq) = (0, first);
+    loop {
         let len = per.min(n - off);
-        let (half_off, half) = my_half::<T>(a, seq)?;
-        let round = window(input, off, len)?;
-        // Stage only what the peers read: each peer's chunk of our input. Our own chunk is
-        // read straight from the input, and its place in the half takes the reduced chunk.
-        for p in (0..nr).filter(|&p| p != r) {
-            let cp = contiguous_chunk(p as u64, nr as u64, len);
-            window_mut(half, cp.start, cp.end - cp.start)?
-                .copy_from(Grid, window(round, cp.start, cp.end - cp.start)?)?;
-        }
-        all_peers_meet(a)?;
-        let c = contiguous_chunk(r as u64, nr as u64, len);
-        let reduced = window_mut(half, c.start, c.end - c.start)?;
-        reduce_ranks(reduced, nr, op, |p| {
-            if p == r {
-                window(round, c.start, c.end - c.start)
-            } else {
-                peer_half::<T>(a, p, half_off, c.start, c.end - c.start)
-            }
-        })?;
-        // Our chunk of the output. An element-wise pass split as the reduction was, so each
-        // thread copies the elements it reduced itself (a `copy_from` splits by words,
-        // which would read elements other threads may not have written yet). The output
-        // is written only now: in place, it is the input the reduction read.
-        window_mut(output, off + c.start, c.end - c.start)?.combine_from(
-            Grid,
-            reduced.as_view(),
-            |_, r| r,
-        )?;
-        all_peers_meet(a)?;
-        for p in (0..nr).filter(|&p| p != r) {
-            let cp = contiguous_chunk(p as u64, nr as u64, len);
-            let src = peer_half::<T>(a, p, half_off, cp.start, cp.end - cp.start)?;
-            window_mut(output, off + cp.start, cp.end - cp.start)?.copy_from(Grid, src)?;
-        }
+        reduce_and_gather_round(a, input, output, op, off, len, seq)?;
         off += len;
         seq += 1;
+        if off >= n {
+            return Ok(());
+        }
+        stage_peer_chunks(a, input, off, per.min(n - off), seq)?;
+        all_peers_meet(a)?;
+    }
+}
+
+/// Stages each peer's chunk of round `off..off + len` of our input into our half of round
+/// `seq`: only what the peers read. Our own chunk is read straight from the input, and its
+/// place in the half takes the reduced chunk.
+#[inline(always)]
+fn stage_peer_chunks<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    off: u64,
+    len: u64,
+    seq: u64,
+) -> Result<(), DeviceError> {
+    let (_, half) = my_half::<T>(a, seq)?;
+    let round = window(input, off, len)?;
+    for p in (0..a.n_ranks).filter(|&p| p != a.rank) {
+        let cp = contiguous_chunk(p as u64, a.n_ranks as u64, len);
+        window_mut(half, cp.start, cp.end - cp.start)?
+            .copy_from(Grid, window(round, cp.start, cp.end - cp.start)?)?;
     }
     Ok(())
+}
+
+/// One staged round, after the meeting that follows its staging: reduce our chunk from
+/// every rank's staged data into our half and our output, meet, gather the other chunks.
+#[inline(always)]
+fn reduce_and_gather_round<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    output: DeviceViewMut<'_, T>,
+    op: ReduceOp,
+    off: u64,
+    len: u64,
+    seq: u64,
+) -> Result<(), DeviceError> {
+    let (r, nr) = (a.rank, a.n_ranks);
+    let (half_off, half) = my_half::<T>(a, seq)?;
+    let round = window(input, off, len)?;
+    let c = contiguous_chunk(r as u64, nr as u64, len);
+    let reduced = window_mut(half, c.start, c.end - c.start)?;
+    reduce_ranks(reduced, nr, op, |p| {
+        if p == r {
+            window(round, c.start, c.end - c.start)
+        } else {
+            peer_half::<T>(a, p, half_off, c.start, c.end - c.start)
+        }
+    })?;
+    // Our chunk of the output. An element-wise pass split as the reduction was, so each
+    // thread copies the elements it reduced itself (a `copy_from` splits by words, which
+    // would read elements other threads may not have written yet). The output is written
+    // only now: in place, it is the input the reduction read.
+    window_mut(output, off + c.start, c.end - c.start)?.combine_from(
+        Grid,
+        reduced.as_view(),
+        |_, r| r,
+    )?;
+    all_peers_meet(a)?;
+    for p in (0..nr).filter(|&p| p != r) {
+        let cp = contiguous_chunk(p as u64, nr as u64, len);
+        let src = peer_half::<T>(a, p, half_off, cp.start, cp.end - cp.start)?;
+        window_mut(output, off + cp.start, cp.end - cp.start)?.copy_from(Grid, src)?;
+    }
+    Ok(())
+}
+
+/// Every rank's input and output are registered: each rank reduces its chunk of the whole
+/// count reading the peers' inputs in place, straight into its output; the ranks meet;
+/// each copies the other chunks from the peers' outputs; the ranks meet again, so that no
+/// rank returns (and lets its caller write its buffers) while a peer still reads them. No
+/// scratch, no rounds: each byte is read once from each input and written once.
+#[inline(always)]
+fn all_reduce_in_place_of_peers<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    output: DeviceViewMut<'_, T>,
+    op: ReduceOp,
+) -> Result<(), DeviceError> {
+    let (n, r, nr, seq) = (a.count, a.rank, a.n_ranks, a.sequence);
+    let c = contiguous_chunk(r as u64, nr as u64, n);
+    let (start, len) = (c.start, c.end - c.start);
+    let dst = window_mut(output, start, len)?;
+    let ours = window(input, start, len)?;
+    let source = |p: u32, first: u64, len: u64| {
+        if p == r {
+            window(ours, first, len)
+        } else {
+            published_buffers::peer_input::<T>(a, p, seq, start + first, len)
+        }
+    };
+    // The reduction writes its destination after each pass and reads it as the partial
+    // result: our own input may be that destination only as the first or second source
+    // (rank 0 or 1). In place on a later rank, the chunk is reduced piece by piece in our
+    // scratch (which no peer reads in this call) and copied out.
+    let overlap = dst.addr() < ours.addr() + ours.len() * size_of::<T>() as u64
+        && ours.addr() < dst.addr() + dst.len() * size_of::<T>() as u64;
+    if overlap && r >= 2 && len > 0 {
+        let per = per_round::<T>(a, 1)?;
+        let (_, half) = my_half::<T>(a, seq)?;
+        let mut done = 0;
+        while done < len {
+            let piece = per.min(len - done);
+            if piece < per && done > 0 {
+                // A shorter piece splits among the threads otherwise than the full ones
+                // did: a thread would write elements of `tmp` that another one may still
+                // be copying out of the piece before. (Full pieces split alike: each
+                // thread reuses only its own elements.)
+                a.barrier.sync_grid()?;
+            }
+            let tmp = window_mut(half, 0, piece)?;
+            reduce_ranks(tmp, nr, op, |p| source(p, done, piece))?;
+            window_mut(dst, done, piece)?.combine_from(Grid, tmp.as_view(), |_, r| r)?;
+            done += piece;
+        }
+    } else {
+        reduce_ranks(dst, nr, op, |p| source(p, 0, len))?;
+    }
+    all_peers_meet(a)?;
+    for p in (0..nr).filter(|&p| p != r) {
+        let cp = contiguous_chunk(p as u64, nr as u64, n);
+        let src = published_buffers::peer_output::<T>(a, p, seq, cp.start, cp.end - cp.start)?;
+        window_mut(output, cp.start, cp.end - cp.start)?.copy_from(Grid, src)?;
+    }
+    all_peers_meet(a)
 }

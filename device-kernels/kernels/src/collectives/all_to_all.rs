@@ -1,10 +1,13 @@
-//! All-to-all, direct.
+//! All-to-all, direct: out of place, in place of the peers' inputs when every rank's is
+//! registered.
 
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
+use super::published_buffers::{self, Reads};
 use super::round_views::{
     my_half, peer_half, per_round, stage_blocks, typed, typed_mut, window, window_mut,
 };
+use super::scratch_layout::parity;
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
@@ -30,14 +33,34 @@ fn all_to_all<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
     let input = typed::<T>(a.input, 0, total)?;
     let output = typed_mut::<T>(a.output, 0, total)?;
     let per = per_round::<T>(a, nr as u64)?;
+    let stage = |off: u64, len: u64, seq: u64| -> Result<(), DeviceError> {
+        let (_, half) = my_half::<T>(a, seq)?;
+        stage_blocks(half, input, nr, c, off, len, Some(r))
+    };
+    // In place, the blocks we write are what the peers read of our input: that call
+    // stages, whatever is registered.
+    let in_place = output.addr() == input.addr();
+    let first = || stage(0, per.min(c), a.sequence);
+    if published_buffers::begin(a, Reads::Inputs, !in_place, first)? {
+        // Every rank's input is registered: block `r` of each peer's input lands straight
+        // in its place in our output.
+        for p in 0..nr {
+            let dst = window_mut(output, p as u64 * c, c)?;
+            let src = if p == r {
+                window(input, r as u64 * c, c)?
+            } else {
+                published_buffers::peer_input::<T>(a, p, a.sequence, r as u64 * c, c)?
+            };
+            dst.copy_from(Grid, src)?;
+        }
+        return all_peers_meet(a);
+    }
     let (mut off, mut seq) = (0, a.sequence);
-    while off < c {
+    loop {
         let len = per.min(c - off);
-        let (half_off, half) = my_half::<T>(a, seq)?;
+        let half_off = a.layout.half(parity(seq));
         // Our own block goes straight from input to output (nobody else reads it), after
         // the meeting: in place, the other blocks' outputs are their inputs, staged by then.
-        stage_blocks(half, input, nr, c, off, len, Some(r))?;
-        all_peers_meet(a)?;
         for p in 0..nr {
             let at = p as u64 * c + off;
             let dst = window_mut(output, at, len)?;
@@ -52,6 +75,10 @@ fn all_to_all<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
         }
         off += len;
         seq += 1;
+        if off >= c {
+            return Ok(());
+        }
+        stage(off, per.min(c - off), seq)?;
+        all_peers_meet(a)?;
     }
-    Ok(())
 }

@@ -1,8 +1,11 @@
-//! Broadcast, direct: every rank reads the root's staged data.
+//! Broadcast, direct: every rank reads the root's staged data, or the root's input itself
+//! when it is registered.
 
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
+use super::published_buffers::{self, Reads};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
+use super::scratch_layout::parity;
 use oxccl_device::DeviceView;
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
@@ -31,24 +34,46 @@ fn broadcast<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceError
         DeviceView::default()
     };
     let per = per_round::<T>(a, 1)?;
-    let (mut off, mut seq) = (0, a.sequence);
-    while off < c {
-        let len = per.min(c - off);
-        let (half_off, half) = my_half::<T>(a, seq)?;
-        let dst = window_mut(output, off, len)?;
+    let stage = |off: u64, len: u64, seq: u64| -> Result<(), DeviceError> {
         if r == root {
+            let (_, half) = my_half::<T>(a, seq)?;
             let src = window(input, off, len)?;
             window_mut(half, 0, len)?.copy_from(Grid, src)?;
+            let dst = window_mut(output, off, len)?;
             if dst.addr() != src.addr() {
                 dst.copy_from(Grid, src)?;
             }
         }
-        all_peers_meet(a)?;
+        Ok(())
+    };
+    if published_buffers::begin(a, Reads::RootInput, true, || {
+        stage(0, per.min(c), a.sequence)
+    })? {
+        // The root's input is registered: every rank copies it straight into its output.
         if r != root {
+            output.copy_from(
+                Grid,
+                published_buffers::peer_input::<T>(a, root, a.sequence, 0, c)?,
+            )?;
+        } else if output.addr() != input.addr() {
+            output.copy_from(Grid, input)?;
+        }
+        return all_peers_meet(a);
+    }
+    let (mut off, mut seq) = (0, a.sequence);
+    loop {
+        let len = per.min(c - off);
+        if r != root {
+            let half_off = a.layout.half(parity(seq));
+            let dst = window_mut(output, off, len)?;
             dst.copy_from(Grid, peer_half::<T>(a, root, half_off, 0, len)?)?;
         }
         off += len;
         seq += 1;
+        if off >= c {
+            return Ok(());
+        }
+        stage(off, per.min(c - off), seq)?;
+        all_peers_meet(a)?;
     }
-    Ok(())
 }

@@ -6,6 +6,7 @@ use oxccl_device::channel_set::ChannelSetDeviceHandle;
 use oxccl_device::error::{DeviceError, DeviceOp};
 use oxccl_device::grid_barrier::GridBarrierDeviceHandle;
 use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
+use oxccl_device::peer_buffer_table::{NO_SLOT, PeerBufferTableDeviceHandle};
 use oxccl_device::reduce::{DataType, ReduceOp};
 use oxccl_device::{DeviceView, DeviceViewMut};
 
@@ -16,7 +17,7 @@ use oxccl_device::{DeviceView, DeviceViewMut};
 /// and are long enough for `count`, and refuses the call otherwise
 /// ([`DeviceError::OutOfRange`], [`DeviceError::InvalidArgument`]).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, KernelArg)]
+#[derive(Clone, Copy, Debug, KernelArg)]
 pub struct CollectiveArgs<'a> {
     /// The channel to each peer, by peer rank: its `remote` is the peer's scratch, its
     /// `local` and `packets` our scratch (laid out by `layout`).
@@ -29,6 +30,8 @@ pub struct CollectiveArgs<'a> {
     pub output: DeviceViewMut<'a, u8>,
     /// Our scratch: the buffer every channel's `local` names.
     pub scratch: DeviceViewMut<'a, u8>,
+    /// The buffers every rank registered for the collectives, as this rank reaches them.
+    pub buffers: PeerBufferTableDeviceHandle<'a>,
     /// How the scratch is laid out; the same on every rank.
     pub layout: ScratchLayout,
     /// Elements: what each collective counts (see each kernel).
@@ -46,8 +49,37 @@ pub struct CollectiveArgs<'a> {
     pub op: u32,
     /// Root rank of a rooted collective (ignored by the others).
     pub root: u32,
+    /// The slot of `buffers` whose buffer of this rank holds `input`, or
+    /// [`NO_SLOT`] (the default: staged).
+    pub input_slot: u32,
+    /// The same for `output`.
+    pub output_slot: u32,
     /// Zero.
     pub reserved: u32,
+}
+
+impl Default for CollectiveArgs<'_> {
+    fn default() -> Self {
+        CollectiveArgs {
+            peers: Default::default(),
+            barrier: Default::default(),
+            input: Default::default(),
+            output: Default::default(),
+            scratch: Default::default(),
+            buffers: Default::default(),
+            layout: Default::default(),
+            count: 0,
+            sequence: 0,
+            rank: 0,
+            n_ranks: 0,
+            dtype: 0,
+            op: 0,
+            root: 0,
+            input_slot: NO_SLOT,
+            output_slot: NO_SLOT,
+            reserved: 0,
+        }
+    }
 }
 
 impl<'a> CollectiveArgs<'a> {

@@ -34,6 +34,7 @@ pub mod broadcast;
 pub mod collective_args;
 mod elementwise;
 mod peer_handshake;
+pub mod published_buffers;
 pub mod reduce;
 pub mod reduce_scatter;
 mod round_views;

@@ -9,6 +9,7 @@
 //! | packet slots: 2 sets (call parities) × `n_ranks` senders | `2 * packet_limit` each | the sending peer (LL16 packets) | this rank |
 //! | unpacked: `n_ranks` slots | `packet_limit` each | this rank | this rank (slot of its own rank: the packets it sends) |
 //! | direct halves: 2 (round parities) | `half_bytes` each | this rank (staging) | every peer (loads) |
+//! | call descriptors: 2 (call parities) | 64 bytes each | this rank (where its registered buffers are) | every peer |
 //!
 //! Every region starts on a 64-byte boundary, so each holds any element type and a peer's
 //! loads of one rank's writes share no cache line with another region.
@@ -73,9 +74,15 @@ impl ScratchLayout {
         self.unpacked_slot(self.n_ranks) + parity * self.half_bytes
     }
 
+    /// Offset of call descriptor `parity` (0 or 1): where a call says which registered
+    /// buffers it uses (see [`super::published_buffers`]).
+    pub const fn descriptor(&self, parity: u64) -> u64 {
+        self.half(2) + parity * SCRATCH_ALIGN
+    }
+
     /// Bytes of the whole scratch buffer.
     pub const fn total_bytes(&self) -> u64 {
-        self.half(2)
+        self.descriptor(2)
     }
 }
 
@@ -103,8 +110,14 @@ mod tests {
         assert_eq!(l.packet_slot(1, 2), 5 * 2048);
         assert_eq!(l.unpacked_slot(0), 6 * 2048);
         assert_eq!(l.half(0), 6 * 2048 + 3 * 1024);
-        assert_eq!(l.total_bytes(), l.half(0) + 256);
-        for off in [l.packet_slot(1, 1), l.unpacked_slot(2), l.half(1)] {
+        assert_eq!(l.descriptor(0), l.half(0) + 256);
+        assert_eq!(l.total_bytes(), l.descriptor(0) + 128);
+        for off in [
+            l.packet_slot(1, 1),
+            l.unpacked_slot(2),
+            l.half(1),
+            l.descriptor(1),
+        ] {
             assert_eq!(off % SCRATCH_ALIGN, 0);
         }
     }

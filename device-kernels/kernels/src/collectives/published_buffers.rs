@@ -1,0 +1,239 @@
+//! Zero-copy calls: how the ranks of a call learn whether every one of them registered the
+//! buffers its peers read, and reach each other's buffers in place.
+//!
+//! Before its first meeting, each rank writes a **call descriptor** into its scratch
+//! ([`ScratchLayout::descriptor`](super::ScratchLayout::descriptor) of the call's parity):
+//! the slot of its input and of its output in the table of registered buffers
+//! ([`CollectiveArgs::buffers`]) and their offsets there, or [`NO_SLOT`]. After the
+//! meeting every rank reads every peer's descriptor. All ranks read the same descriptors,
+//! so all choose the same path: in place of the peers' buffers when every rank registered
+//! what the collective reads of it (its input; for all-reduce its output too; for broadcast
+//! only the root's input), staged through the scratch otherwise (a rank that registered
+//! and so staged nothing stages then, and all meet again). A peer's buffer is named by slot
+//! and offset, never by address, and every view of it is checked against the table. A call
+//! that ran in place ends with a meeting, so that no rank returns (and lets its caller
+//! write its buffers) while a peer still reads them.
+//!
+//! A rank writes a descriptor slot again only after a meeting that every peer reaches after
+//! reading it: slots alternate with the parity of the call's first sequence number, so the
+//! call in between, or the second round of the same call, holds that meeting.
+
+use super::collective_args::CollectiveArgs;
+use super::peer_handshake::all_peers_meet;
+use oxccl_device::DeviceView;
+use oxccl_device::arch;
+use oxccl_device::error::DeviceError;
+use oxccl_device::peer_buffer_table::NO_SLOT;
+use oxccl_device::reduce::ReduceElement;
+
+/// Descriptor word: the input's slot ([`NO_SLOT`] if not registered).
+pub const INPUT_SLOT: u64 = 0;
+/// Descriptor word: the input's byte offset in its registered buffer.
+pub const INPUT_OFFSET: u64 = 1;
+/// Descriptor word: the output's slot ([`NO_SLOT`] if not registered).
+pub const OUTPUT_SLOT: u64 = 2;
+/// Descriptor word: the output's byte offset in its registered buffer.
+pub const OUTPUT_OFFSET: u64 = 3;
+/// Words of a descriptor.
+pub const DESCRIPTOR_WORDS: u64 = 4;
+
+/// Which buffers of which ranks a collective's peers read, so must be registered for the
+/// call to run in place of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reads {
+    /// Every rank's input (all-gather, all-to-all).
+    Inputs,
+    /// Every rank's input and output (all-reduce: the peers gather from the outputs).
+    InputsAndOutputs,
+    /// The root's input alone (broadcast).
+    RootInput,
+}
+
+/// Whether `rank`, whose input and output are registered or not as said, has registered
+/// what the peers read of it; and whether it has anything for them at all.
+#[inline(always)]
+fn ready(reads: Reads, root: u32, rank: u32, input: bool, output: bool) -> (bool, bool) {
+    match reads {
+        Reads::Inputs => (input, true),
+        Reads::InputsAndOutputs => (input && output, true),
+        Reads::RootInput if rank == root => (input, true),
+        Reads::RootInput => (true, false),
+    }
+}
+
+/// The slot and offset of a view of ours, if a slot the host named holds it.
+///
+/// # Errors
+/// [`DeviceError::InvalidArgument`] (recorded) when the slot does not hold the view.
+#[inline(always)]
+fn own_place(
+    a: &CollectiveArgs<'_>,
+    slot: u32,
+    addr: u64,
+    bytes: u64,
+) -> Result<[u64; 2], DeviceError> {
+    if slot == NO_SLOT {
+        return Ok([NO_SLOT as u64, 0]);
+    }
+    match a.buffers.offset_of(slot, a.rank, addr, bytes) {
+        Ok(offset) => Ok([slot as u64, offset]),
+        Err(_) => Err(a.invalid([slot as u64, addr, bytes])),
+    }
+}
+
+/// Writes our descriptor of the call numbered `sequence` (one thread does); says whether
+/// we registered what the peers read of us and have anything for them (so stage nothing
+/// until the survey says). Call it before the call's first meeting, on every thread.
+///
+/// # Errors
+/// A slot that does not hold the view; a scratch too short for the layout.
+#[inline(always)]
+fn publish(
+    a: &CollectiveArgs<'_>,
+    sequence: u64,
+    reads: Reads,
+    offer: bool,
+) -> Result<bool, DeviceError> {
+    let (input_slot, output_slot) = match offer {
+        true => (a.input_slot, a.output_slot),
+        false => (NO_SLOT, NO_SLOT),
+    };
+    let [input_slot, input] = own_place(a, input_slot, a.input.addr(), a.input.len())?;
+    let [output_slot, output] = own_place(a, output_slot, a.output.addr(), a.output.len())?;
+    if arch::block_rank() == 0 && arch::thread_rank_in_block() == 0 {
+        let at = a.layout.descriptor(sequence & 1);
+        let slot = a
+            .scratch
+            .slice(at..at + DESCRIPTOR_WORDS * 8)?
+            .cast::<u64>()?;
+        for (i, w) in (0..).zip([input_slot, input, output_slot, output]) {
+            slot.set(i, w)?;
+        }
+    }
+    let none = NO_SLOT as u64;
+    let (registered, has) = ready(
+        reads,
+        a.root,
+        a.rank,
+        input_slot != none,
+        output_slot != none,
+    );
+    Ok(registered && has)
+}
+
+/// Word `word` of peer `p`'s descriptor of the call numbered `sequence`.
+#[inline(always)]
+fn peer_word(a: &CollectiveArgs<'_>, p: u32, sequence: u64, word: u64) -> Result<u64, DeviceError> {
+    let at = a.layout.descriptor(sequence & 1) + word * 8;
+    a.peer(p)?.remote_view::<u64>(at, 1)?.get(0)
+}
+
+/// Starts a call that runs in place of the peers' buffers when every rank registered what
+/// the peers read of it (`reads`) and offers it (`offer`: a rank whose call cannot let
+/// peers read its buffers in place, an in-place all-to-all say, publishes them as not
+/// registered), and staged otherwise: publishes our descriptor, stages
+/// the first round with `stage` unless ours are registered, meets the peers, reads their
+/// descriptors. In the mixed case, the ranks that did not stage do now, and all meet
+/// again. Returns whether the call runs in place (then it must end with
+/// [`all_peers_meet`], so that nobody returns while a peer reads its buffers); otherwise
+/// the first round is staged and met.
+///
+/// # Errors
+/// `stage`'s, the meetings', a slot that does not hold the view.
+#[inline(always)]
+pub(crate) fn begin(
+    a: &CollectiveArgs<'_>,
+    reads: Reads,
+    offer: bool,
+    stage: impl Fn() -> Result<(), DeviceError>,
+) -> Result<bool, DeviceError> {
+    let sequence = a.sequence;
+    let mine = publish(a, sequence, reads, offer)?;
+    if !mine {
+        stage()?;
+    }
+    all_peers_meet(a)?;
+    let (mut all, mut any) = (true, mine);
+    for p in 0..a.n_ranks {
+        let registered = if p == a.rank {
+            (
+                offer && a.input_slot != NO_SLOT,
+                offer && a.output_slot != NO_SLOT,
+            )
+        } else {
+            let slot = |word| peer_word(a, p, sequence, word).map(|s| s != NO_SLOT as u64);
+            (slot(INPUT_SLOT)?, slot(OUTPUT_SLOT)?)
+        };
+        let (ok, has) = ready(reads, a.root, p, registered.0, registered.1);
+        all &= ok;
+        any |= ok && has;
+    }
+    if all {
+        return Ok(true);
+    }
+    if any {
+        if mine {
+            stage()?;
+        }
+        all_peers_meet(a)?;
+    }
+    Ok(false)
+}
+
+/// Elements `first..first + len` of rank `p`'s input (its registered buffer, as its
+/// descriptor of the call numbered `sequence` names it; ours is `a.input`).
+///
+/// # Errors
+/// A descriptor whose slot or range the table does not hold (recorded).
+#[inline(always)]
+pub(crate) fn peer_input<'a, T: ReduceElement>(
+    a: &CollectiveArgs<'a>,
+    p: u32,
+    sequence: u64,
+    first: u64,
+    len: u64,
+) -> Result<DeviceView<'a, T>, DeviceError> {
+    let (slot, offset) = peer_place::<T>(a, p, sequence, INPUT_SLOT, first)?;
+    a.buffers
+        .view::<T>(slot, p, offset, len)
+        .map_err(|_| a.invalid([p as u64, offset, len]))
+}
+
+/// As [`peer_input`], for rank `p`'s output.
+///
+/// # Errors
+/// As [`peer_input`].
+#[inline(always)]
+pub(crate) fn peer_output<'a, T: ReduceElement>(
+    a: &CollectiveArgs<'a>,
+    p: u32,
+    sequence: u64,
+    first: u64,
+    len: u64,
+) -> Result<DeviceView<'a, T>, DeviceError> {
+    let (slot, offset) = peer_place::<T>(a, p, sequence, OUTPUT_SLOT, first)?;
+    a.buffers
+        .view::<T>(slot, p, offset, len)
+        .map_err(|_| a.invalid([p as u64, offset, len]))
+}
+
+/// Slot and byte offset of element `first` of the buffer whose slot is descriptor word
+/// `slot_word` of rank `p` (the offset is the next word).
+#[inline(always)]
+fn peer_place<T>(
+    a: &CollectiveArgs<'_>,
+    p: u32,
+    sequence: u64,
+    slot_word: u64,
+    first: u64,
+) -> Result<(u32, u64), DeviceError> {
+    let slot = peer_word(a, p, sequence, slot_word)?;
+    let base = peer_word(a, p, sequence, slot_word + 1)?;
+    let at = first
+        .checked_mul(core::mem::size_of::<T>() as u64)
+        .and_then(|b| b.checked_add(base));
+    match (u32::try_from(slot), at) {
+        (Ok(slot), Some(at)) => Ok((slot, at)),
+        _ => Err(a.invalid([p as u64, slot, base])),
+    }
+}
