@@ -8,7 +8,7 @@
 //! each timed call starts from fresh buffers after a host barrier, is synchronized alone
 //! and then checked, and only the call and its synchronization are timed.
 
-use super::case::{Case, Expected};
+use super::case::{Buffers, Case, Expected};
 use super::options::CheckMode;
 use super::plan::Plan;
 use oxccl::{Communicator, ReduceElement, Result, Stream};
@@ -108,15 +108,41 @@ fn time_case<T: ReduceElement>(
     let input = case.input::<T>();
     let want: Option<Expected<T>> = case.expected::<T>();
     let mut bufs = case.alloc::<T>(comm)?;
+    if plan.registers() {
+        comm.register_collective_buffer(&bufs.input)?;
+        if let Some(out) = &bufs.output {
+            comm.register_collective_buffer(out)?;
+        }
+    }
+    let timing = timed_calls(comm, case, plan, stream, &mut bufs, &input, want.as_ref());
+    if plan.registers() {
+        comm.deregister_collective_buffer(&bufs.input, stream)?;
+        if let Some(out) = &bufs.output {
+            comm.deregister_collective_buffer(out, stream)?;
+        }
+    }
+    timing
+}
+
+/// The checked and timed calls of [`time_case`] on `bufs`.
+fn timed_calls<T: ReduceElement>(
+    comm: &mut Communicator,
+    case: &Case,
+    plan: &Plan,
+    stream: &Stream,
+    bufs: &mut Buffers<T>,
+    input: &[T],
+    want: Option<&Expected<T>>,
+) -> Result<Timing> {
     let mut wrong = 0;
     if plan.check == CheckMode::First {
-        case.reset(&mut bufs, &input)?;
-        case.call(comm, &mut bufs, stream)?;
+        case.reset(bufs, input)?;
+        case.call(comm, bufs, stream)?;
         comm.synchronize(stream)?;
-        wrong += case.wrong(&bufs, want.as_ref())?;
+        wrong += case.wrong(bufs, want)?;
     }
     for _ in 0..plan.warmup {
-        case.call(comm, &mut bufs, stream)?;
+        case.call(comm, bufs, stream)?;
     }
     comm.synchronize(stream)?;
     comm.barrier()?;
@@ -125,7 +151,7 @@ fn time_case<T: ReduceElement>(
         CheckMode::First => {
             let start = Instant::now();
             for _ in 0..iters {
-                case.call(comm, &mut bufs, stream)?;
+                case.call(comm, bufs, stream)?;
             }
             comm.synchronize(stream)?;
             start.elapsed().as_secs_f64()
@@ -133,15 +159,15 @@ fn time_case<T: ReduceElement>(
         CheckMode::Every => {
             let mut total = 0.0;
             for _ in 0..iters {
-                case.reset(&mut bufs, &input)?;
+                case.reset(bufs, input)?;
                 // Ranks start each call together: a rank still resetting would otherwise
                 // count in its peers' times.
                 comm.barrier()?;
                 let start = Instant::now();
-                case.call(comm, &mut bufs, stream)?;
+                case.call(comm, bufs, stream)?;
                 comm.synchronize(stream)?;
                 total += start.elapsed().as_secs_f64();
-                wrong += case.wrong(&bufs, want.as_ref())?;
+                wrong += case.wrong(bufs, want)?;
             }
             total
         }

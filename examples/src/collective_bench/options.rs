@@ -17,6 +17,17 @@ pub enum CheckMode {
     Every,
 }
 
+/// Whether the benchmark registers its buffers for the collectives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Register {
+    /// Each size's buffers are registered on every rank
+    /// (`Communicator::register_collective_buffer`): collectives that can read the peers'
+    /// buffers in place do (all-reduce).
+    On,
+    /// Plain buffers: every call stages its data through the communicator's scratch.
+    Off,
+}
+
 /// What the program prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -72,6 +83,9 @@ pub struct BenchArgs {
     /// Check the first call of each size (`first`) or every timed call (`every`).
     #[arg(long, value_enum, default_value_t = CheckMode::First)]
     pub check: CheckMode,
+    /// Register each size's buffers for zero-copy collectives (`on`), or not (`off`).
+    #[arg(long, value_enum, default_value_t = Register::On)]
+    pub register: Register,
     /// Instead of the sweep: calls of random sizes (between the smallest and largest size),
     /// types, operations, roots and placements for this many seconds, every result
     /// checked; prints the calls made and the wrong elements.

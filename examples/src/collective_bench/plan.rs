@@ -2,8 +2,8 @@
 //! element type, operation and root, the counts of the sizes, and the iterations.
 
 use super::collective::Collective;
-use super::options::{BenchArgs, CheckMode};
-use oxccl::collectives::AlgorithmChoice;
+use super::options::{BenchArgs, CheckMode, Register};
+use oxccl::collectives::{Algorithm, AlgorithmChoice};
 use oxccl::{Communicator, DataType, Error, ReduceOp, Result};
 
 /// One run's measurements.
@@ -27,6 +27,8 @@ pub struct Plan {
     pub warmup: u32,
     /// How results are checked.
     pub check: CheckMode,
+    /// Whether each size's buffers are registered for the collectives.
+    pub register: bool,
 }
 
 impl Plan {
@@ -76,6 +78,7 @@ impl Plan {
             iters: args.iters,
             warmup: args.warmup,
             check: args.check,
+            register: args.register == Register::On,
         })
     }
 
@@ -87,15 +90,37 @@ impl Plan {
 
     /// The name of the algorithm a call of `bytes` takes on `comm`: what
     /// `Communicator::all_reduce_algorithm` says for an all-reduce (of the call's bytes per
-    /// rank), `direct` for the other collectives, which have only that one.
+    /// rank; `zerocopy` for the direct one on registered buffers), `direct` for the other
+    /// collectives, which have only that one.
     ///
     /// # Errors
     /// `OXCCL_ALGO` names no algorithm, or packets are forced on a size past the limit.
     pub fn algorithm(&self, comm: &Communicator, bytes: u64) -> Result<String> {
-        if self.collective == Collective::AllReduce {
-            Ok(comm.all_reduce_algorithm(bytes)?.name().to_string())
-        } else {
-            Ok("direct".into())
+        if self.collective != Collective::AllReduce {
+            return Ok(if self.registers() {
+                "zerocopy"
+            } else {
+                "direct"
+            }
+            .into());
         }
+        match comm.all_reduce_algorithm(bytes)? {
+            Algorithm::Direct if self.registers() => Ok("zerocopy".into()),
+            algo => Ok(algo.name().to_string()),
+        }
+    }
+
+    /// Whether the sweep registers its buffers: asked for, and of a collective that reads
+    /// the peers' registered buffers in place (all-reduce's direct algorithm, which then
+    /// shows as `zerocopy`; all-gather, broadcast, all-to-all out of place).
+    pub fn registers(&self) -> bool {
+        self.register
+            && matches!(
+                self.collective,
+                Collective::AllReduce
+                    | Collective::AllGather
+                    | Collective::Broadcast
+                    | Collective::AllToAll
+            )
     }
 }

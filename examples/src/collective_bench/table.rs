@@ -164,6 +164,13 @@ fn header(r: &Report) -> Vec<String> {
         ),
         (true, choice) => format!("algorithm {} (forced)", algo_name(choice)),
     };
+    let algo = if plan.registers() {
+        format!(
+            "{algo}; buffers registered, so direct reads the peers' buffers in place              (zerocopy; --register off stages them)"
+        )
+    } else {
+        algo
+    };
     let check = match plan.check {
         CheckMode::First => format!(
             "first call of each size checked, then {} warm-up and {} timed calls back to back",
