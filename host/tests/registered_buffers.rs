@@ -323,7 +323,8 @@ fn in_place_on_later_ranks_with_a_short_last_piece() {
     .unwrap();
 }
 
-/// All-gather, broadcast (roots 0 and last) and all-to-all of `T`, in place and not, on
+/// All-gather, broadcast and reduce (roots 0 and last), all-to-all of `T`, in place and
+/// not, and all-to-all-v (uneven counts, some zero), on
 /// buffers each rank registers unless `plain_rank` names it; every result checked.
 fn movers_case<T: ReduceElement>(
     comm: &mut Communicator,
@@ -333,7 +334,7 @@ fn movers_case<T: ReduceElement>(
     let (rank, n) = (comm.rank(), comm.size());
     let nu = n as usize;
     let stream = comm.device().stream()?;
-    let most = counts.iter().copied().max().unwrap_or(0) * nu + 1;
+    let most = (counts.iter().copied().max().unwrap_or(0) + 3) * nu + 1;
     let mut send = comm.alloc::<T>(most)?;
     let mut recv = comm.alloc::<T>(most)?;
     // Every rank registers (a collective call); the plain rank then calls with buffers of
@@ -397,16 +398,75 @@ fn movers_case<T: ReduceElement>(
             &read(send, count * nu)?,
             &want,
         );
+        // Reduce (sum) to the first and the last rank.
+        for root in [0, n - 1] {
+            let want: Vec<T> = (0..count)
+                .map(|i| reduced(n, ReduceOp::Sum, i, call))
+                .collect();
+            fill(send, &inputs::<T>(rank, count, call))?;
+            fill(recv, &zeros[..count])?;
+            comm.reduce(send, recv, count, ReduceOp::Sum, root, &stream)?;
+            comm.synchronize(&stream)?;
+            if rank == root {
+                assert_same(&what("reduce"), &read(recv, count)?, &want);
+            }
+            comm.reduce_in_place(send, count, ReduceOp::Sum, root, &stream)?;
+            comm.synchronize(&stream)?;
+            if rank == root {
+                assert_same(&what("reduce in place"), &read(send, count)?, &want);
+            }
+        }
+        // All-to-all-v: uneven counts (some zero), gaps between the parts.
+        let sc = |from: u32, to: u32| match (from + to) % 3 {
+            0 => 0,
+            k => count + ((from + 2 * to + k) % 3) as usize,
+        };
+        let displs = |counts: &dyn Fn(u32) -> usize, gap: usize| -> Vec<usize> {
+            (0..n)
+                .scan(0, |at, p| {
+                    let here = *at;
+                    *at += counts(p) + gap;
+                    Some(here)
+                })
+                .collect()
+        };
+        let send_counts: Vec<usize> = (0..n).map(|p| sc(rank, p)).collect();
+        let recv_counts: Vec<usize> = (0..n).map(|p| sc(p, rank)).collect();
+        let send_displs = displs(&|p| sc(rank, p), 1);
+        let recv_displs = displs(&|p| sc(p, rank), 2);
+        let recv_len = recv_displs[nu - 1] + recv_counts[nu - 1] + 2;
+        let mut want = vec![T::from_f64(0.0); recv_len];
+        for p in 0..n {
+            let theirs = displs(&|q| sc(p, q), 1)[rank as usize];
+            for i in 0..sc(p, rank) {
+                want[recv_displs[p as usize] + i] = value::<T>(p, theirs + i, call);
+            }
+        }
+        let send_len = send_displs[nu - 1] + send_counts[nu - 1] + 1;
+        fill(send, &inputs::<T>(rank, send_len, call))?;
+        fill(recv, &vec![T::from_f64(0.0); recv_len])?;
+        comm.all_to_allv(
+            send,
+            &send_counts,
+            &send_displs,
+            recv,
+            &recv_counts,
+            &recv_displs,
+            &stream,
+        )?;
+        comm.synchronize(&stream)?;
+        assert_same(&what("all_to_allv"), &read(recv, recv_len)?, &want);
     }
     Ok(())
 }
 
-/// Guards against an all-gather, broadcast or all-to-all that reads a peer's registered
+/// Guards against an all-gather, broadcast, reduce, all-to-all or all-to-all-v that reads
+/// a peer's registered
 /// buffer at the wrong place, lets a rank return while peers still read its input, or
 /// takes another path than a peer (one rank's buffers not registered; an in-place
 /// all-to-all, which must stage, beside out-of-place ones).
 #[test]
-fn registered_all_gather_broadcast_all_to_all() {
+fn registered_all_gather_broadcast_reduce_all_to_all_v() {
     for (ranks, blocks, threads) in [(1, 1, 1), (2, 1, 1), (2, 2, 2), (3, 2, 1), (4, 1, 2)] {
         in_process::run(ranks, job(blocks, threads), |comm| {
             let counts = [1usize, 7, 1000, 3001];

@@ -112,15 +112,8 @@ impl Plan {
 
     /// Whether the sweep registers its buffers: asked for, and of a collective that reads
     /// the peers' registered buffers in place (all-reduce's direct algorithm, which then
-    /// shows as `zerocopy`; all-gather, broadcast, all-to-all out of place).
+    /// shows as `zerocopy`; every other collective but reduce-scatter).
     pub fn registers(&self) -> bool {
-        self.register
-            && matches!(
-                self.collective,
-                Collective::AllReduce
-                    | Collective::AllGather
-                    | Collective::Broadcast
-                    | Collective::AllToAll
-            )
+        self.register && self.collective != Collective::ReduceScatter
     }
 }

@@ -1,9 +1,13 @@
-//! All-to-all with a count and a displacement per peer, direct.
+//! All-to-all with a count and a displacement per peer, direct: in place of the peers'
+//! inputs when every rank's is registered.
 
 use super::all_to_allv_counts::AllToAllvCounts;
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
+use super::published_buffers::{self, EXTRA, Reads};
 use super::round_views::{my_half, peer_half, per_round, window, window_mut};
+use super::scratch_layout::parity;
+use core::mem::size_of;
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
@@ -38,11 +42,10 @@ fn all_to_allv<T: ReduceElement>(
     let input = a.input.cast::<T>()?;
     let output = a.output.cast::<T>()?;
     let per = per_round::<T>(a, nr as u64)?;
-    let (mut off, mut seq) = (0, a.sequence);
     // Of a peer's count, what round `off` moves.
     let share = |count: u64, off: u64| count.saturating_sub(off).min(per);
-    while off < a.count {
-        let (half_off, half) = my_half::<T>(a, seq)?;
+    let stage = |off: u64, seq: u64| -> Result<(), DeviceError> {
+        let (_, half) = my_half::<T>(a, seq)?;
         for p in 0..nr as usize {
             let len = share(k.send_counts[p], off);
             if len == 0 {
@@ -51,14 +54,41 @@ fn all_to_allv<T: ReduceElement>(
             let src = window(input, k.send_displs[p].saturating_add(off), len)?;
             window_mut(half, p as u64 * per, len)?.copy_from(Grid, src)?;
         }
-        all_peers_meet(a)?;
+        Ok(())
+    };
+    // Where our input holds what we send each rank: a peer reading our input in place
+    // finds its part there.
+    published_buffers::publish_extra(a, k.send_displs.iter().take(nr as usize).copied())?;
+    let overlap = output.addr() < input.addr() + input.len() * size_of::<T>() as u64
+        && input.addr() < output.addr() + output.len() * size_of::<T>() as u64;
+    if published_buffers::begin(a, Reads::Inputs, !overlap, || stage(0, a.sequence))? {
+        // Every rank's input is registered: each peer's part for us lands straight in
+        // place (the host checked counts and displacements; the table bounds each read).
+        for p in 0..nr {
+            let len = k.recv_counts[p as usize];
+            if len == 0 {
+                continue;
+            }
+            let src = if p == r {
+                window(input, k.send_displs[r as usize], len)?
+            } else {
+                let at = published_buffers::peer_word(a, p, a.sequence, EXTRA + r as u64)?;
+                published_buffers::peer_input::<T>(a, p, a.sequence, at, len)?
+            };
+            window_mut(output, k.recv_displs[p as usize], len)?.copy_from(Grid, src)?;
+        }
+        return all_peers_meet(a);
+    }
+    let (mut off, mut seq) = (0, a.sequence);
+    loop {
+        let half_off = a.layout.half(parity(seq));
         for p in 0..nr {
             let len = share(k.recv_counts[p as usize], off);
             if len == 0 {
                 continue;
             }
             let src = if p == r {
-                window(half.as_view(), r as u64 * per, len)?
+                window(my_half::<T>(a, seq)?.1.as_view(), r as u64 * per, len)?
             } else {
                 peer_half::<T>(a, p, half_off, r as u64 * per, len)?
             };
@@ -67,6 +97,10 @@ fn all_to_allv<T: ReduceElement>(
         }
         off += per;
         seq += 1;
+        if off >= a.count {
+            return Ok(());
+        }
+        stage(off, seq)?;
+        all_peers_meet(a)?;
     }
-    Ok(())
 }

@@ -18,6 +18,7 @@
 //! reading it: slots alternate with the parity of the call's first sequence number, so the
 //! call in between, or the second round of the same call, holds that meeting.
 
+use super::all_to_allv_counts::AllToAllvCounts;
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
 use oxccl_device::DeviceView;
@@ -34,8 +35,11 @@ pub const INPUT_OFFSET: u64 = 1;
 pub const OUTPUT_SLOT: u64 = 2;
 /// Descriptor word: the output's byte offset in its registered buffer.
 pub const OUTPUT_OFFSET: u64 = 3;
-/// Words of a descriptor.
-pub const DESCRIPTOR_WORDS: u64 = 4;
+/// Descriptor words from here on: what a collective adds for its peers (all-to-all-v:
+/// where its input holds what it sends each rank, by rank).
+pub const EXTRA: u64 = 4;
+/// Words of a descriptor: room for an extra word per rank of an all-to-all-v.
+pub const DESCRIPTOR_WORDS: u64 = EXTRA + AllToAllvCounts::MAX_RANKS as u64;
 
 /// Which buffers of which ranks a collective's peers read, so must be registered for the
 /// call to run in place of them.
@@ -121,9 +125,45 @@ fn publish(
     Ok(registered && has)
 }
 
-/// Word `word` of peer `p`'s descriptor of the call numbered `sequence`.
+/// Writes `words` into our descriptor of the call numbered `sequence` from word [`EXTRA`]
+/// on (one thread does; the rest of the call's words are [`begin`]'s). Call it before
+/// [`begin`], on every thread.
+///
+/// # Errors
+/// More words than the descriptor holds; a scratch too short for the layout.
 #[inline(always)]
-fn peer_word(a: &CollectiveArgs<'_>, p: u32, sequence: u64, word: u64) -> Result<u64, DeviceError> {
+pub(crate) fn publish_extra(
+    a: &CollectiveArgs<'_>,
+    words: impl Iterator<Item = u64>,
+) -> Result<(), DeviceError> {
+    if arch::block_rank() == 0 && arch::thread_rank_in_block() == 0 {
+        let at = a.layout.descriptor(a.sequence & 1);
+        let slot = a
+            .scratch
+            .slice(at..at + DESCRIPTOR_WORDS * 8)?
+            .cast::<u64>()?;
+        for (i, w) in (EXTRA..).zip(words) {
+            slot.set(i, w)?;
+        }
+    }
+    Ok(())
+}
+
+/// Word `word` of peer `p`'s descriptor of the call numbered `sequence` (after the call's
+/// first meeting).
+///
+/// # Errors
+/// A peer outside the channel set, a word outside the descriptor.
+#[inline(always)]
+pub(crate) fn peer_word(
+    a: &CollectiveArgs<'_>,
+    p: u32,
+    sequence: u64,
+    word: u64,
+) -> Result<u64, DeviceError> {
+    if word >= DESCRIPTOR_WORDS {
+        return Err(DeviceError::OutOfRange);
+    }
     let at = a.layout.descriptor(sequence & 1) + word * 8;
     a.peer(p)?.remote_view::<u64>(at, 1)?.get(0)
 }

@@ -1,8 +1,10 @@
-//! Reduce, direct: the root reduces every rank's staged data.
+//! Reduce, direct: the root reduces every rank's staged data, or every input in place
+//! when all are registered.
 
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
 use super::peer_handshake::all_peers_meet;
+use super::published_buffers::{self, Reads};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
 use oxccl_device::DeviceViewMut;
 use oxccl_device::coop::Grid;
@@ -33,13 +35,31 @@ fn reduce<T: ReduceElement>(a: &CollectiveArgs<'_>, op: ReduceOp) -> Result<(), 
         DeviceViewMut::default()
     };
     let per = per_round::<T>(a, 1)?;
+    let stage = |off: u64, len: u64, seq: u64| -> Result<(), DeviceError> {
+        let (_, half) = my_half::<T>(a, seq)?;
+        window_mut(half, 0, len)?.copy_from(Grid, window(input, off, len)?)
+    };
+    // The root reduces into its output reading every input in place. Its own input may be
+    // that output only as the first or second source (root 0 or 1): an in-place reduce on
+    // a later root stages.
+    let offer = !(r == root && r >= 2 && output.addr() == input.addr());
+    if published_buffers::begin(a, Reads::Inputs, offer, || stage(0, per.min(c), a.sequence))? {
+        if r == root {
+            reduce_ranks(output, nr, op, |p| {
+                if p == r {
+                    Ok(input)
+                } else {
+                    published_buffers::peer_input::<T>(a, p, a.sequence, 0, c)
+                }
+            })?;
+        }
+        return all_peers_meet(a);
+    }
     let (mut off, mut seq) = (0, a.sequence);
-    while off < c {
+    loop {
         let len = per.min(c - off);
         let (half_off, half) = my_half::<T>(a, seq)?;
         let mine = window_mut(half, 0, len)?;
-        mine.copy_from(Grid, window(input, off, len)?)?;
-        all_peers_meet(a)?;
         if r == root {
             reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {
                 if p == r {
@@ -51,6 +71,10 @@ fn reduce<T: ReduceElement>(a: &CollectiveArgs<'_>, op: ReduceOp) -> Result<(), 
         }
         off += len;
         seq += 1;
+        if off >= c {
+            return Ok(());
+        }
+        stage(off, per.min(c - off), seq)?;
+        all_peers_meet(a)?;
     }
-    Ok(())
 }

@@ -9,7 +9,7 @@
 //! | packet slots: 2 sets (call parities) × `n_ranks` senders | `2 * packet_limit` each | the sending peer (LL16 packets) | this rank |
 //! | unpacked: `n_ranks` slots | `packet_limit` each | this rank | this rank (slot of its own rank: the packets it sends) |
 //! | direct halves: 2 (round parities) | `half_bytes` each | this rank (staging) | every peer (loads) |
-//! | call descriptors: 2 (call parities) | 64 bytes each | this rank (where its registered buffers are) | every peer |
+//! | call descriptors: 2 (call parities) | [`DESCRIPTOR_BYTES`] each | this rank (where its registered buffers are) | every peer |
 //!
 //! Every region starts on a 64-byte boundary, so each holds any element type and a peer's
 //! loads of one rank's writes share no cache line with another region.
@@ -35,6 +35,11 @@ const _: () = assert!(core::mem::size_of::<ScratchLayout>() == 24);
 
 /// Bytes that keep regions apart: a multiple of every element size and of a cache line.
 pub const SCRATCH_ALIGN: u64 = 64;
+
+/// Bytes of one call descriptor (see [`super::published_buffers`]): its words, rounded up
+/// to [`SCRATCH_ALIGN`].
+pub const DESCRIPTOR_BYTES: u64 =
+    (super::published_buffers::DESCRIPTOR_WORDS * 8).div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN;
 
 impl ScratchLayout {
     /// The layout for `n_ranks` ranks with packet calls of up to `packet_limit` bytes and
@@ -77,7 +82,7 @@ impl ScratchLayout {
     /// Offset of call descriptor `parity` (0 or 1): where a call says which registered
     /// buffers it uses (see [`super::published_buffers`]).
     pub const fn descriptor(&self, parity: u64) -> u64 {
-        self.half(2) + parity * SCRATCH_ALIGN
+        self.half(2) + parity * DESCRIPTOR_BYTES
     }
 
     /// Bytes of the whole scratch buffer.
@@ -111,7 +116,8 @@ mod tests {
         assert_eq!(l.unpacked_slot(0), 6 * 2048);
         assert_eq!(l.half(0), 6 * 2048 + 3 * 1024);
         assert_eq!(l.descriptor(0), l.half(0) + 256);
-        assert_eq!(l.total_bytes(), l.descriptor(0) + 128);
+        assert_eq!(l.total_bytes(), l.descriptor(0) + 2 * DESCRIPTOR_BYTES);
+        assert_eq!(DESCRIPTOR_BYTES, 320);
         for off in [
             l.packet_slot(1, 1),
             l.unpacked_slot(2),
