@@ -33,6 +33,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Most launches of a stream that may be enqueued and not complete; a launch beyond it
+/// waits for room (see `CpuStream::make_room`).
+pub(crate) const MAX_IN_FLIGHT: u64 = 1024;
+
+/// Longest a launch waits for room in its stream's queue.
+pub(crate) const ROOM_WAIT_LIMIT: Duration = Duration::from_secs(60);
+
 /// The shared state of one stream.
 pub(crate) struct CpuStream {
     pub(crate) device: Arc<CpuDevice>,
@@ -98,6 +105,7 @@ impl CpuStream {
         config: LaunchConfig,
         params: &[*const c_void],
     ) -> crate::Result<()> {
+        self.make_room()?;
         // SAFETY: forwarded contract.
         let launch = unsafe { Launch::new(kernel, config, params, self.clone())? };
         self.device.launch_enqueued();
@@ -113,6 +121,39 @@ impl CpuStream {
         };
         if let Some(launch) = start_now {
             self.start(launch);
+        }
+        Ok(())
+    }
+
+    /// Waits, running kernel threads of the stream here, until fewer than
+    /// [`MAX_IN_FLIGHT`] / 2 launches are not complete, if [`MAX_IN_FLIGHT`] are: the queue
+    /// is bounded, as a GPU's is (a CUDA launch blocks while its stream's queue is full).
+    /// Without the bound a loop of launches could run ahead of its kernels without limit,
+    /// each queued launch holding its parameters.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] if no room is made within [`ROOM_WAIT_LIMIT`]: a kernel that
+    /// does not finish (the launch is not enqueued).
+    fn make_room(self: &Arc<Self>) -> crate::Result<()> {
+        let submitted = self.submitted.load(Ordering::Relaxed);
+        // SeqCst: as in `synchronize`.
+        if submitted.saturating_sub(self.completed.load(Ordering::SeqCst)) < MAX_IN_FLIGHT {
+            return Ok(());
+        }
+        let target = submitted - MAX_IN_FLIGHT / 2;
+        let started = Instant::now();
+        let deadline = started.checked_add(ROOM_WAIT_LIMIT);
+        let done = || self.completed.load(Ordering::SeqCst) >= target;
+        self.help(target, deadline);
+        if !self.progress.wait_for(target, done, deadline) {
+            self.device.mark_stuck();
+            return Err(Error::Timeout {
+                what: format!(
+                    "room in the launch queue ({MAX_IN_FLIGHT} launches not complete): {}",
+                    self.describe_stuck()
+                ),
+                after: started.elapsed(),
+            });
         }
         Ok(())
     }
@@ -388,7 +429,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     /// Gates of the tests below, one each (tests run at the same time).
-    static GATES: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
+    static GATES: [AtomicBool; 6] = [const { AtomicBool::new(false) }; 6];
 
     /// Waits (with back-off) until gate `gate` opens.
     #[kernel]
@@ -582,5 +623,30 @@ mod tests {
             let _ = before;
         }
         assert_eq!(late.iter().filter(|l| l.1 == me).count(), 1, "{late:?}");
+    }
+
+    /// Guards against an unbounded launch queue: launches behind a kernel that waits wait
+    /// for room once `MAX_IN_FLIGHT` are not complete, and all run once it finishes.
+    #[test]
+    fn a_full_queue_makes_the_launch_wait_for_room() {
+        let gate = 5;
+        let stream = stream_of(45);
+        let one = LaunchConfig::grid(1).block(1);
+        let opened = Instant::now();
+        let opener = open_gate_after(gate, Duration::from_millis(300));
+        for _ in 0..super::MAX_IN_FLIGHT {
+            wait_for_gate::launch(&stream, one, gate as u32).unwrap();
+        }
+        assert!(
+            opened.elapsed() < Duration::from_millis(300),
+            "launches up to the bound were enqueued without waiting"
+        );
+        wait_for_gate::launch(&stream, one, gate as u32).unwrap();
+        assert!(
+            opened.elapsed() >= Duration::from_millis(300),
+            "the launch past the bound returned before the kernels ahead of it finished"
+        );
+        opener.join().unwrap();
+        stream.synchronize().unwrap();
     }
 }
