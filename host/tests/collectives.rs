@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::assert_same;
 use oxccl::collectives::{Algorithm, AlgorithmChoice};
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Communicator, DataType, DeviceBuffer, ReduceElement, ReduceOp, Result, bf16, f16};
@@ -54,25 +55,6 @@ fn reduced<T: ReduceElement>(ranks: u32, op: ReduceOp, elem: impl Fn(u32) -> T) 
         acc = acc.combine(elem(r), op);
     }
     acc.finish(op, ranks)
-}
-
-/// Bitwise equality (so NaN compares, and -0.0 differs from 0.0), with the first mismatch.
-fn assert_same<T: ReduceElement>(what: &str, got: &[T], want: &[T]) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    let (g, w): (&[u8], &[u8]) = (bytemuck::cast_slice(got), bytemuck::cast_slice(want));
-    if g != w {
-        let i = got
-            .iter()
-            .zip(want)
-            .position(|(a, b)| bytemuck::bytes_of(a) != bytemuck::bytes_of(b))
-            .unwrap_or(0);
-        panic!(
-            "{what}: element {i} of {} is {}, expected {}",
-            got.len(),
-            got[i].to_f64(),
-            want[i].to_f64()
-        );
-    }
 }
 
 fn upload<T: ReduceElement>(comm: &Communicator, data: &[T]) -> Result<DeviceBuffer<T>> {

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::assert_same;
 use oxccl::collectives::{Algorithm, AlgorithmChoice};
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Communicator, DeviceBuffer, Error, ReduceElement, ReduceOp, Result, bf16, f16};
@@ -68,23 +69,6 @@ fn read<T: ReduceElement>(buf: &DeviceBuffer<T>, len: usize) -> Result<Vec<T>> {
     );
     host.truncate(len);
     Ok(host)
-}
-
-fn assert_same<T: ReduceElement>(what: &str, got: &[T], want: &[T]) {
-    let (g, w): (&[u8], &[u8]) = (bytemuck::cast_slice(got), bytemuck::cast_slice(want));
-    if g != w {
-        let i = got
-            .iter()
-            .zip(want)
-            .position(|(a, b)| bytemuck::bytes_of(a) != bytemuck::bytes_of(b))
-            .unwrap_or(0);
-        panic!(
-            "{what}: element {i} of {} is {}, expected {}",
-            got.len(),
-            got[i].to_f64(),
-            want[i].to_f64()
-        );
-    }
 }
 
 /// Every op, count and placement of `T` on registered buffers, checked on every rank.

@@ -4,7 +4,9 @@
 #![allow(dead_code, missing_docs)]
 
 use oxccl::in_process::InProcessConfig;
-use oxccl::{Communicator, CommunicatorConfig, DeviceBuffer, RegisteredMemory, Result};
+use oxccl::{
+    Communicator, CommunicatorConfig, DeviceBuffer, ReduceElement, RegisteredMemory, Result,
+};
 use oxccl_device::arch::atomic::{self, Ordering, Scope};
 use oxccl_device::coop::{Block, Coop};
 use oxccl_device::{DevicePtr, DeviceSlice, kernel};
@@ -125,5 +127,24 @@ pub unsafe fn add_errors(errors: DevicePtr<u64>, wrong: u64) {
         // SAFETY: the caller's contract.
         let cell = unsafe { atomic::cell(errors.addr()) };
         atomic::fetch_add(cell, wrong, Ordering::Relaxed, Scope::System);
+    }
+}
+
+/// Bitwise equality (so NaN compares, and -0.0 differs from 0.0), with the first mismatch.
+pub fn assert_same<T: ReduceElement>(what: &str, got: &[T], want: &[T]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let (g, w): (&[u8], &[u8]) = (bytemuck::cast_slice(got), bytemuck::cast_slice(want));
+    if g != w {
+        let i = got
+            .iter()
+            .zip(want)
+            .position(|(a, b)| bytemuck::bytes_of(a) != bytemuck::bytes_of(b))
+            .unwrap_or(0);
+        panic!(
+            "{what}: element {i} of {} is {}, expected {}",
+            got.len(),
+            got[i].to_f64(),
+            want[i].to_f64()
+        );
     }
 }

@@ -4,7 +4,7 @@
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
 use super::peer_handshake::all_peers_meet;
-use super::published_buffers::{self, Reads};
+use super::published_buffers::{self, Reads, Side};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
 use core::mem::size_of;
 use oxccl_device::coop::{Grid, contiguous_chunk};
@@ -135,7 +135,7 @@ fn all_reduce_in_place_of_peers<T: ReduceElement>(
         if p == r {
             window(ours, first, len)
         } else {
-            published_buffers::peer_input::<T>(a, p, seq, start + first, len)
+            published_buffers::peer_view::<T>(a, p, seq, Side::Input, start + first, len)
         }
     };
     // The reduction writes its destination after each pass and reads it as the partial
@@ -168,7 +168,14 @@ fn all_reduce_in_place_of_peers<T: ReduceElement>(
     all_peers_meet(a)?;
     for p in (0..nr).filter(|&p| p != r) {
         let cp = contiguous_chunk(p as u64, nr as u64, n);
-        let src = published_buffers::peer_output::<T>(a, p, seq, cp.start, cp.end - cp.start)?;
+        let src = published_buffers::peer_view::<T>(
+            a,
+            p,
+            seq,
+            Side::Output,
+            cp.start,
+            cp.end - cp.start,
+        )?;
         window_mut(output, cp.start, cp.end - cp.start)?.copy_from(Grid, src)?;
     }
     all_peers_meet(a)

@@ -220,38 +220,34 @@ pub(crate) fn begin(
     Ok(false)
 }
 
-/// Elements `first..first + len` of rank `p`'s input (its registered buffer, as its
-/// descriptor of the call numbered `sequence` names it; ours is `a.input`).
+/// A buffer of a peer's call, as its descriptor names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// Its input.
+    Input,
+    /// Its output.
+    Output,
+}
+
+/// Elements `first..first + len` of rank `p`'s input or output (`side`: its registered
+/// buffer, as its descriptor of the call numbered `sequence` names it), to read.
 ///
 /// # Errors
 /// A descriptor whose slot or range the table does not hold (recorded).
 #[inline(always)]
-pub(crate) fn peer_input<'a, T: ReduceElement>(
+pub(crate) fn peer_view<'a, T: ReduceElement>(
     a: &CollectiveArgs<'a>,
     p: u32,
     sequence: u64,
+    side: Side,
     first: u64,
     len: u64,
 ) -> Result<DeviceView<'a, T>, DeviceError> {
-    let (slot, offset) = peer_place::<T>(a, p, sequence, INPUT_SLOT, first)?;
-    a.buffers
-        .view::<T>(slot, p, offset, len)
-        .map_err(|_| a.invalid([p as u64, offset, len]))
-}
-
-/// As [`peer_input`], for rank `p`'s output.
-///
-/// # Errors
-/// As [`peer_input`].
-#[inline(always)]
-pub(crate) fn peer_output<'a, T: ReduceElement>(
-    a: &CollectiveArgs<'a>,
-    p: u32,
-    sequence: u64,
-    first: u64,
-    len: u64,
-) -> Result<DeviceView<'a, T>, DeviceError> {
-    let (slot, offset) = peer_place::<T>(a, p, sequence, OUTPUT_SLOT, first)?;
+    let slot_word = match side {
+        Side::Input => INPUT_SLOT,
+        Side::Output => OUTPUT_SLOT,
+    };
+    let (slot, offset) = peer_place::<T>(a, p, sequence, slot_word, first)?;
     a.buffers
         .view::<T>(slot, p, offset, len)
         .map_err(|_| a.invalid([p as u64, offset, len]))
