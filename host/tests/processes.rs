@@ -3,7 +3,8 @@
 //! processes), and runs the port ring, the memory ring, the ring all-reduce and the
 //! communicator's all-reduce on registered buffers (read in the peers' processes).
 //!
-//! Then again with `OXCCL_TRANSPORT=ethernet`: the port ring over TCP between processes.
+//! Then again with `OXCCL_TRANSPORT=ethernet`: the port ring and the communicator's
+//! all-reduce (over port channels) over TCP between processes.
 //!
 //! The parent test re-runs this test binary once per rank with `child_rank` selected.
 #![allow(missing_docs)]
@@ -147,6 +148,23 @@ fn run_rank_over_ethernet() -> Result<u32> {
     match comm.memory_channel(next, &all[next as usize], &all[rank as usize], None) {
         Err(Error::InvalidUsage(why)) => assert!(why.contains("load/store"), "{why}"),
         other => panic!("a memory channel over Ethernet: {other:?}"),
+    }
+    // The communicator's all-reduce between processes over Ethernet: port channels, several
+    // rounds.
+    let count = 200_003usize;
+    let value = |r: u32, i: usize| ((i * 3 + r as usize * 5) % 97) as f32;
+    let mine: Vec<f32> = (0..count).map(|i| value(rank, i)).collect();
+    let send = comm.device().alloc_from(&mine)?;
+    let mut recv = comm.alloc::<f32>(count)?;
+    comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+    comm.synchronize(&stream)?;
+    let got = recv.to_vec()?;
+    for (i, &have) in got.iter().enumerate() {
+        let want: f32 = (0..ranks).map(|r| value(r, i)).sum();
+        assert_eq!(
+            have, want,
+            "all-reduce over Ethernet: rank {rank} element {i}"
+        );
     }
     comm.barrier()?;
     Ok(rank)

@@ -11,7 +11,9 @@
 //! 1. `port_ring` on 2 ranks, one per node: both channels of each rank must be Ethernet;
 //! 2. `port_ring` on 4 ranks, 2 per node: host IPC to the neighbour on the same node,
 //!    Ethernet to the one on the other (the transport `auto` picks);
-//! 3. `put_bw --transport ethernet` on 2 ranks, one per node: its lines are printed.
+//! 3. `put_bw --transport ethernet` on 2 ranks, one per node: its lines are printed;
+//! 4. `allreduce` (every call checked) on 2 ranks, one per node, and on 4 ranks, 2 per
+//!    node: the communicator's all-reduce over port channels, its table printed.
 //!
 //! Needs root (`CAP_SYS_ADMIN` and `CAP_NET_ADMIN`), `ip` (iproute2) and `unshare`
 //! (util-linux); [`unsupported`] says what is missing. The namespaces are deleted on every
@@ -141,11 +143,14 @@ pub fn run_netns_test(ws: &Workspace) -> Result<()> {
         "port_ring",
         "--bin",
         "put_bw",
+        "--bin",
+        "allreduce",
     ]);
     run_bounded(&mut build, BUILD_TIME_LIMIT)?;
     let bin = ws.target_dir.join("release");
     let port_ring = bin.join("port_ring");
     let put_bw = bin.join("put_bw");
+    let allreduce = bin.join("allreduce");
 
     let namespaces = Namespaces::create()?;
     println!(
@@ -196,6 +201,18 @@ pub fn run_netns_test(ws: &Workspace) -> Result<()> {
             lines.len(),
             outputs[0]
         );
+    }
+    let job = Job {
+        program: &allreduce,
+        args: &["--max-bytes", "4M", "--iters", "3", "--check", "every"],
+        port: 29_503,
+    };
+    for (title, placement, port) in [
+        ("allreduce, 2 ranks, one per node", &[0, 1][..], 29_503),
+        ("allreduce, 4 ranks, 2 per node", &[0, 0, 1, 1][..], 29_504),
+    ] {
+        let outputs = Job { port, ..job }.run(title, placement)?;
+        check_all_reduce(&outputs[0])?;
     }
     drop(namespaces);
     println!("netns-test: ok (namespaces deleted)");
@@ -276,6 +293,25 @@ impl Job<'_> {
         }
         Ok(stdouts)
     }
+}
+
+/// Checks rank 0's `allreduce` table: every size ran the port algorithm (the ranks share
+/// no node), and no element was wrong; prints its rows.
+fn check_all_reduce(out: &str) -> Result<()> {
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    for row in &rows {
+        println!("  {row}");
+    }
+    let all_ports = rows
+        .iter()
+        .all(|r| r.split_whitespace().nth(5) == Some("ports"));
+    if rows.is_empty() || !all_ports || !out.contains("# Out of bounds values : 0 OK") {
+        bail!("allreduce: expected every size over ports and no wrong element:\n{out}");
+    }
+    Ok(())
 }
 
 /// Checks each rank's `port_ring` line: host IPC to a neighbour on the same node, Ethernet
@@ -418,6 +454,19 @@ fn find_program(program: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards against an all-reduce check that accepts a size that did not run over port
+    /// channels, a wrong element, or no table at all.
+    #[test]
+    fn all_reduce_check_wants_ports_everywhere_and_no_wrong_element() {
+        let good = "# oxccl all-reduce\n        1024          256    float    sum    -1    ports     \
+                    44.80    0.00    0.00      0     43.44    0.00    0.00      0\n\
+                    # Out of bounds values : 0 OK\n";
+        assert!(super::check_all_reduce(good).is_ok());
+        assert!(super::check_all_reduce(&good.replace("ports", "direct")).is_err());
+        assert!(super::check_all_reduce(&good.replace("0 OK", "3 FAILED")).is_err());
+        assert!(super::check_all_reduce("# nothing\n").is_err());
+    }
 
     /// Guards against a 4-rank check that accepts a transport the placement does not call
     /// for (host IPC between nodes, Ethernet within one).

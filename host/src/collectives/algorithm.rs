@@ -15,6 +15,10 @@ pub enum Algorithm {
     /// reduces its share of the elements reading every peer's input, and stores the result
     /// into every peer's output. For large messages: every byte crosses once each way.
     Direct,
+    /// Ranks put their data into each other's scratch through the proxy (port channels),
+    /// two-shot in rounds: what runs between ranks that cannot load and store each
+    /// other's memory (several nodes, or the Ethernet transport). All-reduce only.
+    Ports,
 }
 
 impl Algorithm {
@@ -23,10 +27,11 @@ impl Algorithm {
         match self {
             Algorithm::Packets => "packets",
             Algorithm::Direct => "direct",
+            Algorithm::Ports => "ports",
         }
     }
 
-    /// Parses a name (`packets`, `direct`).
+    /// Parses a name (`packets`, `direct`, `ports`).
     ///
     /// # Errors
     /// A name that is not an algorithm's.
@@ -34,8 +39,9 @@ impl Algorithm {
         match name.trim() {
             "packets" => Ok(Algorithm::Packets),
             "direct" => Ok(Algorithm::Direct),
+            "ports" => Ok(Algorithm::Ports),
             other => Err(Error::InvalidUsage(format!(
-                "`{other}` is not an algorithm: `packets` or `direct`"
+                "`{other}` is not an algorithm: `packets`, `direct` or `ports`"
             ))),
         }
     }
@@ -64,7 +70,8 @@ pub(crate) fn algo_from_env() -> Option<&'static str> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AlgorithmChoice {
     /// By size: [`Algorithm::Packets`] up to the communicator's packet limit, else
-    /// [`Algorithm::Direct`]; `OXCCL_ALGO` overrides when set.
+    /// [`Algorithm::Direct`]; [`Algorithm::Ports`] where ranks cannot load and store each
+    /// other's memory; `OXCCL_ALGO` overrides when set.
     #[default]
     Auto,
     /// This one, whatever the size.
@@ -73,16 +80,24 @@ pub enum AlgorithmChoice {
 
 impl AlgorithmChoice {
     /// The algorithm for a message of `bytes` (per rank), `packet_limit` the largest message
-    /// that goes as packets, `env` the value of `OXCCL_ALGO` if set.
+    /// that goes as packets, `env` the value of `OXCCL_ALGO` if set, `load_store` whether
+    /// every rank can load and store every other's memory.
     ///
     /// # Errors
     /// `env` names no algorithm.
-    pub fn resolve(self, bytes: u64, packet_limit: u64, env: Option<&str>) -> Result<Algorithm> {
+    pub fn resolve(
+        self,
+        bytes: u64,
+        packet_limit: u64,
+        env: Option<&str>,
+        load_store: bool,
+    ) -> Result<Algorithm> {
         match (self, env) {
             (AlgorithmChoice::Use(a), _) => Ok(a),
             (AlgorithmChoice::Auto, Some(name)) if !name.trim().is_empty() => {
                 Algorithm::parse(name).map_err(|e| Error::InvalidUsage(format!("{ALGO_ENV}: {e}")))
             }
+            (AlgorithmChoice::Auto, _) if !load_store => Ok(Algorithm::Ports),
             (AlgorithmChoice::Auto, _) if bytes <= packet_limit => Ok(Algorithm::Packets),
             (AlgorithmChoice::Auto, _) => Ok(Algorithm::Direct),
         }
@@ -98,21 +113,38 @@ mod tests {
     #[test]
     fn choices_resolve_in_order() {
         let auto = AlgorithmChoice::Auto;
-        assert_eq!(auto.resolve(1024, 4096, None).unwrap(), Algorithm::Packets);
-        assert_eq!(auto.resolve(4097, 4096, None).unwrap(), Algorithm::Direct);
         assert_eq!(
-            auto.resolve(8, 4096, Some("direct")).unwrap(),
+            auto.resolve(1024, 4096, None, true).unwrap(),
+            Algorithm::Packets
+        );
+        assert_eq!(
+            auto.resolve(4097, 4096, None, true).unwrap(),
             Algorithm::Direct
         );
         assert_eq!(
+            auto.resolve(1024, 4096, None, false).unwrap(),
+            Algorithm::Ports
+        );
+        assert_eq!(
+            auto.resolve(8, 4096, Some("direct"), true).unwrap(),
+            Algorithm::Direct
+        );
+        assert_eq!(
+            auto.resolve(1 << 20, 4096, Some("ports"), true).unwrap(),
+            Algorithm::Ports
+        );
+        assert_eq!(
             AlgorithmChoice::Use(Algorithm::Packets)
-                .resolve(1 << 30, 4096, Some("direct"))
+                .resolve(1 << 30, 4096, Some("direct"), true)
                 .unwrap(),
             Algorithm::Packets
         );
-        let e = auto.resolve(8, 4096, Some("ring")).unwrap_err().to_string();
+        let e = auto
+            .resolve(8, 4096, Some("ring"), true)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("OXCCL_ALGO") && e.contains("`ring`"), "{e}");
-        for a in [Algorithm::Packets, Algorithm::Direct] {
+        for a in [Algorithm::Packets, Algorithm::Direct, Algorithm::Ports] {
             assert_eq!(Algorithm::parse(a.name()).unwrap(), a);
         }
     }

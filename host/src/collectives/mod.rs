@@ -20,8 +20,13 @@
 //!
 //! **Algorithms.** All-reduce takes [`Algorithm::Packets`] (LL16 packets, one pass) up to
 //! [`CollectiveConfig::packet_limit`] bytes, [`Algorithm::Direct`] (two-shot over the
-//! scratch) above; `OXCCL_ALGO` or [`CollectiveConfig::algorithm`] override the choice.
-//! The other collectives run direct algorithms.
+//! scratch, or over the peers' own buffers when they are registered) above;
+//! `OXCCL_ALGO` or [`CollectiveConfig::algorithm`] override the choice. The other
+//! collectives run direct algorithms. Where some rank cannot load and store another's
+//! memory (ranks on several nodes, or `OXCCL_TRANSPORT=ethernet`: the first collective
+//! call asks every rank for its node), all-reduce takes [`Algorithm::Ports`] (two-shot
+//! through the proxy over port channels) and the other collectives and buffer
+//! registration are refused with an error that says so.
 
 pub mod algorithm;
 mod check;
@@ -34,6 +39,7 @@ pub use algorithm::{ALGO_ENV, Algorithm, AlgorithmChoice};
 pub use collective_config::CollectiveConfig;
 pub use shape::Collective;
 
+use crate::TransportChoice;
 use crate::communicator::Communicator;
 use crate::device_buffer::DeviceBuffer;
 use crate::error::{Error, Result};
@@ -45,8 +51,8 @@ use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp};
 use oxccl_device::{DeviceView, DeviceViewMut};
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
 use oxccl_kernels::collectives::{
-    AllToAllvCounts, all_gather, all_reduce, all_reduce_packets, all_to_all, all_to_allv, barrier,
-    broadcast, reduce, reduce_scatter,
+    AllToAllvCounts, all_gather, all_reduce, all_reduce_packets, all_reduce_ports, all_to_all,
+    all_to_allv, barrier, broadcast, reduce, reduce_scatter,
 };
 use shape::Shape;
 
@@ -162,15 +168,35 @@ impl Communicator {
     /// `OXCCL_ALGO` names no algorithm.
     pub fn all_reduce_algorithm(&self, bytes: u64) -> Result<Algorithm> {
         let c = &self.config().collectives;
-        let algo = c
-            .algorithm
-            .resolve(bytes, c.packet_limit, algorithm::algo_from_env())?;
+        // Before the first collective call the communicator has not asked the ranks' nodes
+        // yet: it goes by what the bootstrap says (every call sets up first, and knows).
+        let load_store = match self.collectives.as_deref() {
+            Some(ctx) => ctx.memory.is_some(),
+            None => {
+                self.config().transport != TransportChoice::Ethernet
+                    && self.out_of_band().single_node()
+            }
+        };
+        let algo = c.algorithm.resolve(
+            bytes,
+            c.packet_limit,
+            algorithm::algo_from_env(),
+            load_store,
+        )?;
         if algo == Algorithm::Packets && bytes.div_ceil(8) * 8 > c.packet_limit.div_ceil(64) * 64 {
             return Err(Error::InvalidUsage(format!(
                 "rank {}: all_reduce: the packet algorithm takes at most {} bytes (the \
                  packet limit), the call has {bytes}",
                 self.rank(),
                 c.packet_limit
+            )));
+        }
+        if !load_store && algo != Algorithm::Ports {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: all_reduce: the {algo} algorithm needs every rank to load and store \
+                 every other's memory; these ranks reach each other only through the proxy \
+                 (use `ports`)",
+                self.rank()
             )));
         }
         Ok(algo)
@@ -185,6 +211,8 @@ impl Communicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
+        // Set up first: the algorithm depends on whether the ranks share a node.
+        self.collectives_set_up()?;
         let algo = self.all_reduce_algorithm(count as u64 * dtype.size())?;
         let call = Call {
             shape: Shape::new(Collective::AllReduce, dtype, Some(op), count, None),
@@ -732,15 +760,23 @@ impl Communicator {
             return Ok(());
         }
         let direct = ctx.config.launch.unwrap_or(LaunchConfig::grid(1).block(1));
+        if algo == Some(Algorithm::Ports) {
+            return self.run_over_ports(&call, stream, direct);
+        }
+        let ctx = self
+            .collectives
+            .as_deref()
+            .ok_or_else(|| Error::Internal("collectives not set up".into()))?;
+        let m = ctx.memory(rank, call.shape.collective.name())?;
         let taken = match algo {
             Some(Algorithm::Packets) => 1,
             _ if call.shape.collective == Collective::Barrier => 0,
             _ => {
-                let per = elements_per_round(&ctx.layout, call.dtype.size(), call.windows);
+                let per = elements_per_round(&m.layout, call.dtype.size(), call.windows);
                 rounds(call.elements, per)
             }
         };
-        let mut args = ctx.args(rank, size);
+        let mut args = ctx.args(m, rank, size);
         args.input = call.input;
         args.output = call.output;
         args.count = call.count;
@@ -751,9 +787,9 @@ impl Communicator {
         let small = call.shape.collective == Collective::AllReduce
             && in_place
             && call.input.len() < ctx.config.in_place_zero_copy_from;
-        if !ctx.buffers.is_empty() && !small {
-            args.input_slot = ctx.buffers.slot_of(call.input.addr(), call.input.len());
-            args.output_slot = ctx.buffers.slot_of(call.output.addr(), call.output.len());
+        if !m.buffers.is_empty() && !small {
+            args.input_slot = m.buffers.slot_of(call.input.addr(), call.input.len());
+            args.output_slot = m.buffers.slot_of(call.output.addr(), call.output.len());
         }
         let launched = match (call.shape.collective, algo) {
             (Collective::AllReduce, Some(Algorithm::Packets)) => {
@@ -785,7 +821,46 @@ impl Communicator {
             (Collective::Barrier, _) => barrier::collective_barrier::launch(stream, direct, args),
         };
         launched?;
-        ctx.sequence += taken;
+        if let Some(ctx) = self.collectives.as_deref_mut() {
+            ctx.sequence += taken;
+        }
+        Ok(())
+    }
+
+    /// Runs `call`, an all-reduce, over port channels (setting them up on its first call:
+    /// every rank takes this path at the same call, as they agree on the algorithm).
+    fn run_over_ports(
+        &mut self,
+        call: &Call<'_>,
+        stream: &Stream,
+        launch: LaunchConfig,
+    ) -> Result<()> {
+        let (rank, size) = (self.rank(), self.size());
+        if call.shape.collective != Collective::AllReduce {
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank}: {}: only all_reduce runs over port channels",
+                call.shape.collective
+            )));
+        }
+        let mut ctx = self
+            .collectives
+            .take()
+            .ok_or_else(|| Error::Internal("collectives not set up".into()))?;
+        let set_up = ctx.ports_set_up(self);
+        let ctx = &mut **self.collectives.insert(ctx);
+        set_up?;
+        let mut args = ctx.port_args(rank, size)?;
+        args.input = call.input;
+        args.output = call.output;
+        args.count = call.count;
+        args.dtype = call.dtype as u32;
+        args.op = call.op as u32;
+        let per = args.layout.round_bytes / call.dtype.size();
+        let taken = rounds(call.elements, per);
+        all_reduce_ports::collective_all_reduce_ports::launch(stream, launch, args)?;
+        if let Some(p) = ctx.ports.as_mut() {
+            p.sequence += taken;
+        }
         Ok(())
     }
 }

@@ -112,7 +112,10 @@ impl Communicator {
         self.collectives_set_up()?;
         let (addr, bytes) = (buffer.addr(), buffer.size_bytes() as u64);
         let slot = {
-            let b = &self.collective_context()?.buffers;
+            let b = &self
+                .collective_context()?
+                .memory(rank, "register_collective_buffer")?
+                .buffers;
             let end = addr + bytes;
             let overlaps = b
                 .by_addr
@@ -150,7 +153,10 @@ impl Communicator {
             entries.extend([region.addr, region.size]);
             peers.push(region);
         }
-        let b = &mut self.collective_context_mut()?.buffers;
+        let b = &mut self
+            .collective_context_mut()?
+            .memory_mut(rank, "register_collective_buffer")?
+            .buffers;
         let at = slot * b.n_ranks as usize * ENTRY_WORDS as usize;
         b.table.copy_from_host_at(at, &entries)?;
         b.slots[slot] = Some(Registration {
@@ -178,13 +184,17 @@ impl Communicator {
     ) -> Result<()> {
         let rank = self.rank();
         let (addr, bytes) = (buffer.addr(), buffer.size_bytes() as u64);
-        let slot = match self.collectives.as_deref() {
-            Some(ctx) => match ctx.buffers.by_addr.get(&addr) {
-                Some(&slot) if ctx.buffers.slot_of(addr, bytes) == slot => Some(slot),
-                _ => None,
-            },
-            None => None,
-        };
+        let slot = self
+            .collectives
+            .as_deref()
+            .and_then(|ctx| ctx.memory.as_ref())
+            .and_then(|m| {
+                let b = &m.buffers;
+                b.by_addr
+                    .get(&addr)
+                    .copied()
+                    .filter(|&s| b.slot_of(addr, bytes) == s)
+            });
         let Some(slot) = slot else {
             return Err(Error::InvalidUsage(format!(
                 "rank {rank}: deregister_collective_buffer: the buffer at {addr:#x} is not \
@@ -193,7 +203,10 @@ impl Communicator {
         };
         self.synchronize(stream)?;
         self.barrier()?;
-        let b = &mut self.collective_context_mut()?.buffers;
+        let b = &mut self
+            .collective_context_mut()?
+            .memory_mut(rank, "deregister_collective_buffer")?
+            .buffers;
         let words = b.n_ranks as usize * ENTRY_WORDS as usize;
         b.table
             .copy_from_host_at(slot as usize * words, &vec![0; words])?;

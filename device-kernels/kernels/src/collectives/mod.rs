@@ -13,6 +13,10 @@
 //! reaches only once it has finished reading the half. So calls follow each other with no
 //! host barrier, whatever their sizes.
 //!
+//! **Ports** (all-reduce, ranks without a load/store path to each other):
+//! [`all_reduce_ports`] puts each peer's chunk into its scratch through the proxy, reduces,
+//! and puts the reduced chunk to every peer, round after round ([`PortLayout`]).
+//!
 //! **Packets** (all-reduce, small): [`all_reduce_packets`] sends its input to
 //! every peer as LL16 packets; each rank reduces what it received. One pass, no meeting.
 //!
@@ -26,6 +30,7 @@
 pub mod all_gather;
 pub mod all_reduce;
 pub mod all_reduce_packets;
+pub mod all_reduce_ports;
 pub mod all_to_all;
 pub mod all_to_allv;
 pub mod all_to_allv_counts;
@@ -34,6 +39,7 @@ pub mod broadcast;
 pub mod collective_args;
 mod elementwise;
 mod peer_handshake;
+pub mod port_layout;
 pub mod published_buffers;
 pub mod reduce;
 pub mod reduce_scatter;
@@ -41,6 +47,8 @@ mod round_views;
 pub mod rounds;
 pub mod scratch_layout;
 
+pub use all_reduce_ports::PortCollectiveArgs;
 pub use all_to_allv_counts::AllToAllvCounts;
 pub use collective_args::CollectiveArgs;
+pub use port_layout::PortLayout;
 pub use scratch_layout::ScratchLayout;

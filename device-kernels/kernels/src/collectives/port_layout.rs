@@ -1,0 +1,115 @@
+//! Where the scratch of a port-channel collective keeps what: the layout host and kernels
+//! share when ranks reach each other only through the proxy (another node, Ethernet).
+//!
+//! Each rank owns one scratch buffer, registered: every peer's port channel writes into it
+//! (`dst`) and reads from ours (`src`). Two sets (round parities), each:
+//!
+//! | region | size | written by | read by |
+//! |---|---|---|---|
+//! | staged round | `round_bytes` | this rank (its input; then its reduced chunk in place of its own) | the proxy, for puts to peers |
+//! | reduce slots: `n_ranks` senders | `chunk_bytes` each | sender `q`'s proxy (its part of our chunk) | this rank |
+//! | gather slots: `n_ranks` senders | `chunk_bytes` each | sender `q`'s proxy (its reduced chunk) | this rank |
+//!
+//! Every region starts on a 64-byte boundary.
+
+use super::scratch_layout::SCRATCH_ALIGN;
+
+/// The sizes that place every region of a port-channel scratch (see the module docs). The
+/// same on every rank of a communicator.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct PortLayout {
+    /// Bytes of one staged round: a multiple of 64.
+    pub round_bytes: u64,
+    /// Bytes of one slot: room for the largest chunk of a round (a round's elements split
+    /// among the ranks), a multiple of 64.
+    pub chunk_bytes: u64,
+    /// Ranks of the communicator.
+    pub n_ranks: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<PortLayout>() == 24);
+
+impl PortLayout {
+    /// The layout for `n_ranks` ranks and rounds of up to `round_bytes` bytes (rounded up
+    /// to [`SCRATCH_ALIGN`], at least one unit).
+    pub const fn new(n_ranks: u32, round_bytes: u64) -> PortLayout {
+        let round = if round_bytes < SCRATCH_ALIGN {
+            SCRATCH_ALIGN
+        } else {
+            round_bytes.div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN
+        };
+        let n = if n_ranks == 0 { 1 } else { n_ranks as u64 };
+        // A chunk of a round's elements holds at most one element more than an even
+        // share of its bytes; 8 bytes is the widest element.
+        let chunk = (round.div_ceil(n) + 8).div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN;
+        PortLayout {
+            round_bytes: round,
+            chunk_bytes: chunk,
+            n_ranks,
+            reserved: 0,
+        }
+    }
+
+    /// Bytes of one set (one parity).
+    pub const fn set_bytes(&self) -> u64 {
+        self.round_bytes + 2 * self.n_ranks as u64 * self.chunk_bytes
+    }
+
+    /// Offset of the staged round of set `parity`.
+    pub const fn staged(&self, parity: u64) -> u64 {
+        parity * self.set_bytes()
+    }
+
+    /// Offset of sender `sender`'s reduce slot in set `parity`.
+    pub const fn reduce_slot(&self, parity: u64, sender: u32) -> u64 {
+        self.staged(parity) + self.round_bytes + sender as u64 * self.chunk_bytes
+    }
+
+    /// Offset of sender `sender`'s gather slot in set `parity`.
+    pub const fn gather_slot(&self, parity: u64, sender: u32) -> u64 {
+        self.reduce_slot(parity, self.n_ranks) + sender as u64 * self.chunk_bytes
+    }
+
+    /// Bytes of the whole scratch.
+    pub const fn total_bytes(&self) -> u64 {
+        2 * self.set_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxccl_device::coop::contiguous_chunk;
+
+    /// Guards against regions that overlap, leave the alignment, or a slot too small for
+    /// the largest chunk of a round of any element type.
+    #[test]
+    fn regions_are_disjoint_aligned_and_hold_every_chunk() {
+        let l = PortLayout::new(3, 1000);
+        assert_eq!(l.round_bytes, 1024);
+        assert_eq!(l.reduce_slot(0, 0), 1024);
+        assert_eq!(l.gather_slot(0, 0), 1024 + 3 * l.chunk_bytes);
+        assert_eq!(l.staged(1), l.gather_slot(0, 3));
+        assert_eq!(l.total_bytes(), 2 * l.staged(1));
+        for off in [l.reduce_slot(1, 2), l.gather_slot(1, 1), l.staged(1)] {
+            assert_eq!(off % SCRATCH_ALIGN, 0);
+        }
+        for n in 1..9u32 {
+            for round in [64u64, 100, 1000, 4096, 65536] {
+                let l = PortLayout::new(n, round);
+                for size in [1u64, 2, 4, 8] {
+                    let per = l.round_bytes / size;
+                    let widest = (0..n as u64)
+                        .map(|p| contiguous_chunk(p, n as u64, per))
+                        .map(|c| (c.end - c.start) * size)
+                        .max()
+                        .unwrap_or(0);
+                    assert!(widest <= l.chunk_bytes, "n={n} round={round} size={size}");
+                }
+            }
+        }
+    }
+}
