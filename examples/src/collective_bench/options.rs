@@ -213,7 +213,7 @@ pub fn parse_algo(s: &str) -> Result<AlgorithmChoice, String> {
         "auto" => Ok(AlgorithmChoice::Auto),
         name => Algorithm::parse(name)
             .map(AlgorithmChoice::Use)
-            .map_err(|_| format!("`{s}` is not an algorithm: auto, packets or direct")),
+            .map_err(|_| format!("`{s}` is not an algorithm: auto, packets, direct or ports")),
     }
 }
 
