@@ -2,7 +2,7 @@
 
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
-use super::published_buffers::{self, Reads, Side};
+use super::published_buffers::{self, Path, Reads, Side};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
 use super::scratch_layout::parity;
 use oxccl_device::coop::Grid;
@@ -10,6 +10,7 @@ use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::ReduceElement;
+use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// All-gather: each rank's `count` elements of `input` land at `rank * count` of every
 /// rank's `output` (`n_ranks * count` elements; in place when `input` is that part of it).
@@ -28,17 +29,15 @@ fn all_gather<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
     let input = typed::<T>(a.input, 0, c)?;
     let output = typed_mut::<T>(a.output, 0, c.saturating_mul(nr as u64))?;
     let per = per_round::<T>(a, 1)?;
-    let stage = |off: u64, len: u64, seq: u64| -> Result<(), DeviceError> {
-        let (_, half) = my_half::<T>(a, seq)?;
-        let src = window(input, off, len)?;
-        window_mut(half, 0, len)?.copy_from(Grid, src)?;
-        let own = window_mut(output, r as u64 * c + off, len)?;
-        if own.addr() != src.addr() {
-            own.copy_from(Grid, src)?;
-        }
-        Ok(())
-    };
-    if published_buffers::begin(a, Reads::Inputs, true, || stage(0, per.min(c), a.sequence))? {
+    let mine = published_buffers::publish(a, Reads::Inputs, true)?;
+    if !mine {
+        stage(a, input, output, 0, per.min(c), a.sequence)?;
+    }
+    let path = published_buffers::survey(a, Reads::Inputs, true, mine)?;
+    if path == Path::StageFirst {
+        stage(a, input, output, 0, per.min(c), a.sequence)?;
+    }
+    if path == Path::InPlace {
         // Every rank's input is registered: copy each straight into place.
         let own = window_mut(output, r as u64 * c, c)?;
         if own.addr() != input.addr() {
@@ -50,6 +49,7 @@ fn all_gather<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
         }
         return all_peers_meet(a);
     }
+    published_buffers::meet_again(a, path)?;
     let (mut off, mut seq) = (0, a.sequence);
     loop {
         let len = per.min(c - off);
@@ -63,7 +63,28 @@ fn all_gather<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
         if off >= c {
             return Ok(());
         }
-        stage(off, per.min(c - off), seq)?;
+        stage(a, input, output, off, per.min(c - off), seq)?;
         all_peers_meet(a)?;
     }
+}
+
+/// Stages round `off..off + len` of our input into our half of round `seq`, and copies it
+/// into our own block of the output (unless in place).
+#[inline(always)]
+fn stage<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    output: DeviceViewMut<'_, T>,
+    off: u64,
+    len: u64,
+    seq: u64,
+) -> Result<(), DeviceError> {
+    let (_, half) = my_half::<T>(a, seq)?;
+    let src = window(input, off, len)?;
+    window_mut(half, 0, len)?.copy_from(Grid, src)?;
+    let own = window_mut(output, a.rank as u64 * a.count + off, len)?;
+    if own.addr() != src.addr() {
+        own.copy_from(Grid, src)?;
+    }
+    Ok(())
 }

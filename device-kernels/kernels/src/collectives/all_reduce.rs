@@ -4,7 +4,7 @@
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
 use super::peer_handshake::all_peers_meet;
-use super::published_buffers::{self, Reads, Side};
+use super::published_buffers::{self, Path, Reads, Side};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
 use core::mem::size_of;
 use oxccl_device::coop::{Grid, contiguous_chunk};
@@ -33,10 +33,18 @@ fn all_reduce<T: ReduceElement>(a: &CollectiveArgs<'_>, op: ReduceOp) -> Result<
     let output = typed_mut::<T>(a.output, 0, n)?;
     let per = per_round::<T>(a, 1)?;
     let first = a.sequence;
-    let stage_first = || stage_peer_chunks(a, input, 0, per.min(n), first);
-    if published_buffers::begin(a, Reads::InputsAndOutputs, true, stage_first)? {
+    let mine = published_buffers::publish(a, Reads::InputsAndOutputs, true)?;
+    if !mine {
+        stage_peer_chunks(a, input, 0, per.min(n), first)?;
+    }
+    let path = published_buffers::survey(a, Reads::InputsAndOutputs, true, mine)?;
+    if path == Path::StageFirst {
+        stage_peer_chunks(a, input, 0, per.min(n), first)?;
+    }
+    if path == Path::InPlace {
         return all_reduce_in_place_of_peers(a, input, output, op);
     }
+    published_buffers::meet_again(a, path)?;
     let (mut off, mut seq) = (0, first);
     loop {
         let len = per.min(n - off);
@@ -131,13 +139,6 @@ fn all_reduce_in_place_of_peers<T: ReduceElement>(
     let (start, len) = (c.start, c.end - c.start);
     let dst = window_mut(output, start, len)?;
     let ours = window(input, start, len)?;
-    let source = |p: u32, first: u64, len: u64| {
-        if p == r {
-            window(ours, first, len)
-        } else {
-            published_buffers::peer_view::<T>(a, p, seq, Side::Input, start + first, len)
-        }
-    };
     // The reduction writes its destination after each pass and reads it as the partial
     // result: our own input may be that destination only as the first or second source
     // (rank 0 or 1). In place on a later rank, the chunk is reduced piece by piece in our
@@ -158,12 +159,12 @@ fn all_reduce_in_place_of_peers<T: ReduceElement>(
                 a.barrier.sync_grid()?;
             }
             let tmp = window_mut(half, 0, piece)?;
-            reduce_ranks(tmp, nr, op, |p| source(p, done, piece))?;
+            reduce_ranks(tmp, nr, op, |p| source(a, ours, start, p, done, piece))?;
             window_mut(dst, done, piece)?.combine_from(Grid, tmp.as_view(), |_, r| r)?;
             done += piece;
         }
     } else {
-        reduce_ranks(dst, nr, op, |p| source(p, 0, len))?;
+        reduce_ranks(dst, nr, op, |p| source(a, ours, start, p, 0, len))?;
     }
     all_peers_meet(a)?;
     for p in (0..nr).filter(|&p| p != r) {
@@ -179,4 +180,22 @@ fn all_reduce_in_place_of_peers<T: ReduceElement>(
         window_mut(output, cp.start, cp.end - cp.start)?.copy_from(Grid, src)?;
     }
     all_peers_meet(a)
+}
+
+/// Elements `first..first + len` of rank `p`'s chunk (which starts at element `start`):
+/// `ours` for this rank, else the peer's registered input.
+#[inline(always)]
+fn source<'a, T: ReduceElement>(
+    a: &CollectiveArgs<'a>,
+    ours: DeviceView<'a, T>,
+    start: u64,
+    p: u32,
+    first: u64,
+    len: u64,
+) -> Result<DeviceView<'a, T>, DeviceError> {
+    if p == a.rank {
+        window(ours, first, len)
+    } else {
+        published_buffers::peer_view::<T>(a, p, a.sequence, Side::Input, start + first, len)
+    }
 }

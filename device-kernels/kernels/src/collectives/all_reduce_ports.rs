@@ -91,10 +91,8 @@ fn all_reduce<T: ReduceElement>(
     let size = core::mem::size_of::<T>() as u64;
     let input = typed::<T>(a.input, 0, n)?;
     let output = typed_mut::<T>(a.output, 0, n)?;
-    let per = l.round_bytes / size;
-    let chunk = |p: u32, len: u64| contiguous_chunk(p as u64, nr as u64, len);
-    let slot = |at: u64, len: u64| typed_mut::<T>(a.scratch, at / size, len);
     let scratch = a.scratch.cast::<T>()?;
+    let per = l.round_bytes / size;
     let (mut off, mut seq) = (0, a.sequence);
     while off < n {
         let len = per.min(n - off);
@@ -103,38 +101,32 @@ fn all_reduce<T: ReduceElement>(
         let staged = window_mut(scratch, staged_at / size, len)?;
         staged.copy_from(Grid, window(input, off, len)?)?;
         // Each peer's chunk of our round into its reduce slot of ours.
-        exchange(a, |p| {
-            let c = chunk(p, len);
-            (
-                l.reduce_slot(set, r),
-                staged_at + c.start * size,
-                (c.end - c.start) * size,
-            )
-        })?;
-        let mine = chunk(r, len);
+        exchange(
+            a,
+            l.reduce_slot(set, r),
+            staged_at,
+            len,
+            size,
+            Chunk::Theirs,
+        )?;
+        let mine = contiguous_chunk(r as u64, nr as u64, len);
         let mine_len = mine.end - mine.start;
         let dst = window_mut(output, off + mine.start, mine_len)?;
         reduce_ranks(dst, nr, op, |p| {
             if p == r {
                 window(staged.as_view(), mine.start, mine_len)
             } else {
-                Ok(slot(l.reduce_slot(set, p), mine_len)?.as_view())
+                Ok(window_mut(scratch, l.reduce_slot(set, p) / size, mine_len)?.as_view())
             }
         })?;
         // Our reduced chunk, in place of our part of the staged round, for the puts: an
         // element-wise pass split as the reduction was, so each thread copies what it
         // reduced itself.
         window_mut(staged, mine.start, mine_len)?.combine_from(Grid, dst.as_view(), |_, x| x)?;
-        exchange(a, |_| {
-            (
-                l.gather_slot(set, r),
-                staged_at + mine.start * size,
-                mine_len * size,
-            )
-        })?;
+        exchange(a, l.gather_slot(set, r), staged_at, len, size, Chunk::Ours)?;
         for p in (0..nr).filter(|&p| p != r) {
-            let c = chunk(p, len);
-            let src = slot(l.gather_slot(set, p), c.end - c.start)?;
+            let c = contiguous_chunk(p as u64, nr as u64, len);
+            let src = window_mut(scratch, l.gather_slot(set, p) / size, c.end - c.start)?;
             window_mut(output, off + c.start, c.end - c.start)?.copy_from(Grid, src.as_view())?;
         }
         off += len;
@@ -143,13 +135,28 @@ fn all_reduce<T: ReduceElement>(
     Ok(())
 }
 
-/// Every block has written; thread 0 of block 0 puts `what(p)` (destination offset in
-/// `p`'s scratch, source offset in ours, bytes) to every peer `p` with a signal, then waits
-/// for every peer's signal; then every block proceeds, seeing what arrived.
+/// Which chunk of a round [`exchange`] puts to each peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Chunk {
+    /// The peer's own chunk (to reduce).
+    Theirs,
+    /// Ours (reduced).
+    Ours,
+}
+
+/// Every block has written; thread 0 of block 0 puts to every peer, at `dst` of its
+/// scratch, the `which` chunk of the round of `len` elements of `size` bytes staged at
+/// `staged_at` of ours, with a signal, then waits for every peer's signal; then every block
+/// proceeds, seeing what arrived. (Plain values, not a closure: what a closure borrows
+/// lives in local memory on the GPU once the closure is out of line.)
 #[inline(always)]
 fn exchange(
     a: &PortCollectiveArgs<'_>,
-    what: impl Fn(u32) -> (u64, u64, u64),
+    dst: u64,
+    staged_at: u64,
+    len: u64,
+    size: u64,
+    which: Chunk,
 ) -> Result<(), DeviceError> {
     a.barrier.sync_grid()?;
     let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
@@ -157,12 +164,14 @@ fn exchange(
         block_signal_and_wait(
             move || {
                 for p in (0..n_ranks).filter(|&p| p != rank) {
-                    let (dst, src, bytes) = what(p);
+                    let owner = if which == Chunk::Theirs { p } else { rank };
+                    let c = contiguous_chunk(owner as u64, n_ranks as u64, len);
+                    let bytes = (c.end - c.start) * size;
                     let channel = peers.get(p)?;
                     if bytes == 0 {
                         channel.signal()?;
                     } else {
-                        channel.put_with_signal(dst, src, bytes)?;
+                        channel.put_with_signal(dst, staged_at + c.start * size, bytes)?;
                     }
                 }
                 Ok(())

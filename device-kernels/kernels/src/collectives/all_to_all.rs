@@ -3,11 +3,12 @@
 
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
-use super::published_buffers::{self, Reads, Side};
+use super::published_buffers::{self, Path, Reads, Side};
 use super::round_views::{
     my_half, peer_half, per_round, stage_blocks, typed, typed_mut, window, window_mut,
 };
 use super::scratch_layout::parity;
+use oxccl_device::DeviceView;
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
@@ -33,15 +34,18 @@ fn all_to_all<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
     let input = typed::<T>(a.input, 0, total)?;
     let output = typed_mut::<T>(a.output, 0, total)?;
     let per = per_round::<T>(a, nr as u64)?;
-    let stage = |off: u64, len: u64, seq: u64| -> Result<(), DeviceError> {
-        let (_, half) = my_half::<T>(a, seq)?;
-        stage_blocks(half, input, nr, c, off, len, Some(r))
-    };
     // In place, the blocks we write are what the peers read of our input: that call
     // stages, whatever is registered.
-    let in_place = output.addr() == input.addr();
-    let first = || stage(0, per.min(c), a.sequence);
-    if published_buffers::begin(a, Reads::Inputs, !in_place, first)? {
+    let offer = output.addr() != input.addr();
+    let mine = published_buffers::publish(a, Reads::Inputs, offer)?;
+    if !mine {
+        stage(a, input, 0, per.min(c), a.sequence)?;
+    }
+    let path = published_buffers::survey(a, Reads::Inputs, offer, mine)?;
+    if path == Path::StageFirst {
+        stage(a, input, 0, per.min(c), a.sequence)?;
+    }
+    if path == Path::InPlace {
         // Every rank's input is registered: block `r` of each peer's input lands straight
         // in its place in our output.
         for p in 0..nr {
@@ -55,6 +59,7 @@ fn all_to_all<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
         }
         return all_peers_meet(a);
     }
+    published_buffers::meet_again(a, path)?;
     let (mut off, mut seq) = (0, a.sequence);
     loop {
         let len = per.min(c - off);
@@ -78,7 +83,21 @@ fn all_to_all<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
         if off >= c {
             return Ok(());
         }
-        stage(off, per.min(c - off), seq)?;
+        stage(a, input, off, per.min(c - off), seq)?;
         all_peers_meet(a)?;
     }
+}
+
+/// Stages round `off..off + len` of every peer's block of our input into our half of round
+/// `seq` (our own block goes straight from input to output).
+#[inline(always)]
+fn stage<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    off: u64,
+    len: u64,
+    seq: u64,
+) -> Result<(), DeviceError> {
+    let (_, half) = my_half::<T>(a, seq)?;
+    stage_blocks(half, input, a.n_ranks, a.count, off, len, Some(a.rank))
 }

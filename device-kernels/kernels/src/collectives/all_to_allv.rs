@@ -4,10 +4,11 @@
 use super::all_to_allv_counts::AllToAllvCounts;
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
-use super::published_buffers::{self, EXTRA, Reads, Side};
+use super::published_buffers::{self, EXTRA, Path, Reads, Side};
 use super::round_views::{my_half, peer_half, per_round, window, window_mut};
 use super::scratch_layout::parity;
 use core::mem::size_of;
+use oxccl_device::DeviceView;
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
@@ -42,26 +43,21 @@ fn all_to_allv<T: ReduceElement>(
     let input = a.input.cast::<T>()?;
     let output = a.output.cast::<T>()?;
     let per = per_round::<T>(a, nr as u64)?;
-    // Of a peer's count, what round `off` moves.
-    let share = |count: u64, off: u64| count.saturating_sub(off).min(per);
-    let stage = |off: u64, seq: u64| -> Result<(), DeviceError> {
-        let (_, half) = my_half::<T>(a, seq)?;
-        for p in 0..nr as usize {
-            let len = share(k.send_counts[p], off);
-            if len == 0 {
-                continue;
-            }
-            let src = window(input, k.send_displs[p].saturating_add(off), len)?;
-            window_mut(half, p as u64 * per, len)?.copy_from(Grid, src)?;
-        }
-        Ok(())
-    };
     // Where our input holds what we send each rank: a peer reading our input in place
     // finds its part there.
     published_buffers::publish_extra(a, k.send_displs.iter().take(nr as usize).copied())?;
     let overlap = output.addr() < input.addr() + input.len() * size_of::<T>() as u64
         && input.addr() < output.addr() + output.len() * size_of::<T>() as u64;
-    if published_buffers::begin(a, Reads::Inputs, !overlap, || stage(0, a.sequence))? {
+    let offer = !overlap;
+    let mine = published_buffers::publish(a, Reads::Inputs, offer)?;
+    if !mine {
+        stage(a, k, input, per, 0, a.sequence)?;
+    }
+    let path = published_buffers::survey(a, Reads::Inputs, offer, mine)?;
+    if path == Path::StageFirst {
+        stage(a, k, input, per, 0, a.sequence)?;
+    }
+    if path == Path::InPlace {
         // Every rank's input is registered: each peer's part for us lands straight in
         // place (the host checked counts and displacements; the table bounds each read).
         for p in 0..nr {
@@ -79,11 +75,12 @@ fn all_to_allv<T: ReduceElement>(
         }
         return all_peers_meet(a);
     }
+    published_buffers::meet_again(a, path)?;
     let (mut off, mut seq) = (0, a.sequence);
     loop {
         let half_off = a.layout.half(parity(seq));
         for p in 0..nr {
-            let len = share(k.recv_counts[p as usize], off);
+            let len = share(k.recv_counts[p as usize], off, per);
             if len == 0 {
                 continue;
             }
@@ -100,7 +97,36 @@ fn all_to_allv<T: ReduceElement>(
         if off >= a.count {
             return Ok(());
         }
-        stage(off, seq)?;
+        stage(a, k, input, per, off, seq)?;
         all_peers_meet(a)?;
     }
+}
+
+/// Of a peer's `count`, what the round from `off` on moves, at `per` elements a round.
+#[inline(always)]
+fn share(count: u64, off: u64, per: u64) -> u64 {
+    count.saturating_sub(off).min(per)
+}
+
+/// Stages the round from `off` on of what we send each rank into our half of round
+/// `seq`, rank `p`'s part at `p * per`.
+#[inline(always)]
+fn stage<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    k: &AllToAllvCounts,
+    input: DeviceView<'_, T>,
+    per: u64,
+    off: u64,
+    seq: u64,
+) -> Result<(), DeviceError> {
+    let (_, half) = my_half::<T>(a, seq)?;
+    for p in 0..a.n_ranks as usize {
+        let len = share(k.send_counts[p], off, per);
+        if len == 0 {
+            continue;
+        }
+        let src = window(input, k.send_displs[p].saturating_add(off), len)?;
+        window_mut(half, p as u64 * per, len)?.copy_from(Grid, src)?;
+    }
+    Ok(())
 }

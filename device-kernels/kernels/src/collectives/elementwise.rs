@@ -12,6 +12,11 @@ use oxccl_device::{DeviceView, DeviceViewMut};
 /// A source may be `dst` itself only if it is `sources(0)` or `sources(1)`: later passes
 /// read `dst` as the partial result.
 ///
+/// `sources` is called at one place only: a closure called from several places may stay
+/// out of line on the GPU, and whatever it borrows (the kernel's arguments) then lives in
+/// local memory. The operation is matched once per pass, so that each pass's loop is the
+/// operation alone (a sum of `f32`s becomes vector additions), not a branch per element.
+///
 /// # Errors
 /// A source shorter than `dst` ([`DeviceError::OutOfRange`]), or `sources`' error.
 #[inline(always)]
@@ -21,41 +26,52 @@ pub(crate) fn reduce_ranks<'s, T: ReduceElement>(
     op: ReduceOp,
     sources: impl Fn(u32) -> Result<DeviceView<'s, T>, DeviceError>,
 ) -> Result<(), DeviceError> {
-    // One branch on the operation per call, so that each pass's loop is the operation
-    // alone (a sum of `f32`s becomes vector additions), not a branch per element.
-    match op {
-        ReduceOp::Sum => combine_ranks(dst, n, &sources, |a: T, b| a.combine(b, ReduceOp::Sum)),
-        ReduceOp::Prod => combine_ranks(dst, n, &sources, |a: T, b| a.combine(b, ReduceOp::Prod)),
-        ReduceOp::Min => combine_ranks(dst, n, &sources, |a: T, b| a.combine(b, ReduceOp::Min)),
-        ReduceOp::Max => combine_ranks(dst, n, &sources, |a: T, b| a.combine(b, ReduceOp::Max)),
-        ReduceOp::Avg => {
-            combine_ranks(dst, n, &sources, |a: T, b| a.combine(b, ReduceOp::Avg))?;
-            if n > 1 {
-                // Each thread divides the elements it summed: the pass splits as they did.
-                dst.combine_from(Grid, dst.as_view(), |a, _| a.finish(ReduceOp::Avg, n))?;
-            }
-            Ok(())
+    let mut first = DeviceView::default();
+    for p in 0..n {
+        let src = sources(p)?;
+        match p {
+            0 if n == 1 => dst.copy_from(Grid, src)?,
+            0 => first = src,
+            1 => pass_of_two(dst, first, src, op)?,
+            _ => pass_onto(dst, src, op)?,
         }
+    }
+    if op == ReduceOp::Avg && n > 1 {
+        // Each thread divides the elements it summed: the pass splits as they did.
+        dst.combine_from(Grid, dst.as_view(), |a, _| a.finish(ReduceOp::Avg, n))?;
+    }
+    Ok(())
+}
+
+/// `dst = a ⊕ b`, `⊕` being `op`.
+#[inline(always)]
+fn pass_of_two<T: ReduceElement>(
+    dst: DeviceViewMut<'_, T>,
+    a: DeviceView<'_, T>,
+    b: DeviceView<'_, T>,
+    op: ReduceOp,
+) -> Result<(), DeviceError> {
+    match op {
+        ReduceOp::Sum => dst.combine_two(Grid, a, b, |x: T, y| x.combine(y, ReduceOp::Sum)),
+        ReduceOp::Prod => dst.combine_two(Grid, a, b, |x: T, y| x.combine(y, ReduceOp::Prod)),
+        ReduceOp::Min => dst.combine_two(Grid, a, b, |x: T, y| x.combine(y, ReduceOp::Min)),
+        ReduceOp::Max => dst.combine_two(Grid, a, b, |x: T, y| x.combine(y, ReduceOp::Max)),
+        ReduceOp::Avg => dst.combine_two(Grid, a, b, |x: T, y| x.combine(y, ReduceOp::Avg)),
     }
 }
 
-/// `dst = sources(0) ⊕ sources(1) ⊕ ..` with `combine` as `⊕`, in rank order.
+/// `dst = dst ⊕ src`, `⊕` being `op`.
 #[inline(always)]
-fn combine_ranks<'s, T: ReduceElement>(
+fn pass_onto<T: ReduceElement>(
     dst: DeviceViewMut<'_, T>,
-    n: u32,
-    sources: &impl Fn(u32) -> Result<DeviceView<'s, T>, DeviceError>,
-    combine: impl Fn(T, T) -> T + Copy,
+    src: DeviceView<'_, T>,
+    op: ReduceOp,
 ) -> Result<(), DeviceError> {
-    match n {
-        0 => Ok(()),
-        1 => dst.copy_from(Grid, sources(0)?),
-        _ => {
-            dst.combine_two(Grid, sources(0)?, sources(1)?, combine)?;
-            for p in 2..n {
-                dst.combine_from(Grid, sources(p)?, combine)?;
-            }
-            Ok(())
-        }
+    match op {
+        ReduceOp::Sum => dst.combine_from(Grid, src, |x: T, y| x.combine(y, ReduceOp::Sum)),
+        ReduceOp::Prod => dst.combine_from(Grid, src, |x: T, y| x.combine(y, ReduceOp::Prod)),
+        ReduceOp::Min => dst.combine_from(Grid, src, |x: T, y| x.combine(y, ReduceOp::Min)),
+        ReduceOp::Max => dst.combine_from(Grid, src, |x: T, y| x.combine(y, ReduceOp::Max)),
+        ReduceOp::Avg => dst.combine_from(Grid, src, |x: T, y| x.combine(y, ReduceOp::Avg)),
     }
 }

@@ -75,12 +75,12 @@ fn own_place(
     slot: u32,
     addr: u64,
     bytes: u64,
-) -> Result<[u64; 2], DeviceError> {
+) -> Result<(u64, u64), DeviceError> {
     if slot == NO_SLOT {
-        return Ok([NO_SLOT as u64, 0]);
+        return Ok((NO_SLOT as u64, 0));
     }
     match a.buffers.offset_of(slot, a.rank, addr, bytes) {
-        Ok(offset) => Ok([slot as u64, offset]),
+        Ok(offset) => Ok((slot as u64, offset)),
         Err(_) => Err(a.invalid([slot as u64, addr, bytes])),
     }
 }
@@ -92,7 +92,7 @@ fn own_place(
 /// # Errors
 /// A slot that does not hold the view; a scratch too short for the layout.
 #[inline(always)]
-fn publish(
+fn publish_descriptor(
     a: &CollectiveArgs<'_>,
     sequence: u64,
     reads: Reads,
@@ -102,17 +102,20 @@ fn publish(
         true => (a.input_slot, a.output_slot),
         false => (NO_SLOT, NO_SLOT),
     };
-    let [input_slot, input] = own_place(a, input_slot, a.input.addr(), a.input.len())?;
-    let [output_slot, output] = own_place(a, output_slot, a.output.addr(), a.output.len())?;
+    let (input_slot, input) = own_place(a, input_slot, a.input.addr(), a.input.len())?;
+    let (output_slot, output) = own_place(a, output_slot, a.output.addr(), a.output.len())?;
     if arch::block_rank() == 0 && arch::thread_rank_in_block() == 0 {
         let at = a.layout.descriptor(sequence & 1);
         let slot = a
             .scratch
             .slice(at..at + DESCRIPTOR_WORDS * 8)?
             .cast::<u64>()?;
-        for (i, w) in (0..).zip([input_slot, input, output_slot, output]) {
-            slot.set(i, w)?;
-        }
+        // One store each: a loop over an array of the words would put the array in local
+        // memory on the GPU.
+        slot.set(INPUT_SLOT, input_slot)?;
+        slot.set(INPUT_OFFSET, input)?;
+        slot.set(OUTPUT_SLOT, output_slot)?;
+        slot.set(OUTPUT_OFFSET, output)?;
     }
     let none = NO_SLOT as u64;
     let (registered, has) = ready(
@@ -126,8 +129,8 @@ fn publish(
 }
 
 /// Writes `words` into our descriptor of the call numbered `sequence` from word [`EXTRA`]
-/// on (one thread does; the rest of the call's words are [`begin`]'s). Call it before
-/// [`begin`], on every thread.
+/// on (one thread does; the rest of the call's words are [`publish`]'s). Call it before
+/// [`survey`], on every thread.
 ///
 /// # Errors
 /// More words than the descriptor holds; a scratch too short for the layout.
@@ -168,56 +171,96 @@ pub(crate) fn peer_word(
     a.peer(p)?.remote_view::<u64>(at, 1)?.get(0)
 }
 
+/// How a call goes on after [`survey`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// Every rank registered what the peers read of it: the call runs in place of the
+    /// peers' buffers, and ends with [`all_peers_meet`], so that no rank returns (and lets
+    /// its caller write its buffers) while a peer still reads them.
+    InPlace,
+    /// Staged: the first round is staged everywhere and met.
+    Staged,
+    /// Staged, but this rank registered and so did not stage its first round: stage it
+    /// now, then [`all_peers_meet`].
+    StageFirst,
+    /// Staged: this rank staged its first round, but some rank did not: meet once more
+    /// ([`all_peers_meet`]) after those stage.
+    MeetAgain,
+}
+
 /// Starts a call that runs in place of the peers' buffers when every rank registered what
 /// the peers read of it (`reads`) and offers it (`offer`: a rank whose call cannot let
 /// peers read its buffers in place, an in-place all-to-all say, publishes them as not
-/// registered), and staged otherwise: publishes our descriptor, stages
-/// the first round with `stage` unless ours are registered, meets the peers, reads their
-/// descriptors. In the mixed case, the ranks that did not stage do now, and all meet
-/// again. Returns whether the call runs in place (then it must end with
-/// [`all_peers_meet`], so that nobody returns while a peer reads its buffers); otherwise
-/// the first round is staged and met.
+/// registered): writes our descriptor, and says whether we registered what the peers
+/// read of us. If not, stage the first round, then call [`survey`].
+///
+/// The two halves are separate calls, not one taking the staging as a closure: a closure
+/// called from two places stays out of line on the GPU, and the kernel's arguments it
+/// borrows then live in local memory (2 KiB of stack for every collective kernel).
 ///
 /// # Errors
-/// `stage`'s, the meetings', a slot that does not hold the view.
+/// A slot that does not hold the view; a scratch too short for the layout.
 #[inline(always)]
-pub(crate) fn begin(
+pub(crate) fn publish(
     a: &CollectiveArgs<'_>,
     reads: Reads,
     offer: bool,
-    stage: impl Fn() -> Result<(), DeviceError>,
 ) -> Result<bool, DeviceError> {
+    publish_descriptor(a, a.sequence, reads, offer)
+}
+
+/// Meets the peers and reads their descriptors of the call, after [`publish`] (which
+/// returned `mine`) and the staging it asked for: every rank reads the same descriptors,
+/// so every rank takes the same [`Path`].
+///
+/// # Errors
+/// The meeting's; a peer outside the channel set.
+#[inline(always)]
+pub(crate) fn survey(
+    a: &CollectiveArgs<'_>,
+    reads: Reads,
+    offer: bool,
+    mine: bool,
+) -> Result<Path, DeviceError> {
     let sequence = a.sequence;
-    let mine = publish(a, sequence, reads, offer)?;
-    if !mine {
-        stage()?;
-    }
     all_peers_meet(a)?;
     let (mut all, mut any) = (true, mine);
     for p in 0..a.n_ranks {
-        let registered = if p == a.rank {
+        let (input, output) = if p == a.rank {
             (
                 offer && a.input_slot != NO_SLOT,
                 offer && a.output_slot != NO_SLOT,
             )
         } else {
-            let slot = |word| peer_word(a, p, sequence, word).map(|s| s != NO_SLOT as u64);
-            (slot(INPUT_SLOT)?, slot(OUTPUT_SLOT)?)
+            let none = NO_SLOT as u64;
+            (
+                peer_word(a, p, sequence, INPUT_SLOT)? != none,
+                peer_word(a, p, sequence, OUTPUT_SLOT)? != none,
+            )
         };
-        let (ok, has) = ready(reads, a.root, p, registered.0, registered.1);
+        let (ok, has) = ready(reads, a.root, p, input, output);
         all &= ok;
         any |= ok && has;
     }
-    if all {
-        return Ok(true);
+    Ok(match (all, any, mine) {
+        (true, _, _) => Path::InPlace,
+        (false, false, _) => Path::Staged,
+        (false, true, true) => Path::StageFirst,
+        (false, true, false) => Path::MeetAgain,
+    })
+}
+
+/// The meeting a staged [`Path`] still needs before its first round is read:
+/// [`Path::StageFirst`] (after this rank staged) and [`Path::MeetAgain`] meet the peers.
+///
+/// # Errors
+/// The meeting's.
+#[inline(always)]
+pub(crate) fn meet_again(a: &CollectiveArgs<'_>, path: Path) -> Result<(), DeviceError> {
+    match path {
+        Path::StageFirst | Path::MeetAgain => all_peers_meet(a),
+        Path::InPlace | Path::Staged => Ok(()),
     }
-    if any {
-        if mine {
-            stage()?;
-        }
-        all_peers_meet(a)?;
-    }
-    Ok(false)
 }
 
 /// A buffer of a peer's call, as its descriptor names it.

@@ -4,15 +4,15 @@
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
 use super::peer_handshake::all_peers_meet;
-use super::published_buffers::{self, Reads, Side};
+use super::published_buffers::{self, Path, Reads, Side};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
-use oxccl_device::DeviceViewMut;
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::ReduceElement;
 use oxccl_device::reduce::ReduceOp;
+use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// Reduce: every rank's `count` elements of `input`, reduced by `op`, land in the root's
 /// `output` (only the root's `output` is written).
@@ -35,15 +35,19 @@ fn reduce<T: ReduceElement>(a: &CollectiveArgs<'_>, op: ReduceOp) -> Result<(), 
         DeviceViewMut::default()
     };
     let per = per_round::<T>(a, 1)?;
-    let stage = |off: u64, len: u64, seq: u64| -> Result<(), DeviceError> {
-        let (_, half) = my_half::<T>(a, seq)?;
-        window_mut(half, 0, len)?.copy_from(Grid, window(input, off, len)?)
-    };
     // The root reduces into its output reading every input in place. Its own input may be
     // that output only as the first or second source (root 0 or 1): an in-place reduce on
     // a later root stages.
     let offer = !(r == root && r >= 2 && output.addr() == input.addr());
-    if published_buffers::begin(a, Reads::Inputs, offer, || stage(0, per.min(c), a.sequence))? {
+    let mine = published_buffers::publish(a, Reads::Inputs, offer)?;
+    if !mine {
+        stage(a, input, 0, per.min(c), a.sequence)?;
+    }
+    let path = published_buffers::survey(a, Reads::Inputs, offer, mine)?;
+    if path == Path::StageFirst {
+        stage(a, input, 0, per.min(c), a.sequence)?;
+    }
+    if path == Path::InPlace {
         if r == root {
             reduce_ranks(output, nr, op, |p| {
                 if p == r {
@@ -55,15 +59,16 @@ fn reduce<T: ReduceElement>(a: &CollectiveArgs<'_>, op: ReduceOp) -> Result<(), 
         }
         return all_peers_meet(a);
     }
+    published_buffers::meet_again(a, path)?;
     let (mut off, mut seq) = (0, a.sequence);
     loop {
         let len = per.min(c - off);
         let (half_off, half) = my_half::<T>(a, seq)?;
-        let mine = window_mut(half, 0, len)?;
+        let staged = window_mut(half, 0, len)?;
         if r == root {
             reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {
                 if p == r {
-                    Ok(mine.as_view())
+                    Ok(staged.as_view())
                 } else {
                     peer_half::<T>(a, p, half_off, 0, len)
                 }
@@ -74,7 +79,20 @@ fn reduce<T: ReduceElement>(a: &CollectiveArgs<'_>, op: ReduceOp) -> Result<(), 
         if off >= c {
             return Ok(());
         }
-        stage(off, per.min(c - off), seq)?;
+        stage(a, input, off, per.min(c - off), seq)?;
         all_peers_meet(a)?;
     }
+}
+
+/// Stages round `off..off + len` of our input into our half of round `seq`.
+#[inline(always)]
+fn stage<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    off: u64,
+    len: u64,
+    seq: u64,
+) -> Result<(), DeviceError> {
+    let (_, half) = my_half::<T>(a, seq)?;
+    window_mut(half, 0, len)?.copy_from(Grid, window(input, off, len)?)
 }
