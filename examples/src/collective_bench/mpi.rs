@@ -126,7 +126,12 @@ pub fn mpi_op(op: ReduceOp) -> Option<(&'static str, &'static str)> {
     }
 }
 
-/// Builds (once, next to this program) and runs the baseline under every variant.
+/// The launch options that keep Open MPI on TCP (the `tcp` variant, when the ranks reach
+/// each other over Ethernet).
+const TCP_OPTIONS: &str = "--mca pml ob1 --mca btl tcp,self";
+
+/// Builds (once, next to this program) and runs the baseline under every variant; only
+/// `tcp` when `OXCCL_TRANSPORT=ethernet`.
 ///
 /// # Errors
 /// mpicc or mpirun missing or failing for every variant, or a variant reporting other
@@ -175,42 +180,41 @@ pub fn run_mpi_baseline(plan: &Plan) -> Result<MpiBaseline> {
         },
         ..MpiBaseline::default()
     };
-    let mut variants = vec![
-        ("plain", vec![]),
-        (
-            "hugetlb",
-            vec![
-                "-x".to_string(),
-                "GLIBC_TUNABLES=glibc.malloc.hugetlb=1".into(),
-            ],
-        ),
-    ];
-    if has_ucx() {
-        // Open MPI 4.1 declines the UCX PML where UCX finds only shared-memory transports
-        // (its list of supported ones names network devices) unless told to take any.
-        let ucx = "--mca pml ucx --mca opal_common_ucx_tls any --mca opal_common_ucx_devices any";
-        variants.push(("ucx", ucx.split(' ').map(String::from).collect()));
+    // Ranks that reach each other over Ethernet are measured against MPI over TCP alone:
+    // its shared-memory transports would be another race.
+    if matches!(
+        oxccl::TransportChoice::from_env(),
+        Ok(Some(oxccl::TransportChoice::Ethernet))
+    ) {
+        baseline.notes.push(format!(
+            "{}=ethernet: MPI forced onto TCP too (tcp: {TCP_OPTIONS})",
+            oxccl::transport::TRANSPORT_ENV
+        ));
+        let tcp = TCP_OPTIONS.split(' ').map(String::from).collect();
+        collect_variants(&bin, plan, &args, vec![("tcp", tcp)], &mut baseline);
     } else {
-        baseline
-            .notes
-            .push("ucx skipped: `ompi_info` lists no UCX PML".into());
-    }
-    for (name, extra) in variants {
-        match run_variant(&bin, plan.ranks, &extra, &args) {
-            Ok(rows) if rows.iter().map(|r| r.count).eq(plan.counts.iter().copied()) => {
-                baseline.variants.push(MpiVariant {
-                    name: name.into(),
-                    options: extra.join(" "),
-                    rows,
-                });
-            }
-            Ok(rows) => baseline.notes.push(format!(
-                "{name} left out: it reported counts {:?}, expected {:?}",
-                rows.iter().map(|r| r.count).collect::<Vec<_>>(),
-                plan.counts
-            )),
-            Err(e) => baseline.notes.push(format!("{name} left out: {e}")),
+        let mut variants = vec![
+            ("plain", vec![]),
+            (
+                "hugetlb",
+                vec![
+                    "-x".to_string(),
+                    "GLIBC_TUNABLES=glibc.malloc.hugetlb=1".into(),
+                ],
+            ),
+        ];
+        if has_ucx() {
+            // Open MPI 4.1 declines the UCX PML where UCX finds only shared-memory transports
+            // (its list of supported ones names network devices) unless told to take any.
+            let ucx =
+                "--mca pml ucx --mca opal_common_ucx_tls any --mca opal_common_ucx_devices any";
+            variants.push(("ucx", ucx.split(' ').map(String::from).collect()));
+        } else {
+            baseline
+                .notes
+                .push("ucx skipped: `ompi_info` lists no UCX PML".into());
         }
+        collect_variants(&bin, plan, &args, variants, &mut baseline);
     }
     if baseline.variants.is_empty() {
         return Err(fail(format!(
@@ -298,24 +302,58 @@ fn build() -> Result<std::path::PathBuf> {
     Ok(bin)
 }
 
+/// Runs each launch variant of the baseline program and keeps the ones that reported
+/// every count (the others are noted with the reason).
+fn collect_variants(
+    bin: &std::path::Path,
+    plan: &Plan,
+    args: &[String],
+    variants: Vec<(&str, Vec<String>)>,
+    baseline: &mut MpiBaseline,
+) {
+    for (name, extra) in variants {
+        match run_variant(bin, plan.ranks, &extra, args) {
+            Ok(rows) if rows.iter().map(|r| r.count).eq(plan.counts.iter().copied()) => {
+                baseline.variants.push(MpiVariant {
+                    name: name.into(),
+                    options: extra.join(" "),
+                    rows,
+                });
+            }
+            Ok(rows) => baseline.notes.push(format!(
+                "{name} left out: it reported counts {:?}, expected {:?}",
+                rows.iter().map(|r| r.count).collect::<Vec<_>>(),
+                plan.counts
+            )),
+            Err(e) => baseline.notes.push(format!("{name} left out: {e}")),
+        }
+    }
+}
+
 fn run_variant(
     bin: &std::path::Path,
     ranks: u32,
     extra: &[String],
     args: &[String],
 ) -> std::result::Result<Vec<MpiRow>, String> {
-    let output = std::process::Command::new("mpirun")
-        .args([
-            "-np",
-            &ranks.to_string(),
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-        ])
+    let mut mpirun = std::process::Command::new("mpirun");
+    mpirun.args([
+        "-np",
+        &ranks.to_string(),
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+    ]);
+    if !extra.iter().any(|a| a == "btl") {
         // Shared memory between the ranks, without the cross-process copy mechanism that
-        // containers often forbid.
-        .args(["--mca", "btl", "self,vader"])
-        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+        // containers often forbid (unless the variant names its own transports).
+        mpirun.args(["--mca", "btl", "self,vader"]).args([
+            "--mca",
+            "btl_vader_single_copy_mechanism",
+            "none",
+        ]);
+    }
+    let output = mpirun
         .args(extra)
         .arg(bin)
         .args(args)
