@@ -167,6 +167,14 @@ impl Ptx {
         std::fs::create_dir_all(&dest_dir)
             .map_err(|e| Error::io(format!("creating {}", dest_dir.display()), e))?;
         let dest = dest_dir.join(&file);
+        // A cubin beside the module is ptxas's output for the module it replaces: the CUDA
+        // backend would load it in preference to the new PTX, so it goes until ptxas
+        // assembles the new one.
+        let cubin = dest.with_extension("cubin");
+        if cubin.exists() {
+            std::fs::remove_file(&cubin)
+                .map_err(|e| Error::io(format!("removing the stale {}", cubin.display()), e))?;
+        }
         std::fs::copy(&built, &dest).map_err(|e| {
             Error::io(
                 format!("copying {} to {}", built.display(), dest.display()),

@@ -55,7 +55,9 @@ impl Device {
     ///
     /// On [`Backend::Cpu`] every ordinal exists: it only names the emulated device in
     /// messages (use the rank's local index). [`Backend::Auto`] opens the CUDA device if the
-    /// driver reports devices, else the emulated one ([`Backend::resolve`]).
+    /// driver reports devices, else the emulated one ([`Backend::resolve`]). Every `Device`
+    /// of one GPU in a process shares that GPU's loaded kernels: a kernel crate's module is
+    /// loaded at the first launch of one of its kernels, once per process.
     ///
     /// # Errors
     /// [`Error::BackendUnavailable`] if the backend cannot be used on this machine (never
@@ -65,7 +67,7 @@ impl Device {
         match backend.resolve() {
             Backend::Cuda => Ok(Device {
                 inner: Arc::new(DeviceInner {
-                    kind: DeviceKind::Cuda(Arc::new(CudaDevice::open(ordinal)?)),
+                    kind: DeviceKind::Cuda(CudaDevice::shared(ordinal)?),
                 }),
             }),
             _ => Ok(Device::cpu(ordinal)),

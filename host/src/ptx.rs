@@ -23,6 +23,12 @@
 //! A PTX module built for `sm_80` also runs on later GPUs (the driver compiles it for the
 //! device when loading), never on earlier ones. [`locate_for_device`] picks the newest
 //! architecture a device can run.
+//!
+//! That compilation is slow for a large crate (the collectives' module takes the driver
+//! over a minute, once per machine until its cache is cleared), so `cargo xtask build-ptx
+//! --check` also assembles each module with ptxas into `<arch>/<crate>.cubin`, machine code
+//! the driver loads as it is. [`locate_cubin_for_device`] finds one a device runs: built
+//! for the same major architecture, at a minor one no newer than the device's.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -178,6 +184,59 @@ fn locate_in(dirs: &[PathBuf], crate_name: &str, arch: &str) -> Result<PathBuf, 
     match candidates.iter().find(|p| p.is_file()) {
         Some(p) => Ok(p.clone()),
         None => Err(not_found(candidates)),
+    }
+}
+
+/// The cubin (ptxas output) of `crate_name` that a device of compute capability
+/// `major.minor` runs as it is, and its architecture: `sm_XY` with `X == major` and
+/// `Y <= minor`, the newest such in the first search directory that has one. `None` if
+/// there is none (the PTX is then compiled by the driver).
+pub fn locate_cubin_for_device(
+    crate_name: &str,
+    major: u32,
+    minor: u32,
+) -> Option<(PathBuf, String)> {
+    locate_cubin_in(&search_dirs(), crate_name, major, minor)
+}
+
+fn locate_cubin_in(
+    dirs: &[PathBuf],
+    crate_name: &str,
+    major: u32,
+    minor: u32,
+) -> Option<(PathBuf, String)> {
+    let crate_name = crate_name.replace('-', "_");
+    if !valid_name(&crate_name) {
+        return None;
+    }
+    let file = format!("{crate_name}.cubin");
+    dirs.iter().find_map(|dir| {
+        let mut best: Option<(u32, String, PathBuf)> = None;
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let arch = entry.file_name().to_string_lossy().into_owned();
+            // Only plain `sm_XY`, as for PTX; and machine code runs only within its major
+            // architecture.
+            let Some(n) = arch.strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let path = entry.path().join(&file);
+            let runs = n / 10 == major && n % 10 <= minor;
+            if runs && best.as_ref().is_none_or(|(b, ..)| n > *b) && current(&path) {
+                best = Some((n, arch, path));
+            }
+        }
+        best.map(|(_, arch, path)| (path, arch))
+    })
+}
+
+/// Whether `cubin` exists and is not older than the PTX beside it, if any (a PTX rebuilt
+/// since the cubin was assembled wins: the cubin is of older code).
+fn current(cubin: &Path) -> bool {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    match (modified(cubin), modified(&cubin.with_extension("ptx"))) {
+        (None, _) => false,
+        (Some(c), Some(p)) => c >= p,
+        (Some(_), None) => true,
     }
 }
 
@@ -373,5 +432,38 @@ mod tests {
         let err = locate_for_device_in(&dirs, "oxccl_kernels", 61).unwrap_err();
         assert_eq!(err.arch, "sm_61 or older");
         assert!(err.to_string().contains("cargo xtask build-ptx"));
+    }
+
+    /// Guards against loading machine code a device cannot run (another major
+    /// architecture, or a newer minor one), or missing the one it can.
+    #[test]
+    fn device_gets_a_cubin_of_its_own_major_architecture() {
+        let d = TempDir::new();
+        d.put("sm_70/oxccl_kernels.cubin", "70");
+        let c80 = d.put("sm_80/oxccl_kernels.cubin", "80");
+        d.put("sm_90/oxccl_kernels.ptx", "90 ptx only");
+        d.put("sm_90a/oxccl_kernels.cubin", "90a");
+        let dirs = [d.0.clone()];
+        assert_eq!(
+            locate_cubin_in(&dirs, "oxccl-kernels", 8, 6),
+            Some((c80.clone(), "sm_80".to_string()))
+        );
+        assert_eq!(
+            locate_cubin_in(&dirs, "oxccl_kernels", 8, 0),
+            Some((c80, "sm_80".into()))
+        );
+        // An sm_90 device has PTX only; sm_80 machine code does not run on it.
+        assert_eq!(locate_cubin_in(&dirs, "oxccl_kernels", 9, 0), None);
+        // Same major, older minor: an sm_75 device runs sm_70 machine code.
+        assert_eq!(
+            locate_cubin_in(&dirs, "oxccl_kernels", 7, 5).unwrap().1,
+            "sm_70"
+        );
+        assert_eq!(locate_cubin_in(&dirs, "oxccl_kernels", 6, 1), None);
+        assert_eq!(locate_cubin_in(&dirs, "../x", 8, 0), None);
+        // A PTX rebuilt after its cubin was assembled: the cubin is of older code.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        d.put("sm_80/oxccl_kernels.ptx", "80, rebuilt");
+        assert_eq!(locate_cubin_in(&dirs, "oxccl_kernels", 8, 6), None);
     }
 }

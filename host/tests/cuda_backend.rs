@@ -28,8 +28,9 @@ fn gpu(test: &str) -> Option<Device> {
 #[test]
 fn cuda_backend_without_driver_errors() {
     let Some(why) = no_cuda() else {
+        // Not a skip: on a GPU machine the check is that the backend works, below.
         println!(
-            "cuda_backend_without_driver_errors: skipped: a CUDA driver and device are present"
+            "cuda_backend_without_driver_errors: not applicable: a CUDA driver and device are present"
         );
         return;
     };
@@ -76,6 +77,45 @@ fn cuda_communicator_is_refused_with_the_reason() {
     let err = oxccl::Communicator::new(oob, device, Default::default()).unwrap_err();
     assert!(matches!(err, Error::BackendUnavailable(_)), "{err}");
     assert!(err.to_string().contains("cuda"), "{err}");
+}
+
+/// Guards against a first launch that compiles the kernels' PTX on the spot (over a
+/// minute for the collectives' module) where the cubin built beside it would load at once:
+/// prints how long the first launch on a fresh device took, module load included. Run it
+/// with `CUDA_CACHE_DISABLE=1` to see the driver's compile time when
+/// `OXCCL_KERNEL_IMAGE=ptx`.
+#[test]
+fn cuda_first_launch_loads_the_kernels() {
+    let Some(device) = gpu("cuda_first_launch_loads_the_kernels") else {
+        return;
+    };
+    let stream = device.stream().unwrap();
+    let out = device.alloc::<u32>(1024).unwrap();
+    let started = std::time::Instant::now();
+    fill_sequence::launch(&stream, LaunchConfig::grid(4).block(256), out.view_mut(), 3).unwrap();
+    stream.synchronize().unwrap();
+    let first = started.elapsed();
+    let started = std::time::Instant::now();
+    fill_sequence::launch(&stream, LaunchConfig::grid(4).block(256), out.view_mut(), 5).unwrap();
+    stream.synchronize().unwrap();
+    let second = started.elapsed();
+    assert!(
+        out.to_vec()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| v == 5 + i as u32)
+    );
+    println!(
+        "first launch (kernel module load included): {:.1} ms; the next: {:.3} ms; kernels \
+         from {}",
+        first.as_secs_f64() * 1e3,
+        second.as_secs_f64() * 1e3,
+        match std::env::var("OXCCL_KERNEL_IMAGE").as_deref() {
+            Ok("ptx") => "the PTX (OXCCL_KERNEL_IMAGE=ptx)",
+            _ => "the cubin if one runs here, else the PTX",
+        }
+    );
 }
 
 /// Guards against copies that lose or shift bytes between host and GPU memory.

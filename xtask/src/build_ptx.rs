@@ -27,7 +27,7 @@ use oxccl_build::toolchain::{COMPONENTS, ensure_components};
 use oxccl_build::workspace::{DEVICE_CRATE, Package, Workspace};
 use oxccl_build::{FunctionStats, Ptx, Ptxas};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// What to build and check.
@@ -92,7 +92,7 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
         let ptxas = Ptxas::locate(&ws.target_dir)?;
         let mut rows = Vec::new();
         for (out, kernels) in outputs.iter().zip(&sources) {
-            let cubin = cubin_path(&ws.target_dir, &out.arch, out.lib());
+            let cubin = out.ptx.with_extension("cubin");
             let stats = match ptxas.assemble(&out.ptx, &out.arch, &cubin) {
                 Ok(s) => s,
                 Err(e) => {
@@ -217,14 +217,6 @@ fn check_entries(module: &Module, own: &[KernelFn]) -> Result<()> {
     } else {
         bail!(problems.join("; "))
     }
-}
-
-/// Where `--check` leaves a module's cubin (kept for inspection with `cuobjdump -sass`).
-fn cubin_path(target_dir: &Path, arch: &str, lib: &str) -> PathBuf {
-    target_dir
-        .join("nvptx")
-        .join(arch)
-        .join(format!("{lib}.cubin"))
 }
 
 #[cfg(test)]

@@ -177,7 +177,7 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
         (
             "gpu-bundle",
             "cargo xtask gpu-bundle --reuse-ptx (built, not run: no GPU here)".into(),
-            Box::new(|| crate::gpu_bundle::run_gpu_bundle(ws, true)),
+            Box::new(|| crate::gpu_bundle::run_gpu_bundle(ws, true, &[])),
         ),
     ];
 

@@ -2,7 +2,7 @@
 //! with an NVIDIA driver but no Rust toolchain and no network.
 //!
 //! `target/gpu-bundle/` holds stripped release binaries (the test programs with GPU tests,
-//! the example programs), the PTX of every kernel crate (`ptx.tar.gz`, unpacked by the
+//! the example programs), the PTX and ptxas cubins of every kernel crate (`ptx.tar.gz`, unpacked by the
 //! script to `ptx/<arch>/<crate>.ptx` and found through `OXCCL_PTX_DIR`), and `run.sh`, which runs each step under a deadline, prints one
 //! `gpu-check <step> ok|FAILED <figure>` line per step and exits non-zero if any failed.
 //! The GPU tests print "skipped" where no driver is found; on the GPU machine a skip fails
@@ -24,7 +24,7 @@ pub const MAX_BUNDLE_BYTES: u64 = 48 << 20;
 const BUILD_LIMIT: Duration = Duration::from_secs(40 * 60);
 
 /// Test programs (package, integration test) whose tests need a GPU.
-const GPU_TESTS: &[(&str, &str)] = &[("oxccl", "cuda_backend")];
+const GPU_TESTS: &[(&str, &str)] = &[("oxccl", "cuda_backend"), ("oxccl", "device_checks")];
 
 /// Example programs the bundle runs.
 const PROGRAMS: &[(&str, &str)] = &[
@@ -32,21 +32,28 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("oxccl-examples", "allreduce"),
 ];
 
-/// Builds `target/gpu-bundle/`. Builds the PTX first unless `reuse_ptx` and every
-/// architecture's modules are there already.
-pub fn run_gpu_bundle(ws: &Workspace, reuse_ptx: bool) -> Result<()> {
+/// Builds `target/gpu-bundle/` for `arches` (every default architecture if empty). Builds
+/// the PTX first unless `reuse_ptx` and every architecture's modules are there already.
+pub fn run_gpu_bundle(ws: &Workspace, reuse_ptx: bool, arches: &[String]) -> Result<()> {
+    let arches: Vec<String> = if arches.is_empty() {
+        DEFAULT_ARCHES.iter().map(|s| s.to_string()).collect()
+    } else {
+        arches.to_vec()
+    };
     let ptx_dir = ws.target_dir.join("ptx");
-    let have_ptx = DEFAULT_ARCHES
-        .iter()
-        .all(|a| ptx_dir.join(a).join("oxccl_kernels.ptx").is_file());
+    let have_ptx = arches.iter().all(|a| {
+        let ptx = ptx_dir.join(a).join("oxccl_kernels.ptx");
+        ptx.is_file() && ptx.with_extension("cubin").is_file()
+    });
     if !(reuse_ptx && have_ptx) {
         build_ptx::run_build_ptx(
             ws,
             &build_ptx::Options {
                 packages: Vec::new(),
-                arches: DEFAULT_ARCHES.iter().map(|s| s.to_string()).collect(),
-                check: false,
-                allow_spills: false,
+                arches: arches.clone(),
+                // The cubins the bundle carries are ptxas's output of the check.
+                check: true,
+                allow_spills: true,
             },
         )?;
     }
@@ -103,7 +110,25 @@ pub fn run_gpu_bundle(ws: &Workspace, reuse_ptx: bool) -> Result<()> {
     if staging.exists() {
         std::fs::remove_dir_all(&staging)?;
     }
-    copy_dir(&ptx_dir, &staging.join("ptx"))?;
+    // Only the architectures asked for: a stale module of another one would be loaded on a
+    // GPU it matches better.
+    for arch in &arches {
+        let from = ptx_dir.join(arch);
+        for entry in
+            std::fs::read_dir(&from).with_context(|| format!("reading {}", from.display()))?
+        {
+            let ptx = entry?.path();
+            if ptx.extension().is_some_and(|e| e == "ptx") {
+                // Without its cubin, a GPU compiles the PTX at the first launch: minutes.
+                ensure!(
+                    ptx.with_extension("cubin").is_file(),
+                    "{} has no cubin beside it: run `cargo xtask build-ptx --check`",
+                    ptx.display()
+                );
+            }
+        }
+        copy_dir(&from, &staging.join("ptx").join(arch))?;
+    }
     let mut tar = Command::new("tar");
     tar.arg("-czf")
         .arg(bundle.join("ptx.tar.gz"))
@@ -163,7 +188,11 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
         let target = to.join(entry.file_name());
         if entry.file_type()?.is_dir() {
             copy_dir(&entry.path(), &target)?;
-        } else if entry.path().extension().is_some_and(|e| e == "ptx") {
+        } else if entry
+            .path()
+            .extension()
+            .is_some_and(|e| e == "ptx" || e == "cubin")
+        {
             std::fs::copy(entry.path(), &target)?;
         }
     }
@@ -202,7 +231,8 @@ Debian 12, RHEL 9; no Rust toolchain or network needed):
 
 Each step runs under a deadline and prints `gpu-check <step> ok|FAILED <figure>`; the script
 exits non-zero if any step failed. Logs of each step are in $OUT (or ./logs). bin/ holds the
-programs, ptx.tar.gz the kernels (unpacked next to the logs, found through OXCCL_PTX_DIR).
+programs, ptx.tar.gz the kernels as PTX and cubins (unpacked next to the logs, found through
+OXCCL_PTX_DIR).
 ";
 
 /// The bundle's script.

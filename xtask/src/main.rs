@@ -80,6 +80,10 @@ enum Task {
         /// Use the PTX already in `target/ptx` if every architecture has it.
         #[arg(long)]
         reuse_ptx: bool,
+        /// Build the PTX for this architecture only (repeatable; default: sm_70, sm_80 and
+        /// sm_90), for a quicker bundle aimed at one GPU.
+        #[arg(long = "arch")]
+        arches: Vec<String>,
     },
     /// Run port channels between two nodes emulated by network namespaces (one rank per
     /// node over Ethernet; two per node, host IPC within and Ethernet between), and put_bw
@@ -123,7 +127,9 @@ fn run(task: Task) -> anyhow::Result<()> {
             },
         ),
         Task::Loom { args } => ci::run_loom(&ws, &args),
-        Task::GpuBundle { reuse_ptx } => gpu_bundle::run_gpu_bundle(&ws, reuse_ptx),
+        Task::GpuBundle { reuse_ptx, arches } => {
+            gpu_bundle::run_gpu_bundle(&ws, reuse_ptx, &arches)
+        }
         Task::NetnsTest => netns_test::run_netns_test(&ws),
         Task::Ci { allow_spills } => ci::run_ci(&ws, &ci::CiOptions { allow_spills }),
     }

@@ -1,6 +1,7 @@
 //! Kernels that check a backend end to end: memory the device writes, read back by the host.
 
 use oxccl_device::error::DeviceError;
+use oxccl_device::grid_barrier::GridBarrierDeviceHandle;
 use oxccl_device::{DeviceViewMut, arch, kernel};
 
 /// Sets `out[i] = first + i` (wrapping) for every element, the grid's threads striding over
@@ -15,6 +16,51 @@ pub fn fill_sequence(out: DeviceViewMut<'_, u32>, first: u32) -> Result<(), Devi
     while i < out.len() {
         out.set(i, first.wrapping_add(i as u32))?;
         i += threads;
+    }
+    Ok(())
+}
+
+/// The stamp block `block` writes in round `round`: distinct for every (round, block) pair
+/// of a check, never 0 (which fresh memory may hold).
+#[inline(always)]
+pub const fn barrier_stamp(round: u32, block: u32) -> u32 {
+    (round << 16 | block) + 1
+}
+
+/// Checks the grid barrier on a grid of any size the device holds at once: `rounds` times,
+/// thread 0 of each block writes [`barrier_stamp`] into `stamps[block]`, the grid
+/// synchronizes, and thread 0 reads the stamp of the next block, adding 1 to
+/// `wrong[block]` for each stamp that is not that round's; the grid synchronizes again
+/// before the next round overwrites the stamps. After a launch, `wrong` is all zeros and
+/// `stamps` holds the last round's stamps if the barrier orders every block's writes before
+/// every block's reads.
+///
+/// # Errors
+/// A barrier's wait that timed out (a block that never arrived) or was stopped; an index
+/// outside `stamps` or `wrong` (each needs one element per block).
+#[kernel(cooperative)]
+pub fn grid_barrier_check(
+    barrier: GridBarrierDeviceHandle<'_>,
+    stamps: DeviceViewMut<'_, u32>,
+    wrong: DeviceViewMut<'_, u32>,
+    rounds: u32,
+) -> Result<(), DeviceError> {
+    let blocks = arch::blocks_per_grid();
+    let block = arch::block_rank();
+    let leader = arch::thread_rank_in_block() == 0;
+    for round in 0..rounds {
+        if leader {
+            stamps.set(u64::from(block), barrier_stamp(round, block))?;
+        }
+        barrier.sync_grid()?;
+        if leader {
+            let next = (block + 1) % blocks;
+            if stamps.get(u64::from(next))? != barrier_stamp(round, next) {
+                let seen = wrong.get(u64::from(block))?;
+                wrong.set(u64::from(block), seen + 1)?;
+            }
+        }
+        barrier.sync_grid()?;
     }
     Ok(())
 }

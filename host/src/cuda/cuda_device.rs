@@ -3,8 +3,8 @@
 //!
 //! Kernels are found by the crate that defines them ([`KernelInfo::module`]): the first
 //! launch of a kernel of crate `c` loads `c`'s PTX for the newest architecture the device
-//! runs (see [`crate::ptx`]), once per device; each kernel's function handle is then looked
-//! up once and kept.
+//! runs (see [`crate::ptx`]), once per device and process (every handle of a GPU shares
+//! one [`CudaDevice`]); each kernel's function handle is then looked up once and kept.
 
 use super::driver::{Context, DeviceFacts};
 use crate::ptx;
@@ -13,6 +13,7 @@ use cudarc::driver::sys;
 use oxccl_device::launch::KernelInfo;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::{Arc, Weak};
 
 /// A loaded kernel: its function handle, and how many blocks of it fit on the device at
 /// once for the block size it was last asked about.
@@ -55,7 +56,28 @@ impl std::fmt::Debug for CudaDevice {
     }
 }
 
+/// The devices open in this process, by ordinal: every [`crate::Device`] of one GPU shares
+/// one, and with it the kernels loaded on it (a module is loaded once per process, not once
+/// per handle).
+static OPEN: Mutex<Option<HashMap<usize, Weak<CudaDevice>>>> = Mutex::new(None);
+
 impl CudaDevice {
+    /// Device `ordinal`, shared with every other handle of it in this process (opened if
+    /// none is alive).
+    ///
+    /// # Errors
+    /// As [`Self::open`].
+    pub(crate) fn shared(ordinal: usize) -> Result<Arc<CudaDevice>> {
+        let mut open = OPEN.lock();
+        let open = open.get_or_insert_with(HashMap::new);
+        if let Some(device) = open.get(&ordinal).and_then(Weak::upgrade) {
+            return Ok(device);
+        }
+        let device = Arc::new(CudaDevice::open(ordinal)?);
+        open.insert(ordinal, Arc::downgrade(&device));
+        Ok(device)
+    }
+
     /// Opens device `ordinal`.
     ///
     /// # Errors
@@ -105,8 +127,39 @@ impl CudaDevice {
         Ok(loaded)
     }
 
+    /// Loads `crate_name`'s kernels: its cubin if one runs on this device (unless
+    /// [`KERNEL_IMAGE_ENV`] says `ptx`), else its PTX, which the driver compiles.
     fn load_module(&self, crate_name: &str) -> std::result::Result<Module, String> {
         let (major, minor) = (self.facts.major, self.facts.minor);
+        let started = std::time::Instant::now();
+        let cubin = match kernel_image_from_env()? {
+            KernelImage::Auto => ptx::locate_cubin_for_device(crate_name, major, minor),
+            KernelImage::Ptx => None,
+        };
+        if let Some((path, arch)) = cubin {
+            let what = format!("{} ({arch}) on {self:?}", path.display());
+            let loaded = std::fs::read(&path)
+                .map_err(|e| format!("reading {}: {e}", path.display()))
+                .and_then(|image| {
+                    self.context
+                        .load_cubin(&image, &what)
+                        .map_err(|e| e.to_string())
+                });
+            match loaded {
+                Ok(module) => {
+                    tracing::info!(
+                        module = crate_name,
+                        %arch,
+                        path = %path.display(),
+                        elapsed = ?started.elapsed(),
+                        "cubin module loaded"
+                    );
+                    return Ok(Module(module));
+                }
+                // A cubin of a ptxas newer than the driver, say: the PTX still works.
+                Err(why) => tracing::warn!("{why}; loading the PTX instead"),
+            }
+        }
         let (path, arch) = ptx::locate_for_device(crate_name, major, minor).map_err(|e| {
             format!(
                 "{e}; build it with `cargo xtask build-ptx` (or `oxccl-build` for a kernel \
@@ -121,8 +174,39 @@ impl CudaDevice {
             .context
             .load_module(&text, &what)
             .map_err(|e| e.to_string())?;
-        tracing::info!(module = crate_name, %arch, path = %path.display(), "ptx module loaded");
+        tracing::info!(
+            module = crate_name,
+            %arch,
+            path = %path.display(),
+            elapsed = ?started.elapsed(),
+            "ptx module loaded (compiled by the driver)"
+        );
         Ok(Module(module))
+    }
+}
+
+/// Environment variable choosing what the CUDA backend loads kernels from: `auto` (the
+/// default: a cubin that runs on the device if there is one, else the PTX) or `ptx` (always
+/// the PTX, compiled by the driver).
+pub const KERNEL_IMAGE_ENV: &str = "OXCCL_KERNEL_IMAGE";
+
+/// What kernels are loaded from ([`KERNEL_IMAGE_ENV`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KernelImage {
+    Auto,
+    Ptx,
+}
+
+/// [`KERNEL_IMAGE_ENV`], or why its value is not one.
+fn kernel_image_from_env() -> std::result::Result<KernelImage, String> {
+    match std::env::var(KERNEL_IMAGE_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(KernelImage::Auto),
+        Ok(v) if v.is_empty() || v == "auto" => Ok(KernelImage::Auto),
+        Ok(v) if v == "ptx" => Ok(KernelImage::Ptx),
+        Ok(v) => Err(format!(
+            "{KERNEL_IMAGE_ENV}={v:?}: expected `auto` or `ptx`"
+        )),
+        Err(e) => Err(format!("{KERNEL_IMAGE_ENV}: {e}")),
     }
 }
 

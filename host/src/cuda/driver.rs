@@ -282,7 +282,23 @@ impl Context {
         )
     }
 
-    /// Unloads a module from [`Self::load_module`].
+    /// Loads a module of machine code (a cubin from ptxas), which the driver checks against
+    /// the device.
+    pub(crate) fn load_cubin(&self, cubin: &[u8], what: &str) -> Result<sys::CUmodule> {
+        self.bind()?;
+        // An ELF image, copied into 8-byte aligned memory for the driver's parser.
+        let mut image = vec![0u64; cubin.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut image)[..cubin.len()].copy_from_slice(cubin);
+        // SAFETY: `image` holds the whole cubin, alive for the call (the driver copies what
+        // it needs); the driver validates the image and refuses a malformed one.
+        check(
+            unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) },
+            "cuModuleLoadData",
+            || format!("loading {what}"),
+        )
+    }
+
+    /// Unloads a module from [`Self::load_module`] or [`Self::load_cubin`].
     ///
     /// # Safety
     /// `module` is a loaded module of this context, and no launch of its kernels is queued

@@ -34,7 +34,14 @@ echo "# $(date -u +%FT%TZ) $(uname -srm)"
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>/dev/null | sed 's/^/# gpu: /'
 ldd --version 2>/dev/null | head -n 1 | sed 's/^/# /'
 
+# The first launch loads the kernels from their cubin; with GPU_CHECK_JIT=1, also (for
+# comparison, the driver's cache off) compiled from the PTX, which takes minutes.
+step first-launch-cubin 120 "first launch" env CUDA_CACHE_DISABLE=1 "$here/bin/cuda_backend" cuda_first_launch --nocapture
+if [ "${GPU_CHECK_JIT:-0}" = 1 ]; then
+    step first-launch-ptx 400 "first launch" env CUDA_CACHE_DISABLE=1 OXCCL_KERNEL_IMAGE=ptx "$here/bin/cuda_backend" cuda_first_launch --nocapture
+fi
 step tests 600 "test result" "$here/bin/cuda_backend" --nocapture --test-threads=1
+step device-checks 300 "collective all-reduce" "$here/bin/device_checks" --nocapture --test-threads=1
 step pingpong-port 300 "^pingpong " "$here/bin/pingpong" --backend cuda --channel port --iters 2000
 step pingpong-memory 300 "^pingpong " "$here/bin/pingpong" --backend cuda --channel memory --iters 2000
 step allreduce 600 "^ +[0-9]+ " "$here/bin/allreduce" --backend cuda --ranks 2 --processes --max-bytes 64M
