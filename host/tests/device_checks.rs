@@ -7,11 +7,16 @@
 use oxccl::{Backend, Device, DeviceBuffer, Error, Stream};
 use oxccl_device::DeviceError;
 use oxccl_device::abort::{AbortReason, AbortRecord};
+use oxccl_device::channel_set::ChannelSetDeviceHandle;
 use oxccl_device::grid_barrier::{GridBarrierDeviceHandle, GridBarrierRawParts};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_device::memory_channel::{MemoryChannelBuffers, MemoryChannelDeviceHandle};
+use oxccl_device::reduce::{DataType, ReduceOp};
 use oxccl_device::semaphore::{Device2DeviceSemaphoreDeviceHandle, SemaphoreRawParts};
 use oxccl_device::wait::WaitPolicy;
+use oxccl_kernels::collectives::all_reduce::collective_all_reduce;
+use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
+use oxccl_kernels::collectives::{CollectiveArgs, ScratchLayout};
 use oxccl_kernels::device_check::{barrier_stamp, fill_sequence, grid_barrier_check};
 use oxccl_kernels::packet_exchange::{ll8_exchange, ll16_exchange};
 use oxccl_kernels::pingpong::memory_pingpong;
@@ -327,9 +332,10 @@ fn grid_barrier_orders_every_block_of_a_full_grid() {
     for device in every_backend("grid_barrier_orders_every_block_of_a_full_grid") {
         // On the emulator every block is a thread: a few make the check; on a GPU, the most
         // the device holds at once (the launch is refused beyond that).
-        let candidates: &[u32] = match device.backend() {
-            Backend::Cuda => &[4096, 2048, 1024, 528, 264, 132],
-            _ => &[4],
+        // Then, on a GPU, a grid of 16 blocks, for the time of a barrier there.
+        let groups: &[&[u32]] = match device.backend() {
+            Backend::Cuda => &[&[4096, 2048, 1024, 528, 264, 132], &[16]],
+            _ => &[&[4]],
         };
         let counters = device.alloc_zeroed::<u64>(2).unwrap();
         let record = abort_record(&device);
@@ -345,58 +351,67 @@ fn grid_barrier_orders_every_block_of_a_full_grid() {
             )
         };
         let s = stream(&device, Duration::from_secs(60));
-        let mut ran = None;
-        for &blocks in candidates {
-            let stamps = device.alloc_zeroed::<u32>(blocks as usize).unwrap();
-            let wrong = device.alloc_zeroed::<u32>(blocks as usize).unwrap();
-            let config = LaunchConfig::grid(blocks).block(128);
-            match grid_barrier_check::launch(
-                &s,
-                config,
-                barrier,
-                stamps.view_mut(),
-                wrong.view_mut(),
-                ROUNDS,
-            ) {
-                Ok(()) => {}
-                Err(e) => {
-                    println!("{device:?}: {blocks} blocks refused: {e}");
-                    continue;
+        let mut completed = 0;
+        for candidates in groups {
+            let mut ran = None;
+            for &blocks in *candidates {
+                let stamps = device.alloc_zeroed::<u32>(blocks as usize).unwrap();
+                let wrong = device.alloc_zeroed::<u32>(blocks as usize).unwrap();
+                let config = LaunchConfig::grid(blocks).block(128);
+                let started = Instant::now();
+                match grid_barrier_check::launch(
+                    &s,
+                    config,
+                    barrier,
+                    stamps.view_mut(),
+                    wrong.view_mut(),
+                    ROUNDS,
+                ) {
+                    Ok(()) => {}
+                    Err(e) => {
+                        println!("{device:?}: {blocks} blocks refused: {e}");
+                        continue;
+                    }
                 }
+                s.synchronize().unwrap();
+                let elapsed = started.elapsed();
+                completed += 2 * ROUNDS;
+                assert_eq!(recorded(&record), None, "{device:?}, {blocks} blocks");
+                let wrong = wrong.to_vec().unwrap();
+                assert!(
+                    wrong.iter().all(|&w| w == 0),
+                    "{device:?}, {blocks} blocks: {} blocks read stale stamps ({} reads)",
+                    wrong.iter().filter(|&&w| w != 0).count(),
+                    wrong.iter().map(|&w| u64::from(w)).sum::<u64>()
+                );
+                let want: Vec<u32> = (0..blocks).map(|b| barrier_stamp(ROUNDS - 1, b)).collect();
+                assert_eq!(
+                    stamps.to_vec().unwrap(),
+                    want,
+                    "{device:?}, {blocks} blocks"
+                );
+                let counters = counters.to_vec().unwrap();
+                assert_eq!(
+                    counters[0], 0,
+                    "{device:?}: arrivals left over after the barriers"
+                );
+                assert_eq!(
+                    counters[1],
+                    u64::from(completed),
+                    "{device:?}: barriers completed"
+                );
+                ran = Some((blocks, elapsed));
+                break;
             }
-            s.synchronize().unwrap();
-            assert_eq!(recorded(&record), None, "{device:?}, {blocks} blocks");
-            let wrong = wrong.to_vec().unwrap();
-            assert!(
-                wrong.iter().all(|&w| w == 0),
-                "{device:?}, {blocks} blocks: {} blocks read stale stamps ({} reads)",
-                wrong.iter().filter(|&&w| w != 0).count(),
-                wrong.iter().map(|&w| u64::from(w)).sum::<u64>()
+            let (blocks, elapsed) =
+                ran.unwrap_or_else(|| panic!("{device:?}: every grid size was refused"));
+            println!(
+                "grid barrier: {blocks} blocks of 128 threads, {} barriers, on {device:?}: {:.2} us \
+             a barrier (the launch included)",
+                2 * ROUNDS,
+                elapsed.as_secs_f64() * 1e6 / f64::from(2 * ROUNDS)
             );
-            let want: Vec<u32> = (0..blocks).map(|b| barrier_stamp(ROUNDS - 1, b)).collect();
-            assert_eq!(
-                stamps.to_vec().unwrap(),
-                want,
-                "{device:?}, {blocks} blocks"
-            );
-            let counters = counters.to_vec().unwrap();
-            assert_eq!(
-                counters[0], 0,
-                "{device:?}: arrivals left over after the barriers"
-            );
-            assert_eq!(
-                counters[1],
-                u64::from(2 * ROUNDS),
-                "{device:?}: barriers completed"
-            );
-            ran = Some(blocks);
-            break;
         }
-        let blocks = ran.unwrap_or_else(|| panic!("{device:?}: every grid size was refused"));
-        println!(
-            "grid barrier: {blocks} blocks of 128 threads, {} barriers, on {device:?}",
-            2 * ROUNDS
-        );
     }
 }
 
@@ -421,157 +436,178 @@ fn collective_first(call: u32, rank: u32) -> u32 {
 /// show it: its exchanges through the scratch on a weaker memory model, its grid barrier
 /// across many blocks, calls launched back to back with no host step. Two ranks (two
 /// streams of one device) each refill their input on their own stream and all-reduce it
-/// (u32 sum, several rounds of the scratch a call), call after call; the last call's sum
-/// is checked on both ranks, and no wait failed.
+/// (u32 sum), call after call; the last call's sum is checked on both ranks, and no wait
+/// failed. On a GPU, with one round a call and with several, on one block and on many;
+/// prints the time of a call of each.
 #[test]
 fn collective_all_reduce_kernel_between_two_streams() {
-    use oxccl_device::channel_set::ChannelSetDeviceHandle;
-    use oxccl_device::reduce::{DataType, ReduceOp};
-    use oxccl_kernels::collectives::all_reduce::collective_all_reduce;
-    use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
-    use oxccl_kernels::collectives::{CollectiveArgs, ScratchLayout};
-
-    const CALLS: u32 = 6;
-    const N: u32 = 2;
-    let layout = ScratchLayout::new(N, 2 << 10, 64 << 10);
-    let per_round = elements_per_round(&layout, 4, 1);
-    // Several rounds a call, and a count that is not a multiple of anything.
-    let count = 3 * per_round as usize + 1_001;
-    let per_call = rounds(count as u64, per_round);
+    let layout = ScratchLayout::new(N_RANKS, 2 << 10, 64 << 10);
+    let per_round = elements_per_round(&layout, 4, 1) as usize;
+    // A count that is not a multiple of anything, in one round and in four.
+    let (one, four) = (per_round - 999, 3 * per_round + 1_001);
     for device in every_backend("collective_all_reduce_kernel_between_two_streams") {
-        let config = match device.backend() {
-            Backend::Cuda => LaunchConfig::grid(16).block(256),
-            _ => LaunchConfig::grid(2).block(2),
+        let cases = match device.backend() {
+            Backend::Cuda => vec![
+                (LaunchConfig::grid(1).block(256), one),
+                (LaunchConfig::grid(16).block(256), one),
+                (LaunchConfig::grid(16).block(256), four),
+                (LaunchConfig::grid(64).block(256), four),
+            ],
+            _ => vec![(LaunchConfig::grid(2).block(2), four)],
         };
-        let ranks: Vec<CollectiveRank> = (0..N)
-            .map(|_| CollectiveRank {
-                // Zeroed: a packet slot must not read as arrived before its first packet.
-                scratch: device.alloc_zeroed(layout.total_bytes() as usize).unwrap(),
-                counters: device.alloc_zeroed(2).unwrap(),
-                barrier: device.alloc_zeroed(2).unwrap(),
-                record: abort_record(&device),
-                input: device.alloc(count).unwrap(),
-                output: device.alloc(count).unwrap(),
-            })
-            .collect();
-        let wait = Duration::from_secs(10);
-        // Each rank's channel set: slot `p` is the channel to peer `p`, its own slot zeroed.
-        let sets: Vec<DeviceBuffer<u8>> = (0..N as usize)
-            .map(|r| {
-                let (me, peer) = (&ranks[r], &ranks[1 - r]);
-                let raw = SemaphoreRawParts {
-                    inbound: me.counters.addr(),
-                    expected: me.counters.addr() + 8,
-                    remote_inbound: peer.counters.addr(),
-                };
-                let buffers = MemoryChannelBuffers {
-                    remote: peer.scratch.addr(),
-                    remote_size: peer.scratch.size_bytes() as u64,
-                    local: me.scratch.addr(),
-                    local_size: me.scratch.size_bytes() as u64,
-                    packets: me.scratch.addr(),
-                    packets_size: me.scratch.size_bytes() as u64,
-                };
-                // SAFETY: counters zeroed and aligned, scratches live and 256-byte aligned,
-                // the record as `policy` needs; all outlive the launches (synchronized
-                // below).
-                let handle = unsafe {
-                    MemoryChannelDeviceHandle::from_raw_parts(
-                        Device2DeviceSemaphoreDeviceHandle::from_raw_parts(
-                            raw,
-                            policy(&me.record, wait),
-                        ),
-                        buffers,
-                    )
-                };
-                let mut slots = vec![MemoryChannelDeviceHandle::default(); N as usize];
-                slots[1 - r] = handle;
-                // SAFETY: the handles are `repr(C)` plain data with no padding (their layout
-                // asserts add up to their size), read as bytes only to be copied.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts(
-                        slots.as_ptr().cast::<u8>(),
-                        std::mem::size_of_val(&slots[..]),
-                    )
-                };
-                device.alloc_from(bytes).unwrap()
-            })
-            .collect();
-        let streams = [stream(&device, wait * 4), stream(&device, wait * 4)];
-        let start = Instant::now();
-        for call in 0..CALLS {
-            for (r, me) in ranks.iter().enumerate() {
-                let s = &streams[r];
-                fill_sequence::launch(
-                    s,
-                    LaunchConfig::grid(4).block(256),
-                    me.input.view_mut(),
-                    collective_first(call, r as u32),
-                )
-                .unwrap();
-                // SAFETY: the set holds N handles built above (or zeroed), and the barrier's
-                // counters are zeroed, aligned and used by this rank's launches alone, one at
-                // a time (one stream); all outlive the launches.
-                let (peers, barrier) = unsafe {
-                    (
-                        ChannelSetDeviceHandle::from_raw_parts(sets[r].addr(), N),
-                        GridBarrierDeviceHandle::from_raw_parts(
-                            GridBarrierRawParts {
-                                count: me.barrier.addr(),
-                                generation: me.barrier.addr() + 8,
-                            },
-                            policy(&me.record, wait),
-                        ),
-                    )
-                };
-                let args = CollectiveArgs {
-                    peers,
-                    barrier,
-                    input: me.input.view().cast::<u8>().unwrap(),
-                    output: me.output.view_mut().cast::<u8>().unwrap(),
-                    scratch: me.scratch.view_mut(),
-                    layout,
-                    count: count as u64,
-                    sequence: u64::from(call) * per_call,
-                    rank: r as u32,
-                    n_ranks: N,
-                    dtype: DataType::U32 as u32,
-                    op: ReduceOp::Sum as u32,
-                    ..CollectiveArgs::default()
-                };
-                collective_all_reduce::launch(s, config, args).unwrap();
-            }
-        }
-        let outcomes = [streams[0].synchronize(), streams[1].synchronize()];
-        let elapsed = start.elapsed();
-        for (r, me) in ranks.iter().enumerate() {
-            assert_eq!(recorded(&me.record), None, "{device:?}: rank {r}");
-        }
-        for outcome in outcomes {
-            outcome.unwrap();
-        }
-        let last = CALLS - 1;
-        let want: Vec<u32> = (0..count as u32)
-            .map(|i| {
-                collective_first(last, 0)
-                    .wrapping_add(i)
-                    .wrapping_add(collective_first(last, 1).wrapping_add(i))
-            })
-            .collect();
-        for (r, me) in ranks.iter().enumerate() {
-            let got = me.output.to_vec().unwrap();
-            let wrong = (0..count).filter(|&i| got[i] != want[i]).count();
-            assert_eq!(
-                wrong, 0,
-                "{device:?}: rank {r}: {wrong} of {count} elements wrong"
+        for (config, count) in cases {
+            let call = all_reduce_calls(&device, layout, config, count);
+            println!(
+                "collective all-reduce of {:.1} KiB (u32 sum, {} round(s) a call) between two \
+                 streams on {device:?}, grid {} x block {}: {:.1} us a call ({CALLS} calls back \
+                 to back, refills included)",
+                (count * 4) as f64 / 1024.0,
+                rounds(count as u64, per_round as u64),
+                config.grid.x,
+                config.block.x,
+                call.as_secs_f64() * 1e6
             );
         }
-        println!(
-            "collective all-reduce of {} KiB (u32 sum, {per_call} rounds a call) between two \
-             streams on {device:?}, {config:?}: {:.1} us a call ({CALLS} calls, refills \
-             included)",
-            (count * 4) >> 10,
-            elapsed.as_secs_f64() * 1e6 / f64::from(CALLS)
+    }
+}
+
+/// Ranks of [`all_reduce_calls`].
+const N_RANKS: u32 = 2;
+/// Calls of [`all_reduce_calls`].
+const CALLS: u32 = 6;
+
+/// Runs [`CALLS`] all-reduces of `count` u32s between two ranks on two streams of
+/// `device`, checks the last, and returns the time of one call.
+fn all_reduce_calls(
+    device: &Device,
+    layout: ScratchLayout,
+    config: LaunchConfig,
+    count: usize,
+) -> Duration {
+    const N: u32 = N_RANKS;
+    let per_call = rounds(count as u64, elements_per_round(&layout, 4, 1));
+    let ranks: Vec<CollectiveRank> = (0..N)
+        .map(|_| CollectiveRank {
+            // Zeroed: a packet slot must not read as arrived before its first packet.
+            scratch: device.alloc_zeroed(layout.total_bytes() as usize).unwrap(),
+            counters: device.alloc_zeroed(2).unwrap(),
+            barrier: device.alloc_zeroed(2).unwrap(),
+            record: abort_record(device),
+            input: device.alloc(count).unwrap(),
+            output: device.alloc(count).unwrap(),
+        })
+        .collect();
+    let wait = Duration::from_secs(10);
+    // Each rank's channel set: slot `p` is the channel to peer `p`, its own slot zeroed.
+    let sets: Vec<DeviceBuffer<u8>> = (0..N as usize)
+        .map(|r| {
+            let (me, peer) = (&ranks[r], &ranks[1 - r]);
+            let raw = SemaphoreRawParts {
+                inbound: me.counters.addr(),
+                expected: me.counters.addr() + 8,
+                remote_inbound: peer.counters.addr(),
+            };
+            let buffers = MemoryChannelBuffers {
+                remote: peer.scratch.addr(),
+                remote_size: peer.scratch.size_bytes() as u64,
+                local: me.scratch.addr(),
+                local_size: me.scratch.size_bytes() as u64,
+                packets: me.scratch.addr(),
+                packets_size: me.scratch.size_bytes() as u64,
+            };
+            // SAFETY: counters zeroed and aligned, scratches live and 256-byte aligned,
+            // the record as `policy` needs; all outlive the launches (synchronized
+            // below).
+            let handle = unsafe {
+                MemoryChannelDeviceHandle::from_raw_parts(
+                    Device2DeviceSemaphoreDeviceHandle::from_raw_parts(
+                        raw,
+                        policy(&me.record, wait),
+                    ),
+                    buffers,
+                )
+            };
+            let mut slots = vec![MemoryChannelDeviceHandle::default(); N as usize];
+            slots[1 - r] = handle;
+            // SAFETY: the handles are `repr(C)` plain data with no padding (their layout
+            // asserts add up to their size), read as bytes only to be copied.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    slots.as_ptr().cast::<u8>(),
+                    std::mem::size_of_val(&slots[..]),
+                )
+            };
+            device.alloc_from(bytes).unwrap()
+        })
+        .collect();
+    let streams = [stream(device, wait * 4), stream(device, wait * 4)];
+    let start = Instant::now();
+    for call in 0..CALLS {
+        for (r, me) in ranks.iter().enumerate() {
+            let s = &streams[r];
+            fill_sequence::launch(
+                s,
+                LaunchConfig::grid(4).block(256),
+                me.input.view_mut(),
+                collective_first(call, r as u32),
+            )
+            .unwrap();
+            // SAFETY: the set holds N handles built above (or zeroed), and the barrier's
+            // counters are zeroed, aligned and used by this rank's launches alone, one at
+            // a time (one stream); all outlive the launches.
+            let (peers, barrier) = unsafe {
+                (
+                    ChannelSetDeviceHandle::from_raw_parts(sets[r].addr(), N),
+                    GridBarrierDeviceHandle::from_raw_parts(
+                        GridBarrierRawParts {
+                            count: me.barrier.addr(),
+                            generation: me.barrier.addr() + 8,
+                        },
+                        policy(&me.record, wait),
+                    ),
+                )
+            };
+            let args = CollectiveArgs {
+                peers,
+                barrier,
+                input: me.input.view().cast::<u8>().unwrap(),
+                output: me.output.view_mut().cast::<u8>().unwrap(),
+                scratch: me.scratch.view_mut(),
+                layout,
+                count: count as u64,
+                sequence: u64::from(call) * per_call,
+                rank: r as u32,
+                n_ranks: N,
+                dtype: DataType::U32 as u32,
+                op: ReduceOp::Sum as u32,
+                ..CollectiveArgs::default()
+            };
+            collective_all_reduce::launch(s, config, args).unwrap();
+        }
+    }
+    let outcomes = [streams[0].synchronize(), streams[1].synchronize()];
+    let elapsed = start.elapsed();
+    for (r, me) in ranks.iter().enumerate() {
+        assert_eq!(recorded(&me.record), None, "{device:?}: rank {r}");
+    }
+    for outcome in outcomes {
+        outcome.unwrap();
+    }
+    let last = CALLS - 1;
+    let want: Vec<u32> = (0..count as u32)
+        .map(|i| {
+            collective_first(last, 0)
+                .wrapping_add(i)
+                .wrapping_add(collective_first(last, 1).wrapping_add(i))
+        })
+        .collect();
+    for (r, me) in ranks.iter().enumerate() {
+        let got = me.output.to_vec().unwrap();
+        let wrong = (0..count).filter(|&i| got[i] != want[i]).count();
+        assert_eq!(
+            wrong, 0,
+            "{device:?}: rank {r}: {wrong} of {count} elements wrong"
         );
     }
+    elapsed / CALLS
 }
