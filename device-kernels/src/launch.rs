@@ -199,8 +199,10 @@ impl core::fmt::Display for UnsupportedLaunch {
 /// Every value of the type that safe code can produce must be sound to hand to a kernel:
 /// safe operations on it may not cause undefined behaviour for any such value, for as long
 /// as the value's lifetime parameters say it is valid. Implement it for a type that holds
-/// addresses only if safe code cannot choose them. `#[derive(KernelArg)]` implements it for a
-/// struct whose fields all are.
+/// addresses only if safe code cannot choose them. A value has no padding: every byte of it
+/// is initialized (the host reads a parameter's bytes: a launch on the CPU backend looks in
+/// them for addresses of GPU memory). `#[derive(KernelArg)]` implements it for a struct whose
+/// fields all are, and fails to compile for one with padding.
 pub unsafe trait KernelArg: Copy + Send + Sync {}
 
 // SAFETY: a `Pod` value is plain bytes with no safe operation that dereferences them.

@@ -240,6 +240,21 @@ impl Stream {
                         config.shared_mem_bytes
                     ));
                 }
+                for (i, (&p, layout)) in params.iter().zip(kernel.params).enumerate() {
+                    // SAFETY: `p` is non-null (checked above) and points to a valid value of
+                    // the i-th parameter type (our caller's contract), whose size the kernel's
+                    // layout gives; a `KernelArg` is plain data, every byte initialized.
+                    let value = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), layout.size) };
+                    if let Some((at, addr)) =
+                        crate::cuda::gpu_address_ranges::first_gpu_address(value)
+                    {
+                        return refuse(format!(
+                            "parameter {i} holds, at byte {at}, the address {addr:#x} of CUDA \
+                             device memory (a view or handle of a buffer of a cuda device); a \
+                             kernel on the cpu backend reaches only the emulator's memory"
+                        ));
+                    }
+                }
             }
             StreamKind::Cuda(s) => {
                 // The GPU holds what the occupancy API says: blocks per multiprocessor for

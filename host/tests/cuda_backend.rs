@@ -165,6 +165,47 @@ fn cuda_kernel_fills_a_buffer() {
     }
 }
 
+/// Guards against the emulator dereferencing GPU memory on the host (a crash, or another
+/// mapping's bytes): a view of a CUDA buffer passed to a launch on a CPU stream is refused
+/// with the reason, inside a struct argument too, while CPU buffers still launch.
+#[test]
+fn cpu_launch_refuses_a_view_of_gpu_memory() {
+    let Some(gpu) = gpu("cpu_launch_refuses_a_view_of_gpu_memory") else {
+        return;
+    };
+    let on_gpu = gpu.alloc_zeroed::<u32>(1024).unwrap();
+    let cpu = Device::cpu(0);
+    let stream = cpu.stream().unwrap();
+    let err = fill_sequence::launch(
+        &stream,
+        LaunchConfig::grid(1).block(32),
+        on_gpu.view_mut(),
+        1,
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::InvalidUsage(_)), "{err}");
+    assert!(err.to_string().contains("CUDA device memory"), "{err}");
+    // The GPU buffer is untouched, and a CPU buffer launches as ever.
+    assert!(on_gpu.to_vec().unwrap().iter().all(|&v| v == 0));
+    let on_cpu = cpu.alloc::<u32>(1024).unwrap();
+    fill_sequence::launch(
+        &stream,
+        LaunchConfig::grid(1).block(32),
+        on_cpu.view_mut(),
+        1,
+    )
+    .unwrap();
+    stream.synchronize().unwrap();
+    assert!(
+        on_cpu
+            .to_vec()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| v == 1 + i as u32)
+    );
+}
+
 /// Guards against a CPU device accepting a foreign CUDA stream, or a CPU stream claiming to
 /// have one.
 #[test]

@@ -238,6 +238,23 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// struct Bad { pointer: &'static u8 }
 /// # fn main() {}
 /// ```
+///
+/// So is padding (the host reads an argument's bytes, and padding bytes are not
+/// initialized); add an explicit `reserved` field instead:
+///
+/// ```compile_fail
+/// #[repr(C)]
+/// #[derive(Clone, Copy, oxccl_device::KernelArg)]
+/// struct Padded { count: u32, bytes: u64 }
+/// # fn main() {}
+/// ```
+///
+/// ```
+/// #[repr(C)]
+/// #[derive(Clone, Copy, oxccl_device::KernelArg)]
+/// struct Filled { count: u32, reserved: u32, bytes: u64 }
+/// # fn main() {}
+/// ```
 #[proc_macro_derive(KernelArg)]
 pub fn derive_kernel_arg(item: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(item as syn::DeriveInput);
@@ -255,7 +272,31 @@ fn derive_kernel_arg_impl(input: &syn::DeriveInput) -> syn::Result<TokenStream2>
         ));
     };
     let name = &input.ident;
+    if let Some(param) = input
+        .generics
+        .params
+        .iter()
+        .find(|p| !matches!(p, syn::GenericParam::Lifetime(_)))
+    {
+        return Err(syn::Error::new(
+            param.span(),
+            "#[derive(KernelArg)] supports lifetime parameters only: a kernel argument has one \
+             fixed layout, checked for padding here",
+        ));
+    }
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    // No padding: the host reads a kernel argument's bytes (a launch on the CPU backend
+    // looks in them for addresses of GPU memory), and padding bytes are not initialized.
+    let lifetimes = input.generics.lifetimes().map(|_| quote! { 'static });
+    let whole = quote! { #name<#(#lifetimes),*> };
+    let field_sizes = data.fields.iter().map(|f| {
+        let ty = with_static_lifetimes(&f.ty);
+        quote! { + ::core::mem::size_of::<#ty>() }
+    });
+    let message = format!(
+        "`{name}` has padding: every byte of a kernel argument must belong to a field (order \
+         the fields by alignment, or add explicit `reserved` fields)"
+    );
     // Each field checked at its own span, so a field that is not a `KernelArg` is an error
     // there, at the derive, rather than wherever the struct is later launched.
     let checks = data.fields.iter().map(|f| {
@@ -277,6 +318,10 @@ fn derive_kernel_arg_impl(input: &syn::DeriveInput) -> syn::Result<TokenStream2>
         // build field by field is one; the derive adds no operation of its own.
         unsafe impl #impl_generics ::oxccl_device::launch::KernelArg for #name #ty_generics
         where #(#predicates,)* {}
+        const _: () = assert!(
+            ::core::mem::size_of::<#whole>() == 0 #(#field_sizes)*,
+            #message
+        );
         const _: () = {
             fn __is_kernel_arg<T: ::oxccl_device::launch::KernelArg>() {}
             #[allow(dead_code)]

@@ -50,6 +50,7 @@ pub fn run_rank(comm: &mut Communicator, opts: &Options) -> Result<Outcome> {
             rank,
             root,
             n_ranks,
+            reserved: 0,
         };
         port_broadcast::launch(&stream, config, args)?;
     }

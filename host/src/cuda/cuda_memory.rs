@@ -18,6 +18,7 @@ impl CudaMemory {
     /// `bytes` of device memory; zeroed if `zero`, else not initialized (as `cudaMalloc`).
     pub(crate) fn new(device: &Arc<CudaDevice>, bytes: usize, zero: bool) -> Result<Self> {
         let ptr = device.context.alloc(bytes)?;
+        super::gpu_address_ranges::enter(ptr, bytes as u64);
         let memory = CudaMemory {
             ptr,
             bytes,
@@ -64,6 +65,7 @@ impl Drop for CudaMemory {
     fn drop(&mut self) {
         // `cuMemFree` waits for the device's work that may use the memory, as a buffer
         // dropped on the emulator does.
+        super::gpu_address_ranges::remove(self.ptr);
         // SAFETY: allocated in this context by `new`, not used after the last holder drops.
         if let Err(e) = unsafe { self.device.context.free(self.ptr) } {
             tracing::warn!(error = %e, bytes = self.bytes, "freeing device memory failed");

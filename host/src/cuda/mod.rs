@@ -13,3 +13,4 @@ pub(crate) mod cuda_device;
 pub(crate) mod cuda_memory;
 pub(crate) mod cuda_stream;
 pub(crate) mod driver;
+pub(crate) mod gpu_address_ranges;

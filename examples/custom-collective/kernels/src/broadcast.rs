@@ -39,6 +39,8 @@ pub struct BroadcastArgs<'a> {
     pub root: u32,
     /// Ranks taking part.
     pub n_ranks: u32,
+    /// Zero: fills the struct to a multiple of 8 bytes (a kernel argument has no padding).
+    pub reserved: u32,
 }
 
 /// Broadcast: every rank's `output` receives the root's `input` (`count` being
@@ -59,6 +61,7 @@ pub fn port_broadcast(args: BroadcastArgs<'_>) -> Result<(), DeviceError> {
         rank,
         root,
         n_ranks,
+        reserved: _,
     } = args;
     let bytes = buf.len() * ELEM_BYTES;
     if rank == root {
