@@ -47,8 +47,13 @@ const MAX_KEPT_ERRORS: usize = 16;
 /// them spinning and the rest yielding the core: a few milliseconds at most, after which it
 /// waits for a push to wake it.
 const YIELD_POLLS: u32 = 4096;
-/// Longest park: a second guard behind the doorbell.
+/// First park of an idle spell: a second guard behind the doorbell (a push to a parked
+/// proxy wakes it; the timeout only bounds what the doorbell could miss, and paces the
+/// stall watch).
 const PARK_TIMEOUT: Duration = Duration::from_millis(5);
+/// Longest park: each park of an idle spell that finds no work doubles the next, up to
+/// this, so a communicator with nothing to do wakes its proxy 20 times a second, not 200.
+const MAX_PARK_TIMEOUT: Duration = Duration::from_millis(50);
 /// Idle polls between two looks for a stalled FIFO. The look reads the FIFO head, whose
 /// cache line every push modifies: reading it on every poll took the line from the pushing
 /// thread on every trigger (about 120 ns more per round trip on a 2-core x86 machine). A
@@ -578,6 +583,7 @@ fn run(consumer: &Mutex<Consumer>, cells: &FifoCells, shared: &Shared, assist: b
         stalled_at: None,
     };
     let mut stalled = false;
+    let mut park_timeout = PARK_TIMEOUT;
     let mut held: Option<parking_lot::MutexGuard<'_, Consumer>> = None;
     loop {
         // Stay hot only after executing something ourselves. `None` means a kernel thread
@@ -596,6 +602,7 @@ fn run(consumer: &Mutex<Consumer>, cells: &FifoCells, shared: &Shared, assist: b
             spin.work_found_after(idle);
             idle = 0;
             stalled = false;
+            park_timeout = PARK_TIMEOUT;
             consumer_pacing::after_drain(executed);
             continue;
         }
@@ -628,12 +635,15 @@ fn run(consumer: &Mutex<Consumer>, cells: &FifoCells, shared: &Shared, assist: b
         // is about to park.
         held = None;
         if stalled {
-            cells.park_consumer_stalled(PARK_TIMEOUT, shutdown);
-        } else if !cells.park_consumer(PARK_TIMEOUT, shutdown) {
+            cells.park_consumer_stalled(park_timeout, shutdown);
+        } else if !cells.park_consumer(park_timeout, shutdown) {
             // A position is claimed but not executed yet (its pusher is about to publish, or
             // an assistant is draining): not the moment to park.
             std::thread::yield_now();
+            continue;
         }
+        // Parked, and the next drain may find nothing again: the next park is longer.
+        park_timeout = (park_timeout * 2).min(MAX_PARK_TIMEOUT);
     }
 }
 
