@@ -210,23 +210,32 @@ fn locate_cubin_in(
         return None;
     }
     let file = format!("{crate_name}.cubin");
-    dirs.iter().find_map(|dir| {
-        let mut best: Option<(u32, String, PathBuf)> = None;
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let arch = entry.file_name().to_string_lossy().into_owned();
-            // Only plain `sm_XY`, as for PTX; and machine code runs only within its major
-            // architecture.
-            let Some(n) = arch.strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok()) else {
-                continue;
-            };
-            let path = entry.path().join(&file);
-            let runs = n / 10 == major && n % 10 <= minor;
-            if runs && best.as_ref().is_none_or(|(b, ..)| n > *b) && current(&path) {
-                best = Some((n, arch, path));
-            }
+    // Machine code runs only within its major architecture.
+    dirs.iter()
+        .find_map(|dir| newest_in(dir, &file, |n| n / 10 == major && n % 10 <= minor, current))
+}
+
+/// In `dir` laid out as `<arch>/<file>`, the newest plain `sm_XY` whose number `XY`
+/// `accept`s and whose `<file>` is `usable`: that file and its architecture. `sm_90a` and
+/// the like are skipped: their code runs on that one GPU alone, not on later ones.
+fn newest_in(
+    dir: &Path,
+    file: &str,
+    accept: impl Fn(u32) -> bool,
+    usable: impl Fn(&Path) -> bool,
+) -> Option<(PathBuf, String)> {
+    let mut best: Option<(u32, String, PathBuf)> = None;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let arch = entry.file_name().to_string_lossy().into_owned();
+        let Some(n) = arch.strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let path = entry.path().join(file);
+        if accept(n) && best.as_ref().is_none_or(|(b, ..)| n > *b) && usable(&path) {
+            best = Some((n, arch, path));
         }
-        best.map(|(_, arch, path)| (path, arch))
-    })
+    }
+    best.map(|(_, arch, path)| (path, arch))
 }
 
 /// Whether `cubin` exists and is not older than the PTX beside it, if any (a PTX rebuilt
@@ -250,20 +259,8 @@ fn locate_for_device_in(
     let mut searched = Vec::new();
     if valid_name(&crate_name) {
         for dir in dirs {
-            let mut best: Option<(u32, String, PathBuf)> = None;
-            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                let arch = entry.file_name().to_string_lossy().into_owned();
-                // Only plain `sm_XY`: `sm_90a` code runs on sm_90 alone, not on later GPUs.
-                let Some(n) = arch.strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok()) else {
-                    continue;
-                };
-                let path = entry.path().join(&file);
-                if n <= capability && best.as_ref().is_none_or(|(b, ..)| n > *b) && path.is_file() {
-                    best = Some((n, arch, path));
-                }
-            }
-            if let Some((_, arch, path)) = best {
-                return Ok((path, arch));
+            if let Some(found) = newest_in(dir, &file, |n| n <= capability, Path::is_file) {
+                return Ok(found);
             }
             searched.push(dir.join(format!("sm_*/{file}")));
         }
