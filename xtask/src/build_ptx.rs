@@ -28,6 +28,8 @@ use oxccl_build::workspace::{DEVICE_CRATE, Package, Workspace};
 use oxccl_build::{FunctionStats, Ptx, Ptxas};
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// What to build and check.
@@ -90,13 +92,19 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
 
     if opts.check {
         let ptxas = Ptxas::locate(&ws.target_dir)?;
+        let started = Instant::now();
+        let assembled = assemble_all(&ptxas, &outputs);
+        println!(
+            "build-ptx: ptxas assembled {} module(s) ({})",
+            outputs.len(),
+            fmt_duration(started.elapsed())
+        );
         let mut rows = Vec::new();
-        for (out, kernels) in outputs.iter().zip(&sources) {
-            let cubin = out.ptx.with_extension("cubin");
-            let stats = match ptxas.assemble(&out.ptx, &out.arch, &cubin) {
+        for ((out, kernels), stats) in outputs.iter().zip(&sources).zip(assembled) {
+            let stats = match stats {
                 Ok(s) => s,
                 Err(e) => {
-                    failures.push(format!("{:#}", anyhow::Error::new(e)));
+                    failures.push(format!("{e:#}"));
                     continue;
                 }
             };
@@ -160,6 +168,44 @@ pub fn run_build_ptx(ws: &Workspace, opts: &Options) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// ptxas on every output (each module's cubin left beside its PTX), as many at once as the
+/// machine has cores: each is one single-threaded process, minutes for the collectives'
+/// module, and one after another they were most of a CI run. Results in the outputs' order.
+fn assemble_all(ptxas: &Ptxas, outputs: &[Output]) -> Vec<Result<Vec<FunctionStats>>> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, outputs.len().max(1));
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<Result<Vec<FunctionStats>>>>> =
+        outputs.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                // Relaxed: the counter only hands out indices; results go through the mutexes.
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(out) = outputs.get(i) else { break };
+                    let result = ptxas
+                        .assemble(&out.ptx, &out.arch, &out.ptx.with_extension("cubin"))
+                        .map_err(anyhow::Error::new);
+                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .zip(outputs)
+        .map(|(r, out)| {
+            r.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(|| {
+                    bail!("ptxas did not run on {} ({})", out.ptx.display(), out.arch)
+                })
+        })
+        .collect()
 }
 
 struct Output {
