@@ -255,14 +255,14 @@ impl Communicator {
     /// Joins the job the launcher started (torchrun, Open MPI, Slurm, PMI, or
     /// `OXCCL_UNIQUE_ID` with `RANK`/`WORLD_SIZE`; see `oxccl_bootstrap::Bootstrap::from_env`)
     /// and creates this rank's communicator on the device given by `OXCCL_BACKEND`
-    /// (default: the CPU emulator), numbered by the local rank.
+    /// (default: the CPU emulator), the local rank's ([`Device::for_local_rank`]).
     ///
     /// # Errors
     /// No launcher environment, the bootstrap failed, or the device or proxy could not be
     /// created.
     pub fn from_env(config: CommunicatorConfig) -> Result<Self> {
         let bootstrap = oxccl_bootstrap::Bootstrap::from_env()?;
-        let device = Device::new(Backend::from_env()?, bootstrap.local_rank())?;
+        let device = Device::for_local_rank(Backend::from_env()?, bootstrap.local_rank())?;
         Self::new(Arc::new(BootstrapExchange::new(bootstrap)), device, config)
     }
 

@@ -74,6 +74,26 @@ impl Device {
         }
     }
 
+    /// The device of the rank with index `local_rank` on its node: on the CUDA backend GPU
+    /// `local_rank % n` of the `n` the driver reports (ranks share GPUs when there are
+    /// more ranks than GPUs, as two processes on one GPU may), on the CPU backend emulated
+    /// device `local_rank`.
+    ///
+    /// # Errors
+    /// As [`Device::new`].
+    pub fn for_local_rank(backend: Backend, local_rank: usize) -> Result<Device> {
+        match backend.resolve() {
+            Backend::Cuda => {
+                let gpus = Backend::cuda_device_count()?.max(1) as usize;
+                if local_rank >= gpus {
+                    tracing::info!(local_rank, gpus, "ranks share GPUs: more ranks than GPUs");
+                }
+                Device::new(Backend::Cuda, local_rank % gpus)
+            }
+            _ => Ok(Device::cpu(local_rank)),
+        }
+    }
+
     /// Opens emulated device `ordinal` of the CPU backend, which is always available.
     pub fn cpu(ordinal: usize) -> Device {
         Device {
@@ -219,5 +239,12 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// Guards against a rank of the emulator opening another rank's device number.
+    #[test]
+    fn a_cpu_rank_opens_its_own_device() {
+        let device = Device::for_local_rank(Backend::Cpu, 3).unwrap();
+        assert_eq!((device.backend(), device.ordinal()), (Backend::Cpu, 3));
     }
 }

@@ -27,7 +27,7 @@ pub struct InProcessConfig {
     pub communicator: CommunicatorConfig,
     /// Longest the ranks wait for each other's out-of-band messages.
     pub exchange_timeout: Duration,
-    /// The backend of every rank's device (rank `r` opens device `r`).
+    /// The backend of every rank's device (rank `r` opens [`Device::for_local_rank`]`(r)`).
     pub backend: Backend,
 }
 
@@ -104,7 +104,7 @@ where
                     .spawn_scoped(scope, move || {
                         let outcome = catch_unwind(AssertUnwindSafe(|| {
                             let mut consequence = false;
-                            let result = Device::new(config.backend, rank as usize)
+                            let result = Device::for_local_rank(config.backend, rank as usize)
                                 .and_then(|device| {
                                     Communicator::new(
                                         Arc::new(exchange),

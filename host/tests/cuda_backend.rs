@@ -118,6 +118,22 @@ fn cuda_first_launch_loads_the_kernels() {
     );
 }
 
+/// Guards against a rank failing where there are more ranks than GPUs (two processes may
+/// share one): rank `n` of a node with `n` GPUs opens GPU 0, and it works.
+#[test]
+fn ranks_beyond_the_gpu_count_share_a_gpu() {
+    let Some(_) = gpu("ranks_beyond_the_gpu_count_share_a_gpu") else {
+        return;
+    };
+    let gpus = Backend::cuda_device_count().unwrap() as usize;
+    let device = Device::for_local_rank(Backend::Cuda, gpus).unwrap();
+    assert_eq!((device.backend(), device.ordinal()), (Backend::Cuda, 0));
+    assert_eq!(
+        device.alloc_from(&[1u8, 2]).unwrap().to_vec().unwrap(),
+        [1, 2]
+    );
+}
+
 /// Guards against copies that lose or shift bytes between host and GPU memory.
 #[test]
 fn cuda_buffer_round_trip() {
