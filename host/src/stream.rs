@@ -184,7 +184,12 @@ impl Stream {
         }
     }
 
-    fn validate(
+    /// Refuses a launch this stream cannot run, before anything is enqueued.
+    ///
+    /// # Safety
+    /// As [`Launcher::launch_raw`]: `params` holds one pointer per parameter of `kernel`,
+    /// the i-th pointing to a valid value of the i-th parameter's type.
+    unsafe fn validate(
         &self,
         kernel: &'static KernelInfo,
         config: &LaunchConfig,
@@ -240,20 +245,10 @@ impl Stream {
                         config.shared_mem_bytes
                     ));
                 }
-                for (i, (&p, layout)) in params.iter().zip(kernel.params).enumerate() {
-                    // SAFETY: `p` is non-null (checked above) and points to a valid value of
-                    // the i-th parameter type (our caller's contract), whose size the kernel's
-                    // layout gives; a `KernelArg` is plain data, every byte initialized.
-                    let value = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), layout.size) };
-                    if let Some((at, addr)) =
-                        crate::cuda::gpu_address_ranges::first_gpu_address(value)
-                    {
-                        return refuse(format!(
-                            "parameter {i} holds, at byte {at}, the address {addr:#x} of CUDA \
-                             device memory (a view or handle of a buffer of a cuda device); a \
-                             kernel on the cpu backend reaches only the emulator's memory"
-                        ));
-                    }
+                // SAFETY: our contract: one pointer per parameter of `kernel` (counted
+                // above), each to a valid value of its type (non-null: checked above).
+                if let Some(why) = unsafe { gpu_address_in(kernel, params) } {
+                    return refuse(why);
                 }
             }
             StreamKind::Cuda(s) => {
@@ -294,7 +289,8 @@ impl Launcher for Stream {
         config: LaunchConfig,
         params: &[*const c_void],
     ) -> Result<()> {
-        self.validate(kernel, &config, params)?;
+        // SAFETY: forwarded contract.
+        unsafe { self.validate(kernel, &config, params)? };
         // SAFETY: the count is checked above; the values are valid by our caller's contract.
         unsafe {
             match &self.kind {
@@ -319,4 +315,35 @@ impl fmt::Debug for Stream {
             .field("timeout", &self.timeout)
             .finish()
     }
+}
+
+/// Why a launch on the CPU backend must be refused because a parameter of `kernel` holds
+/// an address of live CUDA memory, which the emulator would dereference on the host; `None`
+/// if none does (at once while no CUDA memory is alive).
+///
+/// # Safety
+/// `params` holds one non-null pointer per parameter of `kernel`, each to a valid value of
+/// its type (what [`Launcher::launch_raw`] requires of its caller).
+unsafe fn gpu_address_in(kernel: &KernelInfo, params: &[*const c_void]) -> Option<String> {
+    use crate::cuda::gpu_address_ranges::{any_live, first_gpu_address};
+    if !any_live() {
+        return None;
+    }
+    params
+        .iter()
+        .zip(kernel.params)
+        .enumerate()
+        .find_map(|(i, (&p, layout))| {
+            // SAFETY: `p` points to a valid value of the i-th parameter type (the function's
+            // contract), whose size the kernel's layout gives; a `KernelArg` has no padding, so
+            // every byte of it is initialized.
+            let value = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), layout.size) };
+            first_gpu_address(value).map(|(at, addr)| {
+                format!(
+                    "parameter {i} holds, at byte {at}, the address {addr:#x} of CUDA device \
+                     memory (a view or handle of a buffer of a cuda device); a kernel on the \
+                     cpu backend reaches only the emulator's memory"
+                )
+            })
+        })
 }

@@ -4,7 +4,7 @@
 //! dereferenced on the host (a crash, or worse, another mapping's bytes).
 //!
 //! Every CUDA allocation is entered when made and removed before it is freed. A CPU launch
-//! looks only while some are alive (one atomic load otherwise), and looks at each
+//! looks only while some are alive ([`any_live`], one atomic load), and looks at each
 //! 8-byte-aligned word of each parameter's value: views and handles hold their addresses as
 //! aligned `u64`s (their layouts are `repr(C)` with 8-byte fields). Memory a parameter only
 //! points to is not looked into.
@@ -35,12 +35,14 @@ pub(crate) fn remove(start: u64) {
     }
 }
 
+/// Whether any device memory is alive: until some is, a CPU launch need not look.
+pub(crate) fn any_live() -> bool {
+    LIVE.load(Ordering::Relaxed) != 0
+}
+
 /// The first 8-byte-aligned word of `value` that holds an address inside live device
 /// memory: its byte offset and the address.
 pub(crate) fn first_gpu_address(value: &[u8]) -> Option<(usize, u64)> {
-    if LIVE.load(Ordering::Relaxed) == 0 {
-        return None;
-    }
     let ranges = RANGES.read();
     value.chunks_exact(8).enumerate().find_map(|(i, word)| {
         let addr = u64::from_ne_bytes(word.try_into().ok()?);
