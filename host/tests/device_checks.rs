@@ -108,33 +108,61 @@ impl Side {
         to_packets: bool,
         wait: WaitPolicy<'static>,
     ) -> MemoryChannelDeviceHandle<'static> {
-        let raw = SemaphoreRawParts {
-            inbound: self.counters.addr(),
-            expected: self.counters.addr() + 8,
-            remote_inbound: peer.counters.addr(),
-        };
         let remote = if to_packets {
             &peer.packets
         } else {
             &peer.data
         };
-        let buffers = MemoryChannelBuffers {
-            remote: remote.addr(),
-            remote_size: remote.size_bytes() as u64,
-            local: self.data.addr(),
-            local_size: self.data.size_bytes() as u64,
-            packets: self.packets.addr(),
-            packets_size: self.packets.size_bytes() as u64,
-        };
-        // SAFETY: the counters are zeroed, aligned u64s of device memory, the data buffers
-        // live, 256-byte aligned device memory of the sizes given, all reachable by every
-        // thread of both kernels (one device) and outliving them (the caller).
+        // SAFETY: forwarded contract; the counters are zeroed (`new`).
         unsafe {
-            MemoryChannelDeviceHandle::from_raw_parts(
-                Device2DeviceSemaphoreDeviceHandle::from_raw_parts(raw, wait),
-                buffers,
+            memory_channel(
+                &self.counters,
+                &peer.counters,
+                remote,
+                &self.data,
+                &self.packets,
+                wait,
             )
         }
+    }
+}
+
+/// A memory channel's handle over device buffers: `counters` are this side's zeroed
+/// `[inbound, expected]`, `peer_counters` the peer's; the channel writes `remote`, reads
+/// `local`, and takes packets in `packets`.
+///
+/// # Safety
+/// Every buffer and the policy's record outlive every kernel launched with the handle;
+/// both counter pairs are zeroed when first used and touched only by the two handles.
+unsafe fn memory_channel<R: bytemuck::Pod, L: bytemuck::Pod, P: bytemuck::Pod>(
+    counters: &DeviceBuffer<u64>,
+    peer_counters: &DeviceBuffer<u64>,
+    remote: &DeviceBuffer<R>,
+    local: &DeviceBuffer<L>,
+    packets: &DeviceBuffer<P>,
+    wait: WaitPolicy<'static>,
+) -> MemoryChannelDeviceHandle<'static> {
+    let raw = SemaphoreRawParts {
+        inbound: counters.addr(),
+        expected: counters.addr() + 8,
+        remote_inbound: peer_counters.addr(),
+    };
+    let buffers = MemoryChannelBuffers {
+        remote: remote.addr(),
+        remote_size: remote.size_bytes() as u64,
+        local: local.addr(),
+        local_size: local.size_bytes() as u64,
+        packets: packets.addr(),
+        packets_size: packets.size_bytes() as u64,
+    };
+    // SAFETY: the counters are aligned u64s and the buffers live, 256-byte aligned device
+    // memory of the sizes given, all reachable by every thread of the kernels (one device)
+    // and outliving them (the caller).
+    unsafe {
+        MemoryChannelDeviceHandle::from_raw_parts(
+            Device2DeviceSemaphoreDeviceHandle::from_raw_parts(raw, wait),
+            buffers,
+        )
     }
 }
 
@@ -502,29 +530,16 @@ fn all_reduce_calls(
     let sets: Vec<DeviceBuffer<u8>> = (0..N as usize)
         .map(|r| {
             let (me, peer) = (&ranks[r], &ranks[1 - r]);
-            let raw = SemaphoreRawParts {
-                inbound: me.counters.addr(),
-                expected: me.counters.addr() + 8,
-                remote_inbound: peer.counters.addr(),
-            };
-            let buffers = MemoryChannelBuffers {
-                remote: peer.scratch.addr(),
-                remote_size: peer.scratch.size_bytes() as u64,
-                local: me.scratch.addr(),
-                local_size: me.scratch.size_bytes() as u64,
-                packets: me.scratch.addr(),
-                packets_size: me.scratch.size_bytes() as u64,
-            };
-            // SAFETY: counters zeroed and aligned, scratches live and 256-byte aligned,
-            // the record as `policy` needs; all outlive the launches (synchronized
-            // below).
+            // SAFETY: counters zeroed, scratches live; the record as `policy` needs; all
+            // outlive the launches (synchronized below).
             let handle = unsafe {
-                MemoryChannelDeviceHandle::from_raw_parts(
-                    Device2DeviceSemaphoreDeviceHandle::from_raw_parts(
-                        raw,
-                        policy(&me.record, wait),
-                    ),
-                    buffers,
+                memory_channel(
+                    &me.counters,
+                    &peer.counters,
+                    &peer.scratch,
+                    &me.scratch,
+                    &me.scratch,
+                    policy(&me.record, wait),
                 )
             };
             let mut slots = vec![MemoryChannelDeviceHandle::default(); N as usize];
