@@ -2,8 +2,9 @@
 //! with an NVIDIA driver but no Rust toolchain and no network.
 //!
 //! `target/gpu-bundle/` holds stripped release binaries (the test programs with GPU tests,
-//! the example programs), the PTX and ptxas cubins of every kernel crate (`ptx.tar.gz`, unpacked by the
-//! script to `ptx/<arch>/<crate>.ptx` and found through `OXCCL_PTX_DIR`), and `run.sh`, which runs each step under a deadline, prints one
+//! the example programs), the PTX and ptxas cubins of every kernel crate (`ptx.tar.gz`,
+//! unpacked by the script to `ptx/<arch>/<crate>.{ptx,cubin}` and found through
+//! `OXCCL_PTX_DIR`), and `run.sh`, which runs each step under a deadline, prints one
 //! `gpu-check <step> ok|FAILED <figure>` line per step and exits non-zero if any failed.
 //! The GPU tests print "skipped" where no driver is found; on the GPU machine a skip fails
 //! its step, so a bundle run on a machine without a working driver cannot pass.
