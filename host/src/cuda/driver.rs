@@ -59,6 +59,25 @@ pub(crate) fn device_count() -> std::result::Result<u32, String> {
         .clone()
 }
 
+/// The UUID of every CUDA device this process can see (`cuDeviceGetUuid`), by ordinal: how
+/// a handle that names a GPU is told to be of this host. A device hidden from the process
+/// (`CUDA_VISIBLE_DEVICES`) is not among them.
+///
+/// # Errors
+/// [`Error::BackendUnavailable`] without a driver; [`Error::Cuda`] if the driver refuses.
+pub(crate) fn visible_device_uuids() -> Result<Vec<[u8; 16]>> {
+    let count = device_count().map_err(Error::BackendUnavailable)?;
+    (0..count)
+        .map(|ordinal| {
+            let what = || format!("reading the UUID of cuda device {ordinal}");
+            // `device_count` fits an i32 (it came from one).
+            let device = check(result::device::get(ordinal as i32), "cuDeviceGet", what)?;
+            let uuid = check(result::device::get_uuid(device), "cuDeviceGetUuid", what)?;
+            Ok(uuid.bytes.map(|b| b as u8))
+        })
+        .collect()
+}
+
 /// The driver's name and description of `e`.
 pub(crate) fn describe(e: DriverError) -> String {
     let name = e
@@ -407,6 +426,241 @@ impl Context {
                 what,
             )
         }
+    }
+}
+
+/// Interprocess memory, mapped host memory and stream-ordered copies and writes: what the
+/// CUDA transport uses (a peer's registered memory mapped through CUDA IPC, the proxy's
+/// FIFO in mapped host memory, the proxy's copies and signals on its stream).
+#[allow(
+    dead_code,
+    reason = "the communicator does not build CUDA connections yet; tests and the CUDA IPC \
+              handle use part of this"
+)]
+impl Context {
+    /// The allocation that holds device address `ptr` (`cuMemGetAddressRange`): its base
+    /// address and its size in bytes.
+    pub(crate) fn address_range(&self, ptr: sys::CUdeviceptr) -> Result<(sys::CUdeviceptr, usize)> {
+        self.bind()?;
+        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: the context is current and both out-pointers are live locals; the driver
+        // answers CUDA_ERROR_NOT_FOUND for an address inside no allocation.
+        let status = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+        check(status.result(), "cuMemGetAddressRange", || {
+            format!("finding the allocation that holds device address {ptr:#x}")
+        })?;
+        Ok((base, size))
+    }
+
+    /// The interprocess handle of the allocation whose first byte is `base`
+    /// (`cuIpcGetMemHandle`): 64 opaque bytes another process of this host opens with
+    /// [`Self::ipc_open`]. The driver refuses an address that is not the base of a
+    /// `cuMemAlloc` allocation (pool memory cannot be exported).
+    pub(crate) fn ipc_handle(&self, base: sys::CUdeviceptr) -> Result<[u8; 64]> {
+        self.bind()?;
+        let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: the context is current and `handle` is a live local the driver fills; the
+        // driver checks `base`.
+        let status = unsafe { sys::cuIpcGetMemHandle(&mut handle, base) };
+        check(status.result(), "cuIpcGetMemHandle", || {
+            format!("exporting the allocation at {base:#x} for other processes")
+        })?;
+        Ok(handle.reserved.map(|b| b as u8))
+    }
+
+    /// Maps another process's allocation, exported with [`Self::ipc_handle`], into this
+    /// context (`cuIpcOpenMemHandle` with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: when the
+    /// allocation lives on another GPU, the driver enables peer access to it as the mapping
+    /// needs it). Returns the mapping's first byte, an address valid in this process only.
+    ///
+    /// The driver refuses a handle exported by this same process, and a handle of a GPU this
+    /// one has no peer access to. Opening a handle already open in this context returns the
+    /// same address and counts one more open.
+    ///
+    /// # Safety
+    /// `handle` came from `cuIpcGetMemHandle` in another process of this host. Each
+    /// successful open is closed with [`Self::ipc_close`] exactly once. The exporter keeps
+    /// the allocation (it does not `cuMemFree` it) until then: freeing exported memory before
+    /// the importer closes it is undefined behaviour.
+    pub(crate) unsafe fn ipc_open(&self, handle: &[u8; 64]) -> Result<sys::CUdeviceptr> {
+        self.bind()?;
+        let handle = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut ptr: sys::CUdeviceptr = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as std::ffi::c_uint;
+        // SAFETY: the context is current, `ptr` is a live local the driver fills, the handle
+        // is passed by value; the rest is our caller's contract.
+        let status = unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, handle, flags) };
+        check(status.result(), "cuIpcOpenMemHandle", || {
+            "mapping another process's allocation (CUDA IPC)".into()
+        })?;
+        Ok(ptr)
+    }
+
+    /// Unmaps an allocation of another process mapped with [`Self::ipc_open`]
+    /// (`cuIpcCloseMemHandle`); the last close of an allocation also drops the peer access
+    /// the mapping enabled.
+    ///
+    /// # Safety
+    /// `ptr` came from `ipc_open` of this context and is closed once per open; no queued or
+    /// running work uses the mapping, and it is not used afterwards.
+    pub(crate) unsafe fn ipc_close(&self, ptr: sys::CUdeviceptr) -> Result<()> {
+        // The context must be current: without one the driver answers
+        // CUDA_ERROR_INVALID_CONTEXT and the mapping stays.
+        self.bind()?;
+        // SAFETY: forwarded contract.
+        let status = unsafe { sys::cuIpcCloseMemHandle(ptr) };
+        check(status.result(), "cuIpcCloseMemHandle", || {
+            format!("unmapping another process's allocation at {ptr:#x}")
+        })
+    }
+
+    /// `bytes` of pinned host memory, zeroed, mapped into the device's address space
+    /// (`cuMemHostAlloc` with `CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE`:
+    /// portable, so every context treats it as pinned, not only this one). Its device
+    /// address comes from [`Self::host_device_pointer`]; free it with [`Self::free_host`].
+    pub(crate) fn host_alloc_mapped(&self, bytes: usize) -> Result<*mut c_void> {
+        self.bind()?;
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // A zero size is refused by the driver: ask for at least one byte.
+        let len = bytes.max(1);
+        // SAFETY: the context is current; the memory is returned as a raw pointer, not read.
+        let ptr = check(
+            unsafe { result::malloc_host(len, flags) },
+            "cuMemHostAlloc",
+            || format!("allocating {bytes} bytes of mapped host memory"),
+        )?;
+        // SAFETY: the driver just allocated `len` bytes at `ptr`, owned by nobody else yet.
+        // Zeroed, so nothing ever reads bytes the allocation left undefined (trigger slots
+        // and counters start at 0).
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, len) };
+        Ok(ptr)
+    }
+
+    /// The device address of mapped host memory from [`Self::host_alloc_mapped`]
+    /// (`cuMemHostGetDevicePointer`, flags 0), valid for kernels and stream operations of
+    /// this context.
+    ///
+    /// # Safety
+    /// `host` lies inside memory from `host_alloc_mapped` that is not freed.
+    pub(crate) unsafe fn host_device_pointer(&self, host: *mut c_void) -> Result<sys::CUdeviceptr> {
+        self.bind()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: the context is current and `ptr` is a live local the driver fills; `host`
+        // is our caller's contract. The flags argument must be 0.
+        let status = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, host, 0) };
+        check(status.result(), "cuMemHostGetDevicePointer", || {
+            format!("finding the device address of mapped host memory {host:p}")
+        })?;
+        Ok(ptr)
+    }
+
+    /// Frees memory from [`Self::host_alloc_mapped`] (`cuMemFreeHost`).
+    ///
+    /// # Safety
+    /// `ptr` came from `host_alloc_mapped` and is freed once; no queued or running work
+    /// uses it, and neither it nor its device address is used afterwards.
+    pub(crate) unsafe fn free_host(&self, ptr: *mut c_void) -> Result<()> {
+        self.bind()?;
+        // SAFETY: forwarded contract.
+        check(unsafe { result::free_host(ptr) }, "cuMemFreeHost", || {
+            "freeing mapped host memory".into()
+        })
+    }
+
+    /// Enqueues a copy of `bytes` bytes from `src` to `dst` on `stream` (the DMA engine
+    /// does it; the call returns at once).
+    ///
+    /// `cuMemcpyAsync`, not `cuMemcpyDtoDAsync`: it takes unified addresses and finds from
+    /// each pointer where its memory lives, so one call serves every pair the proxy copies
+    /// between, a local allocation, a peer's allocation mapped by [`Self::ipc_open`] (on the
+    /// same GPU or another) and mapped host memory. It needs unified addressing, which CUDA
+    /// IPC needs too.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this context. `dst..dst + bytes` and
+    /// `src..src + bytes` are device-accessible memory that does not overlap, and stays
+    /// allocated (and mapped) until the copy completes.
+    pub(crate) unsafe fn copy_device_async(
+        &self,
+        dst: sys::CUdeviceptr,
+        src: sys::CUdeviceptr,
+        bytes: usize,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: forwarded contract.
+        let status = unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream) };
+        check(status.result(), "cuMemcpyAsync", || {
+            format!("copying {bytes} bytes from {src:#x} to {dst:#x} on a stream")
+        })
+    }
+
+    /// Enqueues a write of `value` to the 8 bytes at `addr` on `stream`
+    /// (`cuStreamWriteValue64` with `CU_STREAM_WRITE_VALUE_DEFAULT`).
+    ///
+    /// Ordering: the write happens after all work enqueued on `stream` before it has
+    /// completed, and the driver fences before it (like `__threadfence_system()`, scoped to
+    /// the stream), so whoever sees the value also sees what that earlier work wrote, such
+    /// as a copy's bytes.
+    ///
+    /// Whether the device can do it at all is [`Self::supports_stream_u64_writes`], to ask
+    /// once before the first write.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this context; `addr` is an 8-byte aligned device address
+    /// (device memory, or mapped host memory's [`Self::host_device_pointer`]; not managed
+    /// memory) that stays allocated until the write completes; the device supports the call
+    /// ([`Self::supports_stream_u64_writes`]).
+    pub(crate) unsafe fn stream_write_u64(
+        &self,
+        stream: sys::CUstream,
+        addr: sys::CUdeviceptr,
+        value: u64,
+    ) -> Result<()> {
+        self.bind()?;
+        let flags =
+            sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as std::ffi::c_uint;
+        // SAFETY: forwarded contract. The `_v2` entry point is what `cuStreamWriteValue64`
+        // names in CUDA 12 headers; the older entry point needs stream memory operations
+        // enabled in the kernel module.
+        let status = unsafe { sys::cuStreamWriteValue64_v2(stream, addr, value, flags) };
+        check(status.result(), "cuStreamWriteValue64", || {
+            format!("writing {value} to {addr:#x} on a stream")
+        })
+    }
+
+    /// Whether [`Self::stream_write_u64`] works on this device and driver.
+    ///
+    /// It must be asked: CUDA documents 64-bit stream memory operations as a capability the
+    /// device reports (`CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`, the attribute of
+    /// the CUDA 12 entry point), and a driver older than the entry point (before 11.7) lacks
+    /// it, in which case cudarc would panic on the call instead of returning an error.
+    pub(crate) fn supports_stream_u64_writes(&self) -> Result<bool> {
+        // SAFETY: `device_count` succeeded before this context could be opened, so the
+        // library is loaded; the symbol is only looked up, never called through the type
+        // given here.
+        let present = unsafe {
+            sys::culib()
+                .get::<unsafe extern "C" fn()>(b"cuStreamWriteValue64_v2")
+                .is_ok()
+        };
+        if !present {
+            return Ok(false);
+        }
+        // SAFETY: a valid device handle and attribute.
+        let v = check(
+            unsafe {
+                result::device::get_attribute(
+                    self.device,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+                )
+            },
+            "cuDeviceGetAttribute",
+            || "asking whether the device writes 64-bit values from a stream".into(),
+        )?;
+        Ok(v != 0)
     }
 }
 
