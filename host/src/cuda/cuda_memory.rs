@@ -36,6 +36,16 @@ impl CudaMemory {
         self.ptr
     }
 
+    /// Bytes allocated.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The device the memory lives on.
+    pub(crate) fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
     /// Copies `src` to bytes `offset..offset + src.len()`, synchronously. The caller has
     /// checked the range lies inside the allocation.
     pub(crate) fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
