@@ -46,7 +46,8 @@ use oxccl_device::abort::{AbortReason, AbortRecord};
 use oxccl_device::error::DeviceOp;
 use oxccl_device::port_channel::PortChannelIds;
 use oxccl_proxy::{
-    Connection, FIFO_SITE, INBOUND_SITE, MemoryId, MemoryRegion, ProxyConfig, ProxyService,
+    Connection, FIFO_SITE, INBOUND_SITE, IdlePolicy, MemoryId, MemoryRegion, ProxyConfig,
+    ProxyService,
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -87,6 +88,12 @@ pub struct CommunicatorConfig {
     /// completes before `put` returns, which hides a missing `flush`: tests of kernels
     /// should also run with it off.
     pub proxy_assist: bool,
+    /// How the proxy thread waits when its FIFO is empty; `None`: the backend's way (the
+    /// CPU emulator parks and is woken by the next push; a GPU cannot wake a host thread,
+    /// so there the proxy polls, then naps: `IdlePolicy::Poll` with the default
+    /// `PollSchedule`). `Some(IdlePolicy::Poll(..))` on the emulator gives it a GPU's FIFO:
+    /// no doorbell, so no assist either.
+    pub proxy_idle: Option<IdlePolicy>,
     /// How collectives run: scratch sizes, launch shape, algorithm.
     pub collectives: CollectiveConfig,
     /// The transport of port channels. The default is `OXCCL_TRANSPORT` if it names one,
@@ -101,6 +108,7 @@ impl Default for CommunicatorConfig {
             fifo_size: 512,
             wait_timeout: Duration::from_secs(30),
             proxy_assist: true,
+            proxy_idle: None,
             collectives: CollectiveConfig::default(),
             transport: TransportChoice::from_env()
                 .ok()
@@ -216,6 +224,7 @@ impl Communicator {
             fifo_size: config.fifo_size,
             wait_timeout: config.wait_timeout,
             assist: config.proxy_assist,
+            idle: config.proxy_idle.unwrap_or_default(),
         })?;
         proxy.start()?;
         tracing::info!(

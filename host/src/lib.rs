@@ -46,6 +46,8 @@ pub use memory_channel::MemoryChannel;
 pub use out_of_band::{BootstrapExchange, InProcessExchange, OutOfBand};
 /// Element types and reductions of collectives (from `oxccl-device`).
 pub use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp, bf16, f16};
+/// How a proxy thread waits when its FIFO is empty (from `oxccl-proxy`).
+pub use oxccl_proxy::{IdlePolicy, PollSchedule};
 pub use port_channel::PortChannel;
 pub use registered_memory::RegisteredMemory;
 pub use stream::Stream;

@@ -12,7 +12,10 @@
 mod common;
 
 use common::{assert_all_gathered, ring_buffer};
-use oxccl::{Communicator, CommunicatorConfig, Error, ReduceOp, Result, TransportChoice};
+use oxccl::{
+    Communicator, CommunicatorConfig, Error, IdlePolicy, PollSchedule, ReduceOp, Result,
+    TransportChoice,
+};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
 use oxccl_kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
@@ -120,13 +123,16 @@ fn run_rank() -> Result<u32> {
 }
 
 /// One rank of a job whose `OXCCL_TRANSPORT` is `ethernet`: the port ring over TCP, with
-/// chunks larger than a wire chunk; a memory channel is refused.
+/// chunks larger than a wire chunk; a memory channel is refused. The proxy polls, as it does
+/// on a GPU: its FIFO has no doorbell, so nothing but its polling finds the triggers.
 fn run_rank_over_ethernet() -> Result<u32> {
     let mut comm = Communicator::from_env(CommunicatorConfig {
         wait_timeout: Duration::from_secs(30),
         proxy_assist: false,
+        proxy_idle: Some(IdlePolicy::Poll(PollSchedule::default())),
         ..Default::default()
     })?;
+    assert_eq!(comm.proxy().fifo_cells().raw_parts().doorbell, 0);
     assert_eq!(comm.config().transport, TransportChoice::Ethernet);
     let (rank, ranks) = (comm.rank(), comm.size());
     let stream = comm.device().stream()?;

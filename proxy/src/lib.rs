@@ -2,6 +2,7 @@
 //! requests.
 //!
 //! - [`fifo`]: the ring's cells and its single consumer.
+//! - [`idle_policy`]: how the proxy thread waits when the ring is empty.
 //! - [`consumer_pacing`]: how the consumer leaves the ring alone after draining a stream.
 //! - [`connection`]: the [`Connection`] trait a transport implements.
 //! - [`memory_region`]: what the proxy knows of registered memory.
@@ -12,13 +13,15 @@ pub mod connection;
 pub mod consumer_pacing;
 pub mod error;
 pub mod fifo;
+pub mod idle_policy;
 pub mod memory_region;
 #[cfg(not(oxccl_loom))]
 pub mod proxy_service;
 
 pub use connection::Connection;
 pub use error::{ProxyError, Refusal, Side};
-pub use fifo::Fifo;
+pub use fifo::{Fifo, MappedFifoCells};
+pub use idle_policy::{IdlePolicy, PollSchedule};
 pub use memory_region::MemoryRegion;
 #[cfg(not(oxccl_loom))]
 pub use proxy_service::{

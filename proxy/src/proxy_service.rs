@@ -16,7 +16,9 @@
 //! raises the stop word, and then parks instead of spinning on it.
 //!
 //! The thread polls, then yields, then parks (announcing it in the FIFO head, so the next
-//! push rings its doorbell), so an idle proxy costs no core on the CPU backend. With
+//! push rings its doorbell), so an idle proxy costs no core on the CPU backend. A FIFO whose
+//! pushers cannot ring a doorbell (GPU threads; [`IdlePolicy::Poll`]) is polled, then
+//! looked at between naps instead (see [`crate::idle_policy`]). With
 //! [`ProxyConfig::assist`] (CPU backend), a kernel thread that pushes drains the FIFO itself
 //! when no one else is draining it: the consumer is a lock that the proxy thread and
 //! assisting threads take in turn, so triggers still execute one at a time, in order,
@@ -29,7 +31,8 @@
 use crate::connection::Connection;
 use crate::consumer_pacing;
 use crate::error::{ProxyError, Refusal, Side};
-use crate::fifo::{Fifo, FifoCells};
+use crate::fifo::{Fifo, FifoCells, MappedFifoCells};
+use crate::idle_policy::{IdlePolicy, PollSchedule};
 use crate::memory_region::MemoryRegion;
 use oxccl_device::DeviceError;
 use oxccl_device::abort::{AbortReason, AbortRecord};
@@ -81,8 +84,12 @@ pub struct ProxyConfig {
     /// and how long [`ProxyService::stop`] waits for the thread. Never zero.
     pub wait_timeout: Duration,
     /// Let pushing kernel threads of the CPU emulator execute triggers when the consumer is
-    /// free (see the module docs). No effect on the GPU, whose doorbell is never rung.
+    /// free (see the module docs). Needs the doorbell: no effect under
+    /// [`IdlePolicy::Poll`], as on a GPU.
     pub assist: bool,
+    /// How the thread waits when the FIFO is empty: [`IdlePolicy::Doorbell`] (the
+    /// default) only where every pusher is a host thread.
+    pub idle: IdlePolicy,
 }
 
 impl Default for ProxyConfig {
@@ -92,6 +99,7 @@ impl Default for ProxyConfig {
             fifo_size: 512,
             wait_timeout: Duration::from_secs(30),
             assist: true,
+            idle: IdlePolicy::Doorbell,
         }
     }
 }
@@ -158,6 +166,8 @@ struct Shared {
     errors: Mutex<(Vec<ProxyError>, u64)>,
     /// Set by `stop`: the thread drains what is published, then ends.
     shutdown: AtomicBool,
+    /// Set by [`ProxyService::expect_triggers`]: a polling thread is hot again from now.
+    expecting: AtomicBool,
     wait_timeout: Duration,
 }
 
@@ -219,11 +229,47 @@ pub struct ProxyService {
 }
 
 impl ProxyService {
-    /// A service with an empty FIFO; call [`Self::start`] to run its thread.
+    /// A service with an empty FIFO on the heap (with a doorbell under
+    /// [`IdlePolicy::Doorbell`], without one under [`IdlePolicy::Poll`]); call
+    /// [`Self::start`] to run its thread.
     ///
     /// # Errors
     /// An invalid FIFO size, or a zero wait limit (which would mean waits without a deadline).
     pub fn new(config: ProxyConfig) -> Result<Self, ProxyError> {
+        let fifo = match config.idle {
+            IdlePolicy::Doorbell => Fifo::new(config.fifo_size)?,
+            IdlePolicy::Poll(_) => Fifo::without_doorbell(config.fifo_size)?,
+        };
+        Self::over(config, fifo)
+    }
+
+    /// A service over a FIFO whose cells a backend placed (pinned, device-mapped host
+    /// memory on a GPU: see [`crate::fifo`]); `config.fifo_size` must be their size, and
+    /// `config.idle` must poll (no GPU can ring a doorbell).
+    ///
+    /// # Errors
+    /// As [`Self::new`], a policy that does not poll, a size other than the cells', or what
+    /// [`Fifo::from_mapped`] refuses.
+    ///
+    /// # Safety
+    /// [`Fifo::from_mapped`]'s contract for `cells`.
+    pub unsafe fn with_mapped_fifo(
+        config: ProxyConfig,
+        cells: MappedFifoCells,
+    ) -> Result<Self, ProxyError> {
+        if config.idle == IdlePolicy::Doorbell || cells.device.size != config.fifo_size {
+            return Err(ProxyError::InvalidUsage(format!(
+                "rank {}: a mapped FIFO of {} slots needs a proxy configured for {} slots \
+                 that polls (IdlePolicy::Poll), not {:?}",
+                config.rank, cells.device.size, config.fifo_size, config.idle
+            )));
+        }
+        // SAFETY: the caller's contract.
+        let fifo = unsafe { Fifo::from_mapped(cells)? };
+        Self::over(config, fifo)
+    }
+
+    fn over(config: ProxyConfig, fifo: Fifo) -> Result<Self, ProxyError> {
         if config.wait_timeout.is_zero() {
             return Err(ProxyError::InvalidUsage(format!(
                 "rank {}: a wait limit of zero would let device waits wait forever; give \
@@ -231,7 +277,6 @@ impl ProxyService {
                 config.rank
             )));
         }
-        let fifo = Fifo::new(config.fifo_size)?;
         let shared = Arc::new(Shared {
             rank: config.rank,
             tables: Mutex::new(Arc::new(Tables::default())),
@@ -239,6 +284,7 @@ impl ProxyService {
             stop_word: Arc::new(AtomicU64::new(0)),
             errors: Mutex::new((Vec::new(), 0)),
             shutdown: AtomicBool::new(false),
+            expecting: AtomicBool::new(false),
             wait_timeout: config.wait_timeout,
         });
         let cells = fifo.cells();
@@ -254,14 +300,14 @@ impl ProxyService {
             config,
             thread: None,
         };
-        if service.config.assist {
+        if let (true, Some(doorbell)) = (service.config.assist, cells.doorbell()) {
             // Weak: the doorbell lives in the FIFO cells the consumer owns; a strong
             // reference would keep both alive forever.
             let (consumer, shared) = (
                 Arc::downgrade(&service.consumer),
                 Arc::downgrade(&service.shared),
             );
-            cells.doorbell().set_assist(Box::new(move || {
+            doorbell.set_assist(Box::new(move || {
                 match (consumer.upgrade(), shared.upgrade()) {
                     (Some(consumer), Some(shared)) => drain(&consumer, &shared).is_some(),
                     _ => false,
@@ -388,9 +434,18 @@ impl ProxyService {
             self.cells.clone(),
         );
         let assist = self.config.assist;
+        // A ring without a doorbell is polled whatever the policy says: no one would wake a
+        // parked thread.
+        let poll = match self.config.idle {
+            IdlePolicy::Poll(schedule) => Some(schedule),
+            IdlePolicy::Doorbell => self.cells.doorbell().is_none().then(PollSchedule::default),
+        };
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-r{}", self.config.rank))
-            .spawn(move || run(&consumer, &cells, &shared, assist))
+            .spawn(move || match poll {
+                Some(schedule) => run_polling(&consumer, &cells, &shared, &schedule),
+                None => run(&consumer, &cells, &shared, assist),
+            })
             .map_err(|e| ProxyError::Thread(e.to_string()))?;
         self.thread = Some(thread);
         Ok(())
@@ -407,8 +462,12 @@ impl ProxyService {
         let Some(thread) = self.thread.take() else {
             return Ok(());
         };
-        // Wake it if parked; the doorbell is in the FIFO cells we share.
-        self.cells.doorbell().wake_sleeper();
+        // Wake it if parked or napping; the doorbell is in the FIFO cells we share.
+        let wake = || match self.cells.doorbell() {
+            Some(doorbell) => doorbell.wake_sleeper(),
+            None => thread.thread().unpark(),
+        };
+        wake();
         let deadline = Instant::now() + self.config.wait_timeout;
         while !thread.is_finished() {
             if Instant::now() >= deadline {
@@ -419,11 +478,23 @@ impl ProxyService {
                 )));
             }
             std::thread::sleep(Duration::from_millis(1));
-            self.cells.doorbell().wake_sleeper();
+            wake();
         }
         thread
             .join()
             .map_err(|_| ProxyError::Thread("proxy thread panicked".into()))
+    }
+
+    /// Tells a polling proxy ([`IdlePolicy::Poll`]) that a kernel which pushes triggers is
+    /// about to run: a napping thread wakes now and polls hot again, so the kernel's first
+    /// trigger is not left to wait out a nap. Cheap (a flag and an unpark); nothing to do
+    /// under [`IdlePolicy::Doorbell`], whose pushes wake the thread themselves.
+    pub fn expect_triggers(&self) {
+        if let (IdlePolicy::Poll(_), Some(thread)) = (self.config.idle, &self.thread) {
+            // Release: pairs with the thread's Acquire swap; nothing rides on it but the flag.
+            self.shared.expecting.store(true, Ordering::Release);
+            thread.thread().unpark();
+        }
     }
 
     /// The first errors recorded since the last call, if any (then cleared).
@@ -517,7 +588,11 @@ impl StallWatch {
     /// FIFO is stalled (so the consumer may park although a position is claimed).
     fn idle(&mut self, cells: &FifoCells, shared: &Shared) -> bool {
         let executed = cells.executed();
-        if cells.claimed() <= executed {
+        // A head in device memory cannot be watched: the pusher that gave up reports it.
+        let Some(claimed) = cells.claimed() else {
+            return false;
+        };
+        if claimed <= executed {
             self.since = None;
             self.stalled_at = None;
             return false;
@@ -646,6 +721,83 @@ fn run(consumer: &Mutex<Consumer>, cells: &FifoCells, shared: &Shared, assist: b
         park_timeout = (park_timeout * 2).min(MAX_PARK_TIMEOUT);
     }
 }
+
+/// The proxy thread of a ring no one can wake ([`IdlePolicy::Poll`]): drain, execute,
+/// release; when idle, poll (spinning as long as that pays off, then yielding the core)
+/// through the schedule's hot spell, then nap between polls, each nap that finds nothing
+/// longer than the last, up to the schedule's ceiling. Nobody else drains (no doorbell, so
+/// no assist): the thread holds the consumer for its whole life, and never touches the
+/// FIFO head beyond reading it where it is host memory (the stall watch).
+fn run_polling(
+    consumer: &Mutex<Consumer>,
+    cells: &FifoCells,
+    shared: &Shared,
+    schedule: &PollSchedule,
+) {
+    let mut held = consumer.lock();
+    let mut spin = SpinBudget::default();
+    let mut state = schedule.start();
+    let mut napping = false;
+    let mut idle = 0u32;
+    let mut watch = StallWatch {
+        since: None,
+        stalled_at: None,
+    };
+    loop {
+        let executed = drain_held(&mut held, shared);
+        if executed > 0 {
+            spin.work_found_after(idle);
+            idle = 0;
+            state.work_found(schedule);
+            napping = false;
+            consumer_pacing::after_drain(executed);
+            continue;
+        }
+        // Acquire: pairs with the Release in `stop`; one more drain catches triggers
+        // published before it.
+        if shared.shutdown.load(Ordering::Acquire) {
+            if drain_held(&mut held, shared) == 0 {
+                return;
+            }
+            continue;
+        }
+        idle = idle.saturating_add(1);
+        // Acquire: pairs with the Release in `expect_triggers`.
+        if shared.expecting.swap(false, Ordering::Acquire) {
+            state.work_found(schedule);
+            napping = false;
+        }
+        if napping {
+            // One empty poll per nap: a poll, a look for a stall and a nap are all an idle
+            // proxy costs (spinning or yielding between naps cost 70 µs of CPU a nap on a
+            // 2-core VM, 3 % of a core at 1 ms naps). A park, so `expect_triggers` can end
+            // it early.
+            watch.idle(cells, shared);
+            std::thread::park_timeout(state.next_nap(schedule).unwrap_or(schedule.max_nap));
+            continue;
+        }
+        if idle.is_multiple_of(STALL_CHECK_EVERY) {
+            watch.idle(cells, shared);
+        }
+        if idle <= spin.polls() {
+            std::hint::spin_loop();
+            continue;
+        }
+        // Past the spin budget: look at the clock (every few polls, not on each), and
+        // yield the core while hot; the hot spell over, nap.
+        if idle.is_multiple_of(POLLS_PER_CLOCK_LOOK)
+            && let Some(nap) = state.next_nap(schedule)
+        {
+            napping = true;
+            std::thread::park_timeout(nap);
+            continue;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Idle polls between two looks at the clock of a polling proxy thread past its spin budget.
+const POLLS_PER_CLOCK_LOOK: u32 = 16;
 
 /// How many idle polls the proxy thread (without assist) spins before it starts yielding:
 /// as many as keep paying off.

@@ -6,9 +6,10 @@ use oxccl_device::DeviceError;
 use oxccl_device::abort::AbortRecord;
 use oxccl_device::error::DeviceOp;
 use oxccl_device::fifo::{FifoDeviceHandle, ProxyTrigger, TriggerFields, trigger_type};
+use oxccl_device::fifo::{FifoRawParts, TriggerSlot};
 use oxccl_device::wait::WaitPolicy;
-use oxccl_proxy::Fifo;
 use oxccl_proxy::fifo::MAX_FIFO_SIZE;
+use oxccl_proxy::{Fifo, MappedFifoCells};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -226,5 +227,106 @@ fn pushes_wake_a_parked_consumer() {
     assert!(
         longest < Duration::from_secs(5),
         "a push waited {longest:?} for a parked consumer"
+    );
+}
+
+/// Memory standing in for a backend's placement of a ring: the slots and tail (on a GPU,
+/// pinned device-mapped host memory), the head and tail cache (device memory).
+struct Placement {
+    slots: Box<[TriggerSlot]>,
+    /// tail, head, tail cache.
+    counters: Box<[AtomicU64; 3]>,
+}
+
+impl Placement {
+    fn new(size: u32) -> Placement {
+        Placement {
+            slots: (0..size).map(|_| TriggerSlot::new()).collect(),
+            counters: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
+        }
+    }
+
+    /// The cells, the device's addresses equal to the host's (as they are on the CPU).
+    fn cells(self) -> MappedFifoCells {
+        let slots = self.slots.as_ptr() as *mut TriggerSlot;
+        let [tail, head, tail_cache] = &*self.counters;
+        let address = |c: &AtomicU64| c.as_ptr() as u64;
+        MappedFifoCells {
+            host_slots: slots,
+            host_tail: tail as *const AtomicU64 as *mut AtomicU64,
+            device: FifoRawParts {
+                triggers: slots as u64,
+                head: address(head),
+                tail: address(tail),
+                tail_cache: address(tail_cache),
+                doorbell: 0,
+                size: self.slots.len() as u32,
+                reserved: 0,
+            },
+            keep_alive: Box::new(self),
+        }
+    }
+}
+
+/// Guards the GPU placement of the ring: over cells a backend placed, triggers go through
+/// in order across several laps, and the host never claims to see the head (on a GPU it is
+/// device memory).
+#[test]
+fn a_mapped_ring_moves_triggers_in_order() {
+    // SAFETY: the placement's memory lives in `keep_alive`, zeroed, accessed atomically.
+    let mut fifo = unsafe { Fifo::from_mapped(Placement::new(4).cells()) }.unwrap();
+    // SAFETY: `fifo` outlives the producer, joined below.
+    let producer = unsafe { handle(&fifo) };
+    let pushing = std::thread::spawn(move || {
+        for seq in 0..64 {
+            producer.push(trigger(7, seq)).unwrap();
+        }
+    });
+    let got = drain(&mut fifo, 64);
+    pushing.join().unwrap();
+    let expected: Vec<_> = (0..64).map(|seq| trigger(7, seq).decode()).collect();
+    assert_eq!(got, expected);
+    let cells = fifo.cells();
+    assert_eq!((cells.claimed(), cells.head_word()), (None, None));
+    assert_eq!(cells.raw_parts().doorbell, 0);
+}
+
+/// Guards against a misplaced ring being used: each flaw is refused with a reason, before
+/// any trigger could be lost to it. Dirty memory matters most: GPU drivers do not zero what
+/// they hand out, and a stale commit bit would read as a trigger.
+#[test]
+fn a_misplaced_mapped_ring_is_refused() {
+    let refused = |change: &dyn Fn(&mut MappedFifoCells), why: &str| {
+        let mut cells = Placement::new(4).cells();
+        change(&mut cells);
+        // SAFETY: the placement's memory lives in `keep_alive`; the changes only make
+        // `from_mapped` refuse it before it is used.
+        let err = unsafe { Fifo::from_mapped(cells) }
+            .err()
+            .unwrap_or_else(|| panic!("{why}: accepted"));
+        assert!(err.to_string().contains(why), "{why}: {err}");
+    };
+    refused(&|c| c.device.doorbell = 0x1000, "doorbell");
+    refused(&|c| c.device.size = 3, "power of two");
+    refused(&|c| c.device.head = 0, "null or misaligned");
+    refused(&|c| c.device.tail_cache += 4, "null or misaligned");
+    refused(
+        &|c| c.host_slots = (c.host_slots as usize + 8) as *mut TriggerSlot,
+        "null or misaligned",
+    );
+    refused(
+        &|c| {
+            // SAFETY: slot 2 of the 4 the placement holds.
+            let slot = unsafe { &*c.host_slots.add(2) };
+            slot.words[1].store(1 << 63, Ordering::Relaxed);
+        },
+        "slot 2 is not zero",
+    );
+    refused(
+        &|c| {
+            // SAFETY: the placement's tail.
+            unsafe { &*c.host_tail }.store(5, Ordering::Relaxed);
+        },
+        "tail is not zero",
     );
 }

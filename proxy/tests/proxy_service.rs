@@ -4,9 +4,13 @@
 
 use oxccl_device::DeviceError;
 use oxccl_device::abort::AbortRecord;
+use oxccl_device::fifo::PROXY_ASLEEP;
 use oxccl_device::fifo::{ProxyTrigger, TriggerFields, trigger_type};
 use oxccl_device::wait::WaitPolicy;
-use oxccl_proxy::{Connection, FIFO_SITE, MemoryRegion, ProxyConfig, ProxyError, ProxyService};
+use oxccl_proxy::{
+    Connection, FIFO_SITE, IdlePolicy, MemoryRegion, PollSchedule, ProxyConfig, ProxyError,
+    ProxyService,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -66,12 +70,23 @@ fn signal_trigger() -> ProxyTrigger {
 /// word so kernels stop waiting; and stopping the proxy afterwards must not hang.
 #[test]
 fn timed_out_push_is_reported() {
+    timed_out_push_is_reported_under(IdlePolicy::Doorbell);
+}
+
+/// The same with a polling proxy, whose ring has no doorbell (as on a GPU).
+#[test]
+fn timed_out_push_is_reported_by_a_polling_proxy() {
+    timed_out_push_is_reported_under(IdlePolicy::Poll(PollSchedule::default()));
+}
+
+fn timed_out_push_is_reported_under(idle: IdlePolicy) {
     let limit = Duration::from_millis(200);
     let mut proxy = ProxyService::new(ProxyConfig {
         rank: 0,
         fifo_size: 2,
         wait_timeout: limit,
         assist: false,
+        idle,
     })
     .unwrap();
     let connection = Arc::new(CountingConnection::default());
@@ -146,4 +161,138 @@ fn zero_wait_timeout_is_refused_by_the_proxy() {
     .err()
     .expect("a zero limit must be refused");
     assert!(err.to_string().contains("zero"), "{err}");
+}
+
+/// A started proxy without assist, with a counting channel to peer 1 and the wait policy
+/// of its handles (limit 10 s); the Arcs keep the policy's cells alive.
+struct Counted {
+    proxy: ProxyService,
+    connection: Arc<CountingConnection>,
+    record: Arc<AbortRecord>,
+    stop: Arc<AtomicU64>,
+    _semaphore: Arc<AtomicU64>,
+}
+
+impl Counted {
+    fn new(idle: IdlePolicy) -> Counted {
+        let mut proxy = ProxyService::new(ProxyConfig {
+            rank: 0,
+            fifo_size: 8,
+            wait_timeout: Duration::from_secs(10),
+            assist: false,
+            idle,
+        })
+        .unwrap();
+        let connection = Arc::new(CountingConnection::default());
+        let record = Arc::new(AbortRecord::new());
+        let semaphore = Arc::new(AtomicU64::new(0));
+        let remote_inbound = MemoryRegion::new(1, semaphore.as_ptr() as u64, 8);
+        proxy
+            .add_channel(connection.clone(), remote_inbound, record.clone())
+            .unwrap();
+        proxy.start().unwrap();
+        let stop = proxy.stop_word();
+        Counted {
+            proxy,
+            connection,
+            record,
+            stop,
+            _semaphore: semaphore,
+        }
+    }
+
+    /// Pushes one signal and returns how long the proxy took to deliver it (at most 5 s:
+    /// the test fails beyond).
+    fn signal(&self) -> Duration {
+        // SAFETY: the record and the stop word are kept alive by `self`.
+        let wait =
+            unsafe { WaitPolicy::from_raw_parts(&*self.record, &*self.stop, 10_000_000_000, 0) };
+        let cells = self.proxy.fifo_cells();
+        let before = self.connection.signals.load(Ordering::Relaxed);
+        let started = Instant::now();
+        cells.device_handle(wait).push(signal_trigger()).unwrap();
+        while self.connection.signals.load(Ordering::Relaxed) == before {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the proxy did not execute a trigger within 5 s"
+            );
+            std::thread::yield_now();
+        }
+        started.elapsed()
+    }
+
+    /// The FIFO head as the host sees it.
+    fn head(&self) -> u64 {
+        self.proxy
+            .fifo_cells()
+            .head_word()
+            .expect("a heap FIFO's head is readable")
+    }
+}
+
+/// Guards the GPU's FIFO contract on the emulator: a polling proxy's ring carries no
+/// doorbell (a GPU cannot ring one), and the proxy never writes the head (on a GPU it is
+/// device memory, where host atomics are not atomic with the device's), yet still executes a
+/// trigger pushed long after it went idle. The parked proxy of the CPU emulator, for
+/// contrast, does mark the head when it parks: the check below can see such a mark.
+#[test]
+fn a_polling_proxy_needs_no_doorbell_and_never_writes_the_head() {
+    let schedule = PollSchedule {
+        hot: Duration::from_millis(1),
+        first_nap: Duration::from_micros(50),
+        max_nap: Duration::from_millis(2),
+    };
+    let polling = Counted::new(IdlePolicy::Poll(schedule));
+    assert_eq!(polling.proxy.fifo_cells().raw_parts().doorbell, 0);
+    polling.signal();
+    for _ in 0..3 {
+        // Past the hot spell, into the naps: the next trigger is seen after one nap at most.
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(
+            polling.head() & PROXY_ASLEEP,
+            0,
+            "the polling proxy wrote the head"
+        );
+        polling.signal();
+    }
+    assert_eq!(polling.connection.signals.load(Ordering::Relaxed), 4);
+    assert_eq!(polling.head(), 4);
+
+    let parking = Counted::new(IdlePolicy::Doorbell);
+    assert_ne!(parking.proxy.fifo_cells().raw_parts().doorbell, 0);
+    parking.signal();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while parking.head() & PROXY_ASLEEP == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the parked proxy never marked the head"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Guards the latency of a kernel's first trigger after a long idle spell: with naps of
+/// 10 s, a trigger would wait up to 10 s, unless the host says work is coming
+/// (`expect_triggers`, called by the communicator before launching a kernel that pushes).
+/// Stopping a napping proxy must not wait out its nap either.
+#[test]
+fn expect_triggers_ends_a_long_nap() {
+    let schedule = PollSchedule {
+        hot: Duration::ZERO,
+        first_nap: Duration::from_secs(10),
+        max_nap: Duration::from_secs(10),
+    };
+    let mut napping = Counted::new(IdlePolicy::Poll(schedule));
+    std::thread::sleep(Duration::from_millis(20));
+    napping.proxy.expect_triggers();
+    let took = napping.signal();
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    std::thread::sleep(Duration::from_millis(20));
+    let started = Instant::now();
+    napping.proxy.stop().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
 }

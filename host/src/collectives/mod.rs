@@ -847,6 +847,8 @@ impl Communicator {
             .take()
             .ok_or_else(|| Error::Internal("collectives not set up".into()))?;
         let set_up = ctx.ports_set_up(self);
+        // The kernel pushes triggers from its start: a polling proxy should be hot by then.
+        self.proxy().expect_triggers();
         let ctx = &mut **self.collectives.insert(ctx);
         set_up?;
         let mut args = ctx.port_args(rank, size)?;
