@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 pub mod collective_bench;
+pub mod thread_stats;
 
 use std::process::{Child, ExitStatus};
 use std::sync::Arc;

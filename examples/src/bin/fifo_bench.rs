@@ -15,7 +15,16 @@
 //! fifo items=<N> push_pop_ns=<x> crossbeam_ns=<y> ratio=<x/y>
 //! cargo run --release -p oxccl-examples --bin fifo_bench -- --round-trip
 //! fifo_rtt items=<N> trigger_rtt_ns=<x> baseline_atomic_ns=<y> ratio=<x/y>
+//! cargo run --release -p oxccl-examples --bin fifo_bench -- --idle
+//! fifo_idle policy=<doorbell|poll|poll_announced> idle_s=10 proxy_cpu_ms=<c> proxy_cpu_pct=<p> wakeups_per_s=<w> first_trigger_after_1s_idle_us_median=<m> max=<x> busy_rtt_us=<b>
 //! ```
+//!
+//! - Idle (`--idle`): what a proxy with nothing to do costs, for the parked proxy of the CPU
+//!   emulator (`doorbell`) and the polling one a GPU needs (`poll`, default schedule; with
+//!   the first trigger announced by `expect_triggers`: `poll_announced`): the
+//!   proxy thread's CPU time and wakeups over 10 s of nothing (target: at most 1 % of a
+//!   core), and the round trip of the first trigger after 1 s of nothing, against the round
+//!   trip while triggers flow.
 
 use clap::Parser;
 use crossbeam::queue::ArrayQueue;
@@ -26,7 +35,10 @@ use oxccl_device::port_channel::{PortChannelDeviceHandle, PortChannelIds};
 use oxccl_device::semaphore::{Host2DeviceSemaphoreDeviceHandle, SemaphoreRawParts};
 use oxccl_device::wait::WaitPolicy;
 use oxccl_examples::atomic_pingpong;
-use oxccl_proxy::{Fifo, MemoryRegion, ProxyConfig, ProxyService, consumer_pacing};
+use oxccl_examples::thread_stats::Snapshot;
+use oxccl_proxy::{
+    Fifo, IdlePolicy, MemoryRegion, PollSchedule, ProxyConfig, ProxyService, consumer_pacing,
+};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
@@ -49,6 +61,14 @@ struct Args {
     /// Measure a trigger's round trip through the proxy thread instead of throughput.
     #[arg(long)]
     round_trip: bool,
+    /// Measure what an idle proxy costs under each idle policy: its thread's CPU time and
+    /// wakeups over `--idle-secs` of nothing, and the round trip of the first trigger after
+    /// 1 s idle (`--runs` tries).
+    #[arg(long)]
+    idle: bool,
+    /// Length of the idle window of `--idle`.
+    #[arg(long, default_value_t = 10)]
+    idle_secs: u64,
 }
 
 fn trigger(i: u64) -> ProxyTrigger {
@@ -138,59 +158,188 @@ fn crossbeam_queue(items: u64, capacity: u32, paced: bool) -> Duration {
     elapsed
 }
 
-/// `items` round trips of a signal trigger through a proxy thread to a semaphore of the
-/// pushing thread's own: push, then wait until the proxy has raised it.
-fn trigger_round_trip(items: u64, capacity: u32) -> Result<Duration, Box<dyn std::error::Error>> {
-    let mut proxy = ProxyService::new(ProxyConfig {
-        rank: 0,
-        fifo_size: capacity,
-        wait_timeout: Duration::from_secs(60),
-        assist: false,
-    })?;
-    // The semaphore: inbound (raised by the proxy) and expected (ours), 128 bytes apart as
-    // in `SemaphoreCells`, so the waiter's count does not share a line with the signal.
-    let counters: Arc<[AtomicU64; 17]> = Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
-    let inbound =
-        MemoryRegion::new(0, counters[0].as_ptr() as u64, 8).with_keep_alive(counters.clone());
-    let record = Arc::new(AbortRecord::new());
-    let id = proxy.add_channel(Arc::new(HostIpcConnection::new(0)), inbound, record.clone())?;
-    proxy.start()?;
-    let stop = proxy.stop_word();
-    let cells = proxy.fifo_cells();
-    // SAFETY: the record and the stop word are held above until the end of the function.
-    let wait = unsafe { WaitPolicy::from_raw_parts(&*record, &*stop, 60_000_000_000, id.0) };
-    let raw = SemaphoreRawParts {
-        inbound: counters[0].as_ptr() as u64,
-        expected: counters[16].as_ptr() as u64,
-        remote_inbound: 0,
-    };
-    // SAFETY: the counters are held above; the proxy raises `inbound`, only this thread
-    // touches `expected`.
-    let semaphore = unsafe { Host2DeviceSemaphoreDeviceHandle::from_raw_parts(raw, wait) };
-    let ids = PortChannelIds {
-        semaphore_id: id.0,
-        ..Default::default()
-    };
-    let chan = PortChannelDeviceHandle::new(cells.device_handle(wait), semaphore, ids);
-    let round_trip = |n: u64| -> Result<Duration, oxccl_device::DeviceError> {
+/// A proxy service whose one channel signals a semaphore of the pushing thread's own: a
+/// trigger's whole round trip through the FIFO and the proxy thread.
+struct Loopback {
+    proxy: ProxyService,
+    /// The semaphore: inbound (raised by the proxy) and expected (ours), 128 bytes apart as
+    /// in `SemaphoreCells`, so the waiter's count does not share a line with the signal.
+    counters: Arc<[AtomicU64; 17]>,
+    record: Arc<AbortRecord>,
+    stop: Arc<AtomicU64>,
+    id: u32,
+}
+
+impl Loopback {
+    /// A started proxy without assist (its thread executes every trigger), waiting as
+    /// `idle` says when the FIFO is empty.
+    fn new(capacity: u32, idle: IdlePolicy) -> Result<Self, Box<dyn std::error::Error>> {
+        let mut proxy = ProxyService::new(ProxyConfig {
+            rank: 0,
+            fifo_size: capacity,
+            wait_timeout: Duration::from_secs(60),
+            assist: false,
+            idle,
+        })?;
+        let counters: Arc<[AtomicU64; 17]> = Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
+        let inbound =
+            MemoryRegion::new(0, counters[0].as_ptr() as u64, 8).with_keep_alive(counters.clone());
+        let record = Arc::new(AbortRecord::new());
+        let id = proxy.add_channel(Arc::new(HostIpcConnection::new(0)), inbound, record.clone())?;
+        proxy.start()?;
+        let stop = proxy.stop_word();
+        Ok(Loopback {
+            proxy,
+            counters,
+            record,
+            stop,
+            id: id.0,
+        })
+    }
+
+    /// The time `n` round trips take: signal, then wait until the proxy has raised it.
+    fn round_trips(&self, n: u64) -> Result<Duration, oxccl_device::DeviceError> {
+        // SAFETY: the record and the stop word are held by `self`, which outlives the handles.
+        let wait = unsafe {
+            WaitPolicy::from_raw_parts(&*self.record, &*self.stop, 60_000_000_000, self.id)
+        };
+        let raw = SemaphoreRawParts {
+            inbound: self.counters[0].as_ptr() as u64,
+            expected: self.counters[16].as_ptr() as u64,
+            remote_inbound: 0,
+        };
+        // SAFETY: the counters are held by `self`; the proxy raises `inbound`, only the
+        // calling thread touches `expected` (`&self` is not shared between threads here).
+        let semaphore = unsafe { Host2DeviceSemaphoreDeviceHandle::from_raw_parts(raw, wait) };
+        let ids = PortChannelIds {
+            semaphore_id: self.id,
+            ..Default::default()
+        };
+        let cells = self.proxy.fifo_cells();
+        let chan = PortChannelDeviceHandle::new(cells.device_handle(wait), semaphore, ids);
         let start = Instant::now();
         for _ in 0..n {
             chan.signal()?;
             chan.wait()?;
         }
         Ok(start.elapsed())
-    };
-    round_trip((items / 10).clamp(1, 10_000))?;
-    let elapsed = round_trip(items)?;
-    proxy.stop()?;
-    proxy.check()?;
+    }
+
+    fn finish(mut self) -> Result<(), Box<dyn std::error::Error>> {
+        self.proxy.stop()?;
+        self.proxy.check()?;
+        Ok(())
+    }
+}
+
+/// `items` round trips of a signal trigger through a proxy thread to a semaphore of the
+/// pushing thread's own: push, then wait until the proxy has raised it.
+fn trigger_round_trip(items: u64, capacity: u32) -> Result<Duration, Box<dyn std::error::Error>> {
+    let loopback = Loopback::new(capacity, IdlePolicy::Doorbell)?;
+    loopback.round_trips((items / 10).clamp(1, 10_000))?;
+    let elapsed = loopback.round_trips(items)?;
+    loopback.finish()?;
     Ok(elapsed)
+}
+
+/// What one idle policy costs: the proxy thread while nothing happens, and the first
+/// trigger after a second of nothing.
+struct IdleCost {
+    /// CPU time of the proxy thread over the idle window.
+    cpu: Duration,
+    /// Times the proxy thread gave up its core over the window (its wakeups).
+    wakeups: u64,
+    /// Round trips of the first trigger after 1 s idle, one per try.
+    first_after_idle: Vec<Duration>,
+    /// A round trip while triggers flow (the best of a stream of them).
+    busy: Duration,
+}
+
+fn idle_cost(
+    capacity: u32,
+    idle: IdlePolicy,
+    window: Duration,
+    tries: u32,
+    announce: bool,
+) -> Result<IdleCost, Box<dyn std::error::Error>> {
+    let loopback = Loopback::new(capacity, idle)?;
+    let busy = (0..5)
+        .map(|_| loopback.round_trips(1000).map(|d| d / 1000))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .min()
+        .unwrap_or_default();
+    let mut first_after_idle = Vec::new();
+    for _ in 0..tries {
+        std::thread::sleep(Duration::from_secs(1));
+        if announce {
+            loopback.proxy.expect_triggers();
+        }
+        first_after_idle.push(loopback.round_trips(1)?);
+    }
+    // Let the hot spell after the last trigger pass, then watch the thread do nothing.
+    std::thread::sleep(Duration::from_millis(100));
+    let proxy = |s: &Snapshot| {
+        s.named("oxccl-proxy-r0")
+            .map(|c| (c.cpu_ns, c.voluntary_switches))
+            .ok_or("the proxy thread (oxccl-proxy-r0) is not listed in /proc/self/task")
+    };
+    let before = proxy(&Snapshot::take())?;
+    std::thread::sleep(window);
+    let after = proxy(&Snapshot::take())?;
+    loopback.finish()?;
+    Ok(IdleCost {
+        cpu: Duration::from_nanos(after.0.saturating_sub(before.0)),
+        wakeups: after.1.saturating_sub(before.1),
+        first_after_idle,
+        busy,
+    })
+}
+
+/// `--idle`: one line per policy, the parked proxy of the CPU emulator and the polling
+/// proxy a GPU needs (default schedule), the latter also with the first trigger announced
+/// (`expect_triggers`, as the communicator does before launching a kernel that pushes).
+fn idle_main(args: &Args) -> std::process::ExitCode {
+    let window = Duration::from_secs(args.idle_secs.max(1));
+    let poll = IdlePolicy::Poll(PollSchedule::default());
+    let policies = [
+        ("doorbell", IdlePolicy::Doorbell, false),
+        ("poll", poll, false),
+        ("poll_announced", poll, true),
+    ];
+    for (name, policy, announce) in policies {
+        let cost = match idle_cost(args.capacity, policy, window, args.runs.max(1), announce) {
+            Ok(cost) => cost,
+            Err(e) => {
+                eprintln!("fifo_bench: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        let mut first = cost.first_after_idle.clone();
+        first.sort();
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        println!(
+            "fifo_idle policy={name} idle_s={} proxy_cpu_ms={:.2} proxy_cpu_pct={:.3} wakeups_per_s={:.0} \
+             first_trigger_after_1s_idle_us_median={:.1} max={:.1} busy_rtt_us={:.2}",
+            window.as_secs(),
+            cost.cpu.as_secs_f64() * 1e3,
+            cost.cpu.as_secs_f64() / window.as_secs_f64() * 100.0,
+            cost.wakeups as f64 / window.as_secs_f64(),
+            us(first[first.len() / 2]),
+            us(*first.last().expect("at least one try")),
+            us(cost.busy),
+        );
+    }
+    std::process::ExitCode::SUCCESS
 }
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     if args.round_trip {
         return round_trip_main(&args);
+    }
+    if args.idle {
+        return idle_main(&args);
     }
     let items = args.items.max(1);
     let mut best = (Duration::MAX, Duration::MAX);

@@ -19,7 +19,6 @@
 
 mod measure;
 mod processes;
-mod thread_stats;
 
 use clap::{Parser, ValueEnum};
 

@@ -1,11 +1,11 @@
 //! One measurement: the channel's round trip between two ranks of this process, and the
 //! atomic baseline, each the best of `--runs`.
 
-use crate::thread_stats::Snapshot;
 use crate::{Args, Assist, Channel};
 use oxccl::Result;
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl_device::launch::LaunchConfig;
+use oxccl_examples::thread_stats::Snapshot;
 use oxccl_examples::{atomic_pingpong, micros};
 use oxccl_kernels::pingpong::{memory_pingpong, port_pingpong};
 use std::time::{Duration, Instant};

@@ -1,27 +1,33 @@
-//! `--thread-stats`: what each thread of this process did during the timed runs, from
-//! Linux's `/proc/self/task/<tid>/{comm,schedstat,status}`: CPU time, time spent runnable
-//! but waiting for a core, and voluntary and involuntary context switches. The evidence for
-//! which thread ran, and which waited for a core, in a slow process and in a fast one.
+//! What each thread of this process did between two moments, from Linux's
+//! `/proc/self/task/<tid>/{comm,schedstat,status}`: CPU time, time spent runnable but waiting
+//! for a core, and voluntary and involuntary context switches. The evidence for which thread
+//! ran, and which waited for a core (`pingpong --thread-stats`), and for what an idle proxy
+//! thread costs (`fifo_bench --idle`).
 
 use std::collections::BTreeMap;
 
 /// One thread's counters at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Counters {
-    name: String,
-    cpu_ns: u64,
-    runnable_wait_ns: u64,
-    voluntary_switches: u64,
-    involuntary_switches: u64,
+pub struct Counters {
+    /// The thread's name.
+    pub name: String,
+    /// CPU time so far.
+    pub cpu_ns: u64,
+    /// Time spent runnable, waiting for a core.
+    pub runnable_wait_ns: u64,
+    /// Times it gave up its core (blocked, slept, parked).
+    pub voluntary_switches: u64,
+    /// Times its core was taken from it.
+    pub involuntary_switches: u64,
 }
 
 /// Every thread's counters at one moment, by thread id (empty where `/proc` is missing).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Snapshot(BTreeMap<u64, Counters>);
+pub struct Snapshot(BTreeMap<u64, Counters>);
 
 impl Snapshot {
     /// The counters of every thread of this process now.
-    pub(crate) fn take() -> Snapshot {
+    pub fn take() -> Snapshot {
         let mut threads = BTreeMap::new();
         let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
             return Snapshot(threads);
@@ -59,9 +65,14 @@ impl Snapshot {
         Snapshot(threads)
     }
 
+    /// The counters of the first thread named `name`, if it was alive.
+    pub fn named(&self, name: &str) -> Option<&Counters> {
+        self.0.values().find(|c| c.name == name)
+    }
+
     /// One line per thread alive in both snapshots: what it did between `before` and
     /// `self`, busiest first.
-    pub(crate) fn lines_since(&self, before: &Snapshot) -> Vec<String> {
+    pub fn lines_since(&self, before: &Snapshot) -> Vec<String> {
         let mut rows: Vec<(u64, String)> = self
             .0
             .iter()
