@@ -64,17 +64,9 @@ impl Connection for HostIpcConnection {
         dst_off: u64,
         value: u64,
     ) -> Result<(), ProxyError> {
-        if dst.addr == 0 {
-            return Err(unmapped(dst));
-        }
-        if !dst.contains(dst_off, 8) || !(dst.addr + dst_off).is_multiple_of(8) {
-            return Err(ProxyError::InvalidUsage(format!(
-                "semaphore at offset {dst_off} of rank {}'s {}-byte region is out of bounds or misaligned",
-                dst.owner_rank, dst.size
-            )));
-        }
+        let address = dst.semaphore_address(dst_off)?;
         // SAFETY: in bounds and aligned (checked); semaphore cells are only accessed atomically.
-        let cell = unsafe { AtomicU64::from_ptr((dst.addr + dst_off) as usize as *mut u64) };
+        let cell = unsafe { AtomicU64::from_ptr(address as usize as *mut u64) };
         // Release: pairs with the peer kernel's Acquire load of its inbound counter, so the
         // copies above are visible to it.
         cell.store(value, Ordering::Release);

@@ -1,6 +1,7 @@
 //! What the proxy knows of a registered memory: whose it is, how big, where it is reachable
 //! from this process, and what keeps it there.
 
+use crate::error::ProxyError;
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
@@ -63,6 +64,29 @@ impl MemoryRegion {
     /// Whether `offset..offset+bytes` lies inside the region.
     pub fn contains(&self, offset: u64, bytes: u64) -> bool {
         offset <= self.size && bytes <= self.size - offset
+    }
+
+    /// The address of the semaphore counter at `offset`, for a connection about to raise
+    /// it: the region must be reachable here (a non-zero address) and the 8 bytes inside
+    /// it and aligned.
+    ///
+    /// # Errors
+    /// [`ProxyError::InvalidUsage`] saying which of those fails.
+    pub fn semaphore_address(&self, offset: u64) -> Result<u64, ProxyError> {
+        if self.addr == 0 {
+            return Err(ProxyError::InvalidUsage(format!(
+                "memory of rank {} is not mapped in this process",
+                self.owner_rank
+            )));
+        }
+        if !self.contains(offset, 8) || !(self.addr + offset).is_multiple_of(8) {
+            return Err(ProxyError::InvalidUsage(format!(
+                "semaphore at offset {offset} of rank {}'s {}-byte region is out of bounds or \
+                 misaligned",
+                self.owner_rank, self.size
+            )));
+        }
+        Ok(self.addr + offset)
     }
 }
 
