@@ -32,7 +32,7 @@ impl BufferMemory {
             BufferMemory::Cpu(m) => Ok(m),
             BufferMemory::Cuda(_) => Err(Error::BackendUnavailable(format!(
                 "{what}: the buffer is on a cuda device, and this needs the cpu backend for \
-                 now (CUDA IPC is not built)"
+                 now (communicators do not register through CUDA IPC yet)"
             ))),
         }
     }

@@ -219,7 +219,7 @@ impl Communicator {
             return Err(Error::InvalidUsage(format!("rank {}: {why}", oob.rank())));
         }
         let cpu = device.cpu_device_for("a communicator")?.clone();
-        let mut proxy = ProxyService::new(ProxyConfig {
+        let mut proxy = device.proxy_service(ProxyConfig {
             rank: oob.rank(),
             fifo_size: config.fifo_size,
             wait_timeout: config.wait_timeout,
@@ -338,8 +338,8 @@ impl Communicator {
     /// memory allocated as long as the communicator.
     ///
     /// # Errors
-    /// [`Error::BackendUnavailable`] for a buffer of a CUDA device (registration needs CUDA
-    /// IPC, which is not built yet); too many Ethernet registrations.
+    /// [`Error::BackendUnavailable`] for a buffer of a CUDA device (registration through
+    /// CUDA IPC is not wired in yet); too many Ethernet registrations.
     pub fn register<T: bytemuck::Pod>(&self, buffer: &DeviceBuffer<T>) -> Result<RegisteredMemory> {
         let memory = buffer.cpu_memory(&format!("rank {}: register", self.rank()))?;
         let mut registered = RegisteredMemory::new_local(

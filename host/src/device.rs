@@ -183,9 +183,9 @@ impl Device {
         match &self.inner.kind {
             DeviceKind::Cpu(d) => Ok(d),
             DeviceKind::Cuda(_) => Err(Error::BackendUnavailable(format!(
-                "{what} is not available on the cuda backend yet (CUDA IPC, the trigger \
-                 FIFO in mapped host memory and the proxy on streams are not built): use \
-                 the cpu backend for it"
+                "{what} is not available on the cuda backend yet (communicators do not \
+                 register memory through CUDA IPC or keep semaphores in device memory \
+                 yet): use the cpu backend for it"
             ))),
         }
     }

@@ -33,8 +33,8 @@ impl SemaphoreCells {
     /// anything).
     ///
     /// # Errors
-    /// The allocation failed, or the device is on the CUDA backend (whose semaphores need
-    /// CUDA IPC, not built yet).
+    /// The allocation failed, or the device is on the CUDA backend (whose semaphores a peer
+    /// reaches through CUDA IPC, which communicators do not set up yet).
     pub fn new(device: &Device) -> Result<Self> {
         let cells = device.alloc_zeroed::<u64>(CELLS)?;
         let memory = cells.cpu_memory("semaphores")?.clone();

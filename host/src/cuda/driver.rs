@@ -432,11 +432,6 @@ impl Context {
 /// Interprocess memory, mapped host memory and stream-ordered copies and writes: what the
 /// CUDA transport uses (a peer's registered memory mapped through CUDA IPC, the proxy's
 /// FIFO in mapped host memory, the proxy's copies and signals on its stream).
-#[allow(
-    dead_code,
-    reason = "the communicator does not build CUDA connections yet; tests and the CUDA IPC \
-              handle use part of this"
-)]
 impl Context {
     /// The allocation that holds device address `ptr` (`cuMemGetAddressRange`): its base
     /// address and its size in bytes.

@@ -5,13 +5,17 @@
 //! What works on this backend: opening a device (`Device::new(Backend::Cuda, i)`), device
 //! buffers (allocation, copies, views for kernels), streams, launching any `#[kernel]`
 //! whose crate's PTX was built (`cargo xtask build-ptx`), cooperative launches checked
-//! against the occupancy the driver reports, and bounded `synchronize`. What does not yet:
-//! communicators (connections through CUDA IPC between processes, the trigger FIFO in mapped
-//! host memory, the proxy on streams); asking for one on a CUDA device is an error that says
-//! so. The CUDA IPC handle a registered range travels as, and its mapping on the peer,
-//! exist ([`cuda_ipc`]); no connection uses them yet.
+//! against the occupancy the driver reports, bounded `synchronize`, and the pieces of port
+//! channels: a proxy whose trigger FIFO lives in mapped host memory and device memory
+//! (`Device::proxy_service`, [`cuda_fifo_memory`]), the CUDA IPC connection its triggers
+//! run through (`oxccl::cuda_ipc_connection`: copies and semaphore writes on a stream), and
+//! the CUDA IPC handle a registered range travels as, with its mapping on the peer
+//! ([`cuda_ipc`]). What does not yet: communicators, which do not build these for a CUDA
+//! device (registration through CUDA IPC, semaphores and abort records in device memory);
+//! asking for one on a CUDA device is an error that says so.
 
 pub(crate) mod cuda_device;
+pub(crate) mod cuda_fifo_memory;
 #[allow(
     dead_code,
     reason = "the communicator does not build CUDA IPC connections yet; tests use the handles"
