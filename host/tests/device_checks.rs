@@ -2,24 +2,37 @@
 //! where a CUDA driver and device are present (the GPU bundle runs this program there).
 //! What the emulator cannot show, a GPU can: its weaker memory model, blocks that are not
 //! all resident, memory that is not zeroed. Each check builds its handles from raw device
-//! addresses, so it needs no communicator, and reads the results back through the host.
+//! addresses, so it needs no communicator, and reads the results back through the host; the
+//! FIFO check has a proxy service of its own, whose FIFO the device places.
 
-use oxccl::{Backend, Device, DeviceBuffer, Error, Stream};
+use oxccl::cuda_ipc_connection::CudaIpcConnection;
+use oxccl::host_ipc_connection::HostIpcConnection;
+use oxccl::{Backend, Device, DeviceBuffer, Error, IdlePolicy, PollSchedule, Stream};
 use oxccl_device::DeviceError;
 use oxccl_device::abort::{AbortReason, AbortRecord};
 use oxccl_device::channel_set::ChannelSetDeviceHandle;
+use oxccl_device::fifo::FifoDeviceHandle;
 use oxccl_device::grid_barrier::{GridBarrierDeviceHandle, GridBarrierRawParts};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_device::memory_channel::{MemoryChannelBuffers, MemoryChannelDeviceHandle};
+use oxccl_device::port_channel::{PortChannelDeviceHandle, PortChannelIds};
 use oxccl_device::reduce::{DataType, ReduceOp};
-use oxccl_device::semaphore::{Device2DeviceSemaphoreDeviceHandle, SemaphoreRawParts};
+use oxccl_device::semaphore::{
+    Device2DeviceSemaphoreDeviceHandle, Host2DeviceSemaphoreDeviceHandle, SemaphoreRawParts,
+};
 use oxccl_device::wait::WaitPolicy;
 use oxccl_kernels::collectives::all_reduce::collective_all_reduce;
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
 use oxccl_kernels::collectives::{CollectiveArgs, ScratchLayout};
-use oxccl_kernels::device_check::{barrier_stamp, fill_sequence, grid_barrier_check};
+use oxccl_kernels::device_check::{
+    barrier_stamp, fifo_push_check, fill_sequence, grid_barrier_check,
+};
 use oxccl_kernels::packet_exchange::{ll8_exchange, ll16_exchange};
 use oxccl_kernels::pingpong::memory_pingpong;
+use oxccl_kernels::ring_exchange::port_ring_exchange;
+use oxccl_proxy::{Connection, MemoryRegion, ProxyConfig, ProxyService};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The devices a check runs on: the emulator, and GPU 0 where there is one (else the
@@ -440,6 +453,254 @@ fn grid_barrier_orders_every_block_of_a_full_grid() {
                 elapsed.as_secs_f64() * 1e6 / f64::from(2 * ROUNDS)
             );
         }
+    }
+}
+
+/// Guards the trigger FIFO where the device places it (on a GPU: slots and tail in mapped
+/// host memory, head and tail cache in device memory, no doorbell, a polling proxy): every
+/// thread of a grid pushes signal triggers through a ring much smaller than their number,
+/// so pushers wait for the proxy's tail across the bus lap after lap, then waits for its
+/// last one. Every position is handed out once, the proxy executes every trigger, and the
+/// device sees the proxy's tail. Prints the time a trigger.
+#[test]
+fn fifo_triggers_from_every_thread_reach_a_polling_proxy() {
+    const TRIGGERS: u32 = 16;
+    for device in every_backend("fifo_triggers_from_every_thread_reach_a_polling_proxy") {
+        let config = match device.backend() {
+            Backend::Cuda => LaunchConfig::grid(16).block(128),
+            _ => LaunchConfig::grid(2).block(16),
+        };
+        let threads = (config.grid.x * config.block.x) as usize;
+        let total = threads * TRIGGERS as usize;
+        let mut proxy = device
+            .proxy_service(ProxyConfig {
+                rank: 0,
+                fifo_size: 64,
+                wait_timeout: Duration::from_secs(10),
+                assist: false,
+                idle: IdlePolicy::Poll(PollSchedule::default()),
+            })
+            .unwrap();
+        assert_eq!(proxy.fifo_cells().raw_parts().doorbell, 0);
+        // The channel signals a counter of the host's: each executed trigger raises it by 1.
+        let signalled = Arc::new(AtomicU64::new(0));
+        let inbound =
+            MemoryRegion::new(0, signalled.as_ptr() as u64, 8).with_keep_alive(signalled.clone());
+        proxy
+            .add_channel(
+                Arc::new(HostIpcConnection::new(0)),
+                inbound,
+                Arc::new(AbortRecord::new()),
+            )
+            .unwrap();
+        proxy.start().unwrap();
+        let record = abort_record(&device);
+        let cells = proxy.fifo_cells();
+        // SAFETY: the cells are the proxy's FIFO, kept alive by `cells` (and the policy's
+        // record by `record`) until after the stream is synchronized below.
+        let fifo = unsafe {
+            FifoDeviceHandle::from_raw_parts(
+                cells.raw_parts(),
+                policy(&record, Duration::from_secs(10)),
+            )
+        };
+        let positions = device.alloc::<u64>(total).unwrap();
+        let s = stream(&device, Duration::from_secs(60));
+        proxy.expect_triggers();
+        let started = Instant::now();
+        fifo_push_check::launch(&s, config, fifo, TRIGGERS, positions.view_mut()).unwrap();
+        s.synchronize().unwrap();
+        let elapsed = started.elapsed();
+        assert_eq!(recorded(&record), None, "{device:?}");
+        proxy.stop().unwrap();
+        proxy.check().unwrap();
+        assert_eq!(
+            signalled.load(Ordering::Acquire),
+            total as u64,
+            "{device:?}: triggers executed"
+        );
+        let mut got = positions.to_vec().unwrap();
+        got.sort_unstable();
+        assert!(
+            got.iter().copied().eq(0..total as u64),
+            "{device:?}: positions are not 0..{total} once each"
+        );
+        println!(
+            "fifo: {total} triggers from {threads} threads through 64 slots to a polling proxy \
+             on {device:?}: {:.3} us a trigger (the launch included)",
+            elapsed.as_secs_f64() * 1e6 / total as f64
+        );
+    }
+}
+
+/// One rank of a port-channel ring of two built by hand on one device: its buffer, its
+/// channels' semaphore counters `[next inbound, next expected, prev inbound, prev
+/// expected]`, its abort record, and its own proxy (whose FIFO the device placed).
+struct PortRank {
+    buffer: DeviceBuffer<u8>,
+    counters: DeviceBuffer<u64>,
+    record: DeviceBuffer<u64>,
+    proxy: ProxyService,
+}
+
+/// The byte `i` of rank `rank`'s chunk.
+fn port_byte(rank: u32, i: usize) -> u8 {
+    (i as u32).wrapping_mul(31).wrapping_add(rank * 101) as u8
+}
+
+/// The connection a rank's proxy reaches its peer through: the GPU's copy engines on a
+/// GPU, the CPU on the emulator.
+fn peer_connection(device: &Device, peer: u32) -> Arc<dyn Connection> {
+    match device.backend() {
+        Backend::Cuda => {
+            Arc::new(CudaIpcConnection::new(device, peer, Duration::from_secs(10)).unwrap())
+        }
+        _ => Arc::new(HostIpcConnection::new(peer)),
+    }
+}
+
+/// Guards the whole port-channel path where the device runs it (on a GPU: the FIFO in
+/// mapped host memory, a polling proxy, copies and semaphore writes queued on the
+/// connection's stream): two ranks, each a stream with a proxy of its own, exchange their
+/// chunks with `port_ring_exchange` (ready handshake, put with signal, wait, flush), and
+/// each finds the other's chunk in its buffer. Then the exchange runs back to back, for its
+/// time.
+#[test]
+fn port_channels_exchange_between_two_streams() {
+    const CHUNK: usize = 64 * 1024;
+    const TIMED: u32 = 200;
+    for device in every_backend("port_channels_exchange_between_two_streams") {
+        let ranks: Vec<PortRank> = (0..2u32)
+            .map(|rank| {
+                let mut chunk = vec![0u8; 2 * CHUNK];
+                for (i, byte) in chunk
+                    .iter_mut()
+                    .enumerate()
+                    .skip(rank as usize * CHUNK)
+                    .take(CHUNK)
+                {
+                    *byte = port_byte(rank, i - rank as usize * CHUNK);
+                }
+                PortRank {
+                    buffer: device.alloc_from(&chunk).unwrap(),
+                    counters: device.alloc_zeroed(4).unwrap(),
+                    record: abort_record(&device),
+                    proxy: device
+                        .proxy_service(ProxyConfig {
+                            rank,
+                            fifo_size: 64,
+                            wait_timeout: Duration::from_secs(10),
+                            assist: false,
+                            idle: IdlePolicy::Poll(PollSchedule::default()),
+                        })
+                        .unwrap(),
+                }
+            })
+            .collect();
+        let mut handles = Vec::new();
+        for (rank, me) in ranks.iter().enumerate() {
+            let peer = &ranks[1 - rank];
+            let (rank, peer_rank) = (rank as u32, 1 - rank as u32);
+            let size = me.buffer.size_bytes() as u64;
+            let src = me
+                .proxy
+                .add_memory(MemoryRegion::new(rank, me.buffer.addr(), size))
+                .unwrap();
+            let dst = me
+                .proxy
+                .add_memory(MemoryRegion::new(peer_rank, peer.buffer.addr(), size))
+                .unwrap();
+            let connection = peer_connection(&device, peer_rank);
+            // `next` puts raise the peer's `prev` inbound; `prev` signals (the ready
+            // handshake) raise the peer's `next` inbound.
+            let channel = |peer_inbound: u64| {
+                let inbound = MemoryRegion::new(peer_rank, peer.counters.addr() + peer_inbound, 8);
+                me.proxy
+                    .add_channel(connection.clone(), inbound, Arc::new(AbortRecord::new()))
+                    .unwrap()
+            };
+            let (next_id, prev_id) = (channel(16), channel(0));
+            // SAFETY: every buffer, counter and record named is held by `ranks` until the
+            // streams are synchronized below; the counters are zeroed, each pair touched
+            // only by this rank's handle and the peer's proxy.
+            let handle = |id: u32, counters: u64| unsafe {
+                let wait = policy(&me.record, Duration::from_secs(10));
+                PortChannelDeviceHandle::new(
+                    FifoDeviceHandle::from_raw_parts(me.proxy.fifo_cells().raw_parts(), wait),
+                    Host2DeviceSemaphoreDeviceHandle::from_raw_parts(
+                        SemaphoreRawParts {
+                            inbound: counters,
+                            expected: counters + 8,
+                            remote_inbound: 0,
+                        },
+                        wait,
+                    ),
+                    PortChannelIds {
+                        semaphore_id: id,
+                        dst_memory_id: dst.0,
+                        src_memory_id: src.0,
+                        reserved: 0,
+                    },
+                )
+            };
+            handles.push((
+                handle(next_id.0, me.counters.addr()),
+                handle(prev_id.0, me.counters.addr() + 16),
+            ));
+        }
+        let mut ranks = ranks;
+        for me in &mut ranks {
+            me.proxy.start().unwrap();
+        }
+        let streams: Vec<Stream> = (0..2)
+            .map(|_| stream(&device, Duration::from_secs(60)))
+            .collect();
+        let exchange = |times: u32| {
+            for _ in 0..times {
+                for (rank, (next, prev)) in handles.iter().enumerate() {
+                    let config = LaunchConfig::grid(1).block(32);
+                    port_ring_exchange::launch(
+                        &streams[rank],
+                        config,
+                        *next,
+                        *prev,
+                        rank as u32,
+                        2,
+                        CHUNK as u64,
+                    )
+                    .unwrap();
+                }
+            }
+            for s in &streams {
+                s.synchronize().unwrap();
+            }
+        };
+        exchange(1);
+        for (rank, me) in ranks.iter().enumerate() {
+            assert_eq!(recorded(&me.record), None, "{device:?}: rank {rank}");
+            me.proxy.check().unwrap();
+            let got = me.buffer.to_vec().unwrap();
+            let want: Vec<u8> = (0..2 * CHUNK)
+                .map(|i| port_byte((i / CHUNK) as u32, i % CHUNK))
+                .collect();
+            assert!(
+                got == want,
+                "{device:?}: rank {rank} lacks its peer's chunk"
+            );
+        }
+        let started = Instant::now();
+        exchange(TIMED);
+        let elapsed = started.elapsed();
+        for me in &mut ranks {
+            me.proxy.stop().unwrap();
+            me.proxy.check().unwrap();
+        }
+        println!(
+            "port channels: {TIMED} exchanges of {} KiB between two streams on {device:?}: \
+             {:.2} us an exchange (handshake, put with signal, wait, flush)",
+            CHUNK / 1024,
+            elapsed.as_secs_f64() * 1e6 / f64::from(TIMED)
+        );
     }
 }
 

@@ -1,6 +1,7 @@
 //! Kernels that check a backend end to end: memory the device writes, read back by the host.
 
 use oxccl_device::error::DeviceError;
+use oxccl_device::fifo::{FifoDeviceHandle, ProxyTrigger, TriggerFields, trigger_type};
 use oxccl_device::grid_barrier::GridBarrierDeviceHandle;
 use oxccl_device::{DeviceViewMut, arch, kernel};
 
@@ -61,6 +62,42 @@ pub fn grid_barrier_check(
             }
         }
         barrier.sync_grid()?;
+    }
+    Ok(())
+}
+
+/// Pushes `triggers` signal triggers of channel 0 from every thread of the grid through
+/// `fifo`, recording the position each got in `positions[thread * triggers + i]`, then
+/// waits until the proxy has executed the thread's last one. After a launch, `positions`
+/// holds every position from 0 to the total, once each, and the proxy has executed them
+/// all, if pushes never lose or share a slot and the proxy's tail reaches the device.
+///
+/// # Errors
+/// A push or the final wait that timed out or was stopped; `positions` too short.
+#[kernel]
+pub fn fifo_push_check(
+    fifo: FifoDeviceHandle<'_>,
+    triggers: u32,
+    positions: DeviceViewMut<'_, u64>,
+) -> Result<(), DeviceError> {
+    let thread = arch::thread_rank_in_grid();
+    let trigger = ProxyTrigger::encode(&TriggerFields {
+        kind: trigger_type::FLAG,
+        dst_memory_id: 0,
+        dst_offset: thread,
+        src_memory_id: 0,
+        src_offset: 0,
+        size: 0,
+        semaphore_id: 0,
+    });
+    let mut last = None;
+    for i in 0..triggers as u64 {
+        let position = fifo.push(trigger)?;
+        positions.set(thread * triggers as u64 + i, position)?;
+        last = Some(position);
+    }
+    if let Some(position) = last {
+        fifo.sync(position)?;
     }
     Ok(())
 }
