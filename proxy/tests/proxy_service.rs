@@ -81,25 +81,12 @@ fn timed_out_push_is_reported_by_a_polling_proxy() {
 
 fn timed_out_push_is_reported_under(idle: IdlePolicy) {
     let limit = Duration::from_millis(200);
-    let mut proxy = ProxyService::new(ProxyConfig {
-        rank: 0,
-        fifo_size: 2,
-        wait_timeout: limit,
-        assist: false,
-        idle,
-    })
-    .unwrap();
-    let connection = Arc::new(CountingConnection::default());
-    let record = Arc::new(AbortRecord::new());
-    let semaphore = Arc::new(AtomicU64::new(0));
-    let remote_inbound = MemoryRegion::new(1, semaphore.as_ptr() as u64, 8);
-    proxy
-        .add_channel(connection.clone(), remote_inbound, record.clone())
-        .unwrap();
+    let counted = Counted::new(idle, 2, limit);
+    let (mut proxy, connection, record) = (counted.proxy, counted.connection, counted.record);
     let cells = proxy.fifo_cells();
-    let stop = proxy.stop_word();
     // SAFETY: the record and the stop word are kept alive by the Arcs above.
-    let wait = unsafe { WaitPolicy::from_raw_parts(&*record, &*stop, limit.as_nanos() as u64, 0) };
+    let wait =
+        unsafe { WaitPolicy::from_raw_parts(&*record, &*counted.stop, limit.as_nanos() as u64, 0) };
     let fifo = cells.device_handle(wait);
 
     // The proxy is not running yet: two pushes fill the ring, the third gives up.
@@ -163,8 +150,8 @@ fn zero_wait_timeout_is_refused_by_the_proxy() {
     assert!(err.to_string().contains("zero"), "{err}");
 }
 
-/// A started proxy without assist, with a counting channel to peer 1 and the wait policy
-/// of its handles (limit 10 s); the Arcs keep the policy's cells alive.
+/// A proxy without assist, with a counting channel to peer 1, and what the wait policy of
+/// its handles needs; the Arcs keep the policy's cells alive.
 struct Counted {
     proxy: ProxyService,
     connection: Arc<CountingConnection>,
@@ -174,11 +161,12 @@ struct Counted {
 }
 
 impl Counted {
-    fn new(idle: IdlePolicy) -> Counted {
-        let mut proxy = ProxyService::new(ProxyConfig {
+    /// Not started yet.
+    fn new(idle: IdlePolicy, fifo_size: u32, wait_timeout: Duration) -> Counted {
+        let proxy = ProxyService::new(ProxyConfig {
             rank: 0,
-            fifo_size: 8,
-            wait_timeout: Duration::from_secs(10),
+            fifo_size,
+            wait_timeout,
             assist: false,
             idle,
         })
@@ -190,7 +178,6 @@ impl Counted {
         proxy
             .add_channel(connection.clone(), remote_inbound, record.clone())
             .unwrap();
-        proxy.start().unwrap();
         let stop = proxy.stop_word();
         Counted {
             proxy,
@@ -199,6 +186,13 @@ impl Counted {
             stop,
             _semaphore: semaphore,
         }
+    }
+
+    /// Started, with an 8-slot ring and a limit of 10 s.
+    fn started(idle: IdlePolicy) -> Counted {
+        let mut counted = Counted::new(idle, 8, Duration::from_secs(10));
+        counted.proxy.start().unwrap();
+        counted
     }
 
     /// Pushes one signal and returns how long the proxy took to deliver it (at most 5 s:
@@ -242,7 +236,7 @@ fn a_polling_proxy_needs_no_doorbell_and_never_writes_the_head() {
         first_nap: Duration::from_micros(50),
         max_nap: Duration::from_millis(2),
     };
-    let polling = Counted::new(IdlePolicy::Poll(schedule));
+    let polling = Counted::started(IdlePolicy::Poll(schedule));
     assert_eq!(polling.proxy.fifo_cells().raw_parts().doorbell, 0);
     polling.signal();
     for _ in 0..3 {
@@ -258,7 +252,7 @@ fn a_polling_proxy_needs_no_doorbell_and_never_writes_the_head() {
     assert_eq!(polling.connection.signals.load(Ordering::Relaxed), 4);
     assert_eq!(polling.head(), 4);
 
-    let parking = Counted::new(IdlePolicy::Doorbell);
+    let parking = Counted::started(IdlePolicy::Doorbell);
     assert_ne!(parking.proxy.fifo_cells().raw_parts().doorbell, 0);
     parking.signal();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -282,7 +276,7 @@ fn expect_triggers_ends_a_long_nap() {
         first_nap: Duration::from_secs(10),
         max_nap: Duration::from_secs(10),
     };
-    let mut napping = Counted::new(IdlePolicy::Poll(schedule));
+    let mut napping = Counted::started(IdlePolicy::Poll(schedule));
     std::thread::sleep(Duration::from_millis(20));
     napping.proxy.expect_triggers();
     let took = napping.signal();
