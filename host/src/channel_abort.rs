@@ -6,7 +6,7 @@
 
 use oxccl_device::abort::AbortRecord;
 use oxccl_device::wait::WaitPolicy;
-use std::sync::Arc;
+use oxccl_proxy::HostCell;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -14,8 +14,8 @@ use std::time::Duration;
 /// failures are recorded under.
 #[derive(Clone, Debug)]
 pub(crate) struct ChannelAbort {
-    pub(crate) record: Arc<AbortRecord>,
-    pub(crate) stop: Arc<AtomicU64>,
+    pub(crate) record: HostCell<AbortRecord>,
+    pub(crate) stop: HostCell<AtomicU64>,
     pub(crate) timeout: Duration,
     pub(crate) site: u32,
 }

@@ -46,7 +46,7 @@ use oxccl_device::abort::{AbortReason, AbortRecord};
 use oxccl_device::error::DeviceOp;
 use oxccl_device::port_channel::PortChannelIds;
 use oxccl_proxy::{
-    Connection, FIFO_SITE, INBOUND_SITE, IdlePolicy, MemoryId, MemoryRegion, ProxyConfig,
+    Connection, FIFO_SITE, HostCell, INBOUND_SITE, IdlePolicy, MemoryId, MemoryRegion, ProxyConfig,
     ProxyService,
 };
 use parking_lot::Mutex;
@@ -121,7 +121,7 @@ impl Default for CommunicatorConfig {
 /// A channel's abort record, as the communicator finds it again by site.
 struct ChannelEntry {
     channel: ChannelRef,
-    record: Arc<AbortRecord>,
+    record: HostCell<AbortRecord>,
 }
 
 /// Stops one rank's kernels from another thread: raises the rank's stop word, so every
@@ -129,7 +129,7 @@ struct ChannelEntry {
 /// [`Communicator::check`] reports `why`. For a job whose other rank failed.
 #[derive(Clone, Debug)]
 pub struct RankStopper {
-    stop: Arc<AtomicU64>,
+    stop: HostCell<AtomicU64>,
     why: Arc<Mutex<Option<String>>>,
 }
 
@@ -699,7 +699,11 @@ impl Communicator {
     }
 
     /// The next channel of `kind` to `peer`, as errors will name it, and its abort record.
-    fn new_channel(&mut self, kind: ChannelKind, peer: u32) -> (ChannelRef, Arc<AbortRecord>) {
+    fn new_channel(
+        &mut self,
+        kind: ChannelKind,
+        peer: u32,
+    ) -> Result<(ChannelRef, HostCell<AbortRecord>)> {
         let count = self.channel_counts.entry((kind, peer)).or_insert(0);
         let channel = ChannelRef {
             kind,
@@ -707,13 +711,13 @@ impl Communicator {
             index: *count,
         };
         *count += 1;
-        (channel, Arc::new(AbortRecord::new()))
+        Ok((channel, self.device.host_cell(AbortRecord::new())?))
     }
 
     fn channel_abort(
         &mut self,
         channel: ChannelRef,
-        record: Arc<AbortRecord>,
+        record: HostCell<AbortRecord>,
         site: u32,
     ) -> ChannelAbort {
         self.channels.insert(
@@ -787,7 +791,7 @@ impl Communicator {
             ),
         };
         let src = self.reach(src)?;
-        let (channel, record) = self.new_channel(ChannelKind::Port, peer);
+        let (channel, record) = self.new_channel(ChannelKind::Port, peer)?;
         let id = self
             .proxy
             .add_channel(connection, remote_inbound, record.clone())?;
@@ -869,7 +873,7 @@ impl Communicator {
         let remote = self.reach(remote)?;
         let local = self.reach(local)?;
         let packets = packets.map(|p| self.reach(p)).transpose()?;
-        let (channel, record) = self.new_channel(ChannelKind::Memory, peer);
+        let (channel, record) = self.new_channel(ChannelKind::Memory, peer)?;
         let site = MEMORY_CHANNEL_SITE_BASE + self.memory_channels;
         self.memory_channels += 1;
         let abort = self.channel_abort(channel, record, site);

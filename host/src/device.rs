@@ -9,10 +9,12 @@ use crate::backend::Backend;
 use crate::cpu::CpuDevice;
 use crate::cpu::memory::Fill;
 use crate::cuda::cuda_device::CudaDevice;
+use crate::cuda::mapped_cells::MappedCells;
 use crate::device_buffer::DeviceBuffer;
 use crate::stream::Stream;
 use crate::{Error, Result};
 use bytemuck::Pod;
+use oxccl_proxy::HostCell;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +42,8 @@ pub struct Device {
 
 struct DeviceInner {
     kind: DeviceKind,
+    /// Where cells the host and this GPU's kernels share are placed (CUDA only).
+    mapped_cells: Option<MappedCells>,
 }
 
 /// The device of one backend.
@@ -65,11 +69,15 @@ impl Device {
     /// driver refuses to open it.
     pub fn new(backend: Backend, ordinal: usize) -> Result<Device> {
         match backend.resolve() {
-            Backend::Cuda => Ok(Device {
-                inner: Arc::new(DeviceInner {
-                    kind: DeviceKind::Cuda(CudaDevice::shared(ordinal)?),
-                }),
-            }),
+            Backend::Cuda => {
+                let device = CudaDevice::shared(ordinal)?;
+                Ok(Device {
+                    inner: Arc::new(DeviceInner {
+                        mapped_cells: Some(MappedCells::new(&device)),
+                        kind: DeviceKind::Cuda(device),
+                    }),
+                })
+            }
             _ => Ok(Device::cpu(ordinal)),
         }
     }
@@ -99,6 +107,7 @@ impl Device {
         Device {
             inner: Arc::new(DeviceInner {
                 kind: DeviceKind::Cpu(Arc::new(CpuDevice::new(ordinal))),
+                mapped_cells: None,
             }),
         }
     }
@@ -170,6 +179,20 @@ impl Device {
     /// of seconds.
     pub fn stream(&self) -> Result<Stream> {
         Stream::new(self.clone(), timeout_from_env()?)
+    }
+
+    /// `value` where the host and this device's kernels both reach it, at one address:
+    /// the heap on the CPU backend, pinned device-mapped host memory on a GPU (see
+    /// [`HostCell`]). For abort records and stop words: a value placed on a GPU is never
+    /// dropped, so types that need a drop are refused there.
+    ///
+    /// # Errors
+    /// (GPU) a type that needs dropping, or the driver refused the memory.
+    pub fn host_cell<T: Send + Sync + 'static>(&self, value: T) -> Result<HostCell<T>> {
+        match &self.inner.mapped_cells {
+            Some(cells) => cells.place(value),
+            None => Ok(HostCell::new(value)),
+        }
     }
 
     /// The device of its backend.

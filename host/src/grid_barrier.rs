@@ -18,7 +18,7 @@ use crate::{Error, Result};
 use oxccl_device::DeviceError;
 use oxccl_device::abort::AbortRecord;
 use oxccl_device::grid_barrier::{GridBarrierDeviceHandle, GridBarrierRawParts};
-use std::sync::Arc;
+use oxccl_proxy::HostCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -80,7 +80,7 @@ impl GridBarrier {
     pub(crate) fn new(
         device: &Device,
         timeout: Duration,
-        stop: Option<Arc<AtomicU64>>,
+        stop: Option<HostCell<AtomicU64>>,
     ) -> Result<GridBarrier> {
         if timeout.is_zero() {
             return Err(Error::InvalidUsage(
@@ -93,8 +93,11 @@ impl GridBarrier {
         Ok(GridBarrier {
             cells: device.alloc_zeroed::<u64>(CELLS)?,
             abort: ChannelAbort {
-                record: Arc::new(AbortRecord::new()),
-                stop: stop.unwrap_or_default(),
+                record: device.host_cell(AbortRecord::new())?,
+                stop: match stop {
+                    Some(stop) => stop,
+                    None => device.host_cell(AtomicU64::new(0))?,
+                },
                 timeout,
                 site: GRID_BARRIER_SITE,
             },

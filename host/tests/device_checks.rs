@@ -3,7 +3,8 @@
 //! What the emulator cannot show, a GPU can: its weaker memory model, blocks that are not
 //! all resident, memory that is not zeroed. Each check builds its handles from raw device
 //! addresses, so it needs no communicator, and reads the results back through the host; the
-//! FIFO check has a proxy service of its own, whose FIFO the device places.
+//! FIFO and port-channel checks have proxy services of their own, whose FIFOs the device
+//! places, and one check waits on a stop word and record the host shares with the device.
 
 use oxccl::cuda_ipc_connection::CudaIpcConnection;
 use oxccl::host_ipc_connection::HostIpcConnection;
@@ -11,6 +12,7 @@ use oxccl::{Backend, Device, DeviceBuffer, Error, IdlePolicy, PollSchedule, Stre
 use oxccl_device::DeviceError;
 use oxccl_device::abort::{AbortReason, AbortRecord};
 use oxccl_device::channel_set::ChannelSetDeviceHandle;
+use oxccl_device::error::DeviceOp;
 use oxccl_device::fifo::FifoDeviceHandle;
 use oxccl_device::grid_barrier::{GridBarrierDeviceHandle, GridBarrierRawParts};
 use oxccl_device::launch::LaunchConfig;
@@ -30,7 +32,7 @@ use oxccl_kernels::device_check::{
 use oxccl_kernels::packet_exchange::{ll8_exchange, ll16_exchange};
 use oxccl_kernels::pingpong::memory_pingpong;
 use oxccl_kernels::ring_exchange::port_ring_exchange;
-use oxccl_proxy::{Connection, MemoryRegion, ProxyConfig, ProxyService};
+use oxccl_proxy::{Connection, HostCell, MemoryRegion, ProxyConfig, ProxyService};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -363,6 +365,86 @@ fn an_unanswered_wait_ends_at_its_limit_and_records_why() {
     }
 }
 
+/// Guards the cells the host and kernels share (on a GPU: pinned device-mapped host
+/// memory, [`Device::host_cell`]), both ways. A kernel waits, with a limit of 60 s, for a
+/// peer that never answers; the host raises the rank's stop word after 100 ms, and the wait
+/// ends within seconds (a stopped wait records nothing: the failure that raised the word
+/// is the one reported). Then a wait with a limit of 200 ms times out: the kernel records
+/// why in the record and raises the stop word, and the host reads both without a copy.
+#[test]
+fn host_cells_carry_stops_and_failures_between_host_and_kernels() {
+    for device in every_backend("host_cells_carry_stops_and_failures_between_host_and_kernels") {
+        let (me, absent) = (Side::new(&device, 1, 0), Side::new(&device, 1, 0));
+        let s = stream(&device, Duration::from_secs(20));
+        let wait_alone = |limit: Duration, stop_after: Option<Duration>| {
+            let record = device.host_cell(AbortRecord::new()).unwrap();
+            let stop = device.host_cell(AtomicU64::new(0)).unwrap();
+            // SAFETY: the sides, the record and the stop word live until after the stream
+            // is synchronized below; both cells are reached atomically.
+            let chan = unsafe {
+                let wait = WaitPolicy::from_raw_parts(&*record, &*stop, limit.as_nanos() as u64, 7);
+                me.handle(&absent, false, wait)
+            };
+            let start = Instant::now();
+            memory_pingpong::launch(&s, LaunchConfig::grid(1).block(32), chan, 1, 1, 0).unwrap();
+            if let Some(after) = stop_after {
+                std::thread::sleep(after);
+                let word = AbortReason::encode(DeviceError::Aborted, DeviceOp::Unknown, 99);
+                stop.store(word, Ordering::Relaxed);
+            }
+            let outcome = s.synchronize();
+            let elapsed = start.elapsed();
+            let returned = match (device.backend(), outcome) {
+                (Backend::Cpu, Err(Error::KernelError { error, .. })) => Some(error),
+                // A GPU kernel's returned error does not come back: only its records say.
+                (Backend::Cuda, Ok(())) => None,
+                (_, outcome) => panic!("{device:?}: {outcome:?}"),
+            };
+            (
+                elapsed,
+                returned,
+                record.read(),
+                AbortReason::decode(stop.load(Ordering::Relaxed)),
+            )
+        };
+
+        let (elapsed, returned, recorded, stopped) =
+            wait_alone(Duration::from_secs(60), Some(Duration::from_millis(100)));
+        assert!(
+            elapsed < Duration::from_secs(5),
+            "{device:?}: a wait stopped 100 ms in ended {elapsed:?} after its launch"
+        );
+        assert!(
+            returned.is_none_or(|e| e == DeviceError::Aborted),
+            "{returned:?}"
+        );
+        assert_eq!(
+            recorded, None,
+            "{device:?}: a stopped wait recorded a failure"
+        );
+        assert_eq!(stopped.map(|r| r.site), Some(99), "{device:?}");
+
+        let (elapsed, returned, recorded, stopped) = wait_alone(Duration::from_millis(200), None);
+        assert!(elapsed < Duration::from_secs(5), "{device:?}: {elapsed:?}");
+        assert!(
+            returned.is_none_or(|e| e == DeviceError::Timeout),
+            "{returned:?}"
+        );
+        let recorded = recorded.unwrap_or_else(|| panic!("{device:?}: nothing recorded"));
+        assert_eq!(
+            (recorded.error, recorded.site),
+            (Some(DeviceError::Timeout), 7),
+            "{device:?}: {recorded:?}"
+        );
+        let stopped = stopped.unwrap_or_else(|| panic!("{device:?}: the stop word stayed down"));
+        assert_eq!(stopped.site, 7, "{device:?}: {stopped:?}");
+        println!(
+            "host cells on {device:?}: a wait stopped by the host ended, a timed-out one was \
+             recorded and raised the stop word"
+        );
+    }
+}
+
 /// Guards against a grid barrier that lets a block past before every block's writes are
 /// visible, or that loses count over many barriers: as many blocks as the device holds at
 /// once (on a GPU) exchange stamps through memory around 200 barriers, and none reads a
@@ -490,7 +572,7 @@ fn fifo_triggers_from_every_thread_reach_a_polling_proxy() {
             .add_channel(
                 Arc::new(HostIpcConnection::new(0)),
                 inbound,
-                Arc::new(AbortRecord::new()),
+                HostCell::new(AbortRecord::new()),
             )
             .unwrap();
         proxy.start().unwrap();
@@ -616,7 +698,11 @@ fn port_channels_exchange_between_two_streams() {
             let channel = |peer_inbound: u64| {
                 let inbound = MemoryRegion::new(peer_rank, peer.counters.addr() + peer_inbound, 8);
                 me.proxy
-                    .add_channel(connection.clone(), inbound, Arc::new(AbortRecord::new()))
+                    .add_channel(
+                        connection.clone(),
+                        inbound,
+                        HostCell::new(AbortRecord::new()),
+                    )
                     .unwrap()
             };
             let (next_id, prev_id) = (channel(16), channel(0));

@@ -3,6 +3,7 @@
 //!
 //! - [`fifo`]: the ring's cells and its single consumer.
 //! - [`idle_policy`]: how the proxy thread waits when the ring is empty.
+//! - [`host_cell`]: values in host memory that kernels reach too (abort records, stop words).
 //! - [`consumer_pacing`]: how the consumer leaves the ring alone after draining a stream.
 //! - [`connection`]: the [`Connection`] trait a transport implements.
 //! - [`memory_region`]: what the proxy knows of registered memory.
@@ -13,6 +14,7 @@ pub mod connection;
 pub mod consumer_pacing;
 pub mod error;
 pub mod fifo;
+pub mod host_cell;
 pub mod idle_policy;
 pub mod memory_region;
 #[cfg(not(oxccl_loom))]
@@ -21,6 +23,7 @@ pub mod proxy_service;
 pub use connection::Connection;
 pub use error::{ProxyError, Refusal, Side};
 pub use fifo::{Fifo, MappedFifoCells};
+pub use host_cell::HostCell;
 pub use idle_policy::{IdlePolicy, PollSchedule};
 pub use memory_region::MemoryRegion;
 #[cfg(not(oxccl_loom))]

@@ -32,6 +32,7 @@ use crate::connection::Connection;
 use crate::consumer_pacing;
 use crate::error::{ProxyError, Refusal, Side};
 use crate::fifo::{Fifo, FifoCells, MappedFifoCells};
+use crate::host_cell::HostCell;
 use crate::idle_policy::{IdlePolicy, PollSchedule};
 use crate::memory_region::MemoryRegion;
 use oxccl_device::DeviceError;
@@ -122,7 +123,7 @@ struct Channel {
     outbound: AtomicU64,
     stopped: AtomicBool,
     /// Where the channel's first failure goes (the channel's kernels read it too).
-    record: Arc<AbortRecord>,
+    record: HostCell<AbortRecord>,
 }
 
 /// The id tables, as one immutable snapshot: registrations publish a new snapshot and bump
@@ -162,7 +163,7 @@ struct Shared {
     generation: AtomicU64,
     /// The rank's stop word, raised by the first failure of any channel; every device wait
     /// of the rank's handles watches it.
-    stop_word: Arc<AtomicU64>,
+    stop_word: HostCell<AtomicU64>,
     errors: Mutex<(Vec<ProxyError>, u64)>,
     /// Set by `stop`: the thread drains what is published, then ends.
     shutdown: AtomicBool,
@@ -240,12 +241,13 @@ impl ProxyService {
             IdlePolicy::Doorbell => Fifo::new(config.fifo_size)?,
             IdlePolicy::Poll(_) => Fifo::without_doorbell(config.fifo_size)?,
         };
-        Self::over(config, fifo)
+        Self::over(config, fifo, HostCell::new(AtomicU64::new(0)))
     }
 
     /// A service over a FIFO whose cells a backend placed (pinned, device-mapped host
-    /// memory on a GPU: see [`crate::fifo`]); `config.fifo_size` must be their size, and
-    /// `config.idle` must poll (no GPU can ring a doorbell).
+    /// memory on a GPU: see [`crate::fifo`]), with the rank's stop word in `stop_word` (zero,
+    /// where the kernels reach it: see [`HostCell`]); `config.fifo_size` must be the cells'
+    /// size, and `config.idle` must poll (no GPU can ring a doorbell).
     ///
     /// # Errors
     /// As [`Self::new`], a policy that does not poll, a size other than the cells', or what
@@ -256,6 +258,7 @@ impl ProxyService {
     pub unsafe fn with_mapped_fifo(
         config: ProxyConfig,
         cells: MappedFifoCells,
+        stop_word: HostCell<AtomicU64>,
     ) -> Result<Self, ProxyError> {
         if config.idle == IdlePolicy::Doorbell || cells.device.size != config.fifo_size {
             return Err(ProxyError::InvalidUsage(format!(
@@ -266,10 +269,14 @@ impl ProxyService {
         }
         // SAFETY: the caller's contract.
         let fifo = unsafe { Fifo::from_mapped(cells)? };
-        Self::over(config, fifo)
+        Self::over(config, fifo, stop_word)
     }
 
-    fn over(config: ProxyConfig, fifo: Fifo) -> Result<Self, ProxyError> {
+    fn over(
+        config: ProxyConfig,
+        fifo: Fifo,
+        stop_word: HostCell<AtomicU64>,
+    ) -> Result<Self, ProxyError> {
         if config.wait_timeout.is_zero() {
             return Err(ProxyError::InvalidUsage(format!(
                 "rank {}: a wait limit of zero would let device waits wait forever; give \
@@ -281,7 +288,7 @@ impl ProxyService {
             rank: config.rank,
             tables: Mutex::new(Arc::new(Tables::default())),
             generation: AtomicU64::new(0),
-            stop_word: Arc::new(AtomicU64::new(0)),
+            stop_word,
             errors: Mutex::new((Vec::new(), 0)),
             shutdown: AtomicBool::new(false),
             expecting: AtomicBool::new(false),
@@ -328,7 +335,7 @@ impl ProxyService {
     }
 
     /// The rank's stop word (see the module docs), for the wait policies of its handles.
-    pub fn stop_word(&self) -> Arc<AtomicU64> {
+    pub fn stop_word(&self) -> HostCell<AtomicU64> {
         self.shared.stop_word.clone()
     }
 
@@ -388,7 +395,7 @@ impl ProxyService {
         &self,
         connection: Arc<dyn Connection>,
         remote_inbound: MemoryRegion,
-        record: Arc<AbortRecord>,
+        record: HostCell<AbortRecord>,
     ) -> Result<SemaphoreId, ProxyError> {
         if remote_inbound.owner_rank != connection.peer() || remote_inbound.size < 8 {
             return Err(ProxyError::InvalidUsage(format!(

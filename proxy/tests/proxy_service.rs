@@ -8,8 +8,8 @@ use oxccl_device::fifo::PROXY_ASLEEP;
 use oxccl_device::fifo::{ProxyTrigger, TriggerFields, trigger_type};
 use oxccl_device::wait::WaitPolicy;
 use oxccl_proxy::{
-    Connection, FIFO_SITE, IdlePolicy, MemoryRegion, PollSchedule, ProxyConfig, ProxyError,
-    ProxyService,
+    Connection, FIFO_SITE, HostCell, IdlePolicy, MemoryRegion, PollSchedule, ProxyConfig,
+    ProxyError, ProxyService,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -155,8 +155,8 @@ fn zero_wait_timeout_is_refused_by_the_proxy() {
 struct Counted {
     proxy: ProxyService,
     connection: Arc<CountingConnection>,
-    record: Arc<AbortRecord>,
-    stop: Arc<AtomicU64>,
+    record: HostCell<AbortRecord>,
+    stop: HostCell<AtomicU64>,
     _semaphore: Arc<AtomicU64>,
 }
 
@@ -172,7 +172,7 @@ impl Counted {
         })
         .unwrap();
         let connection = Arc::new(CountingConnection::default());
-        let record = Arc::new(AbortRecord::new());
+        let record = HostCell::new(AbortRecord::new());
         let semaphore = Arc::new(AtomicU64::new(0));
         let remote_inbound = MemoryRegion::new(1, semaphore.as_ptr() as u64, 8);
         proxy

@@ -37,7 +37,8 @@ use oxccl_device::wait::WaitPolicy;
 use oxccl_examples::atomic_pingpong;
 use oxccl_examples::thread_stats::Snapshot;
 use oxccl_proxy::{
-    Fifo, IdlePolicy, MemoryRegion, PollSchedule, ProxyConfig, ProxyService, consumer_pacing,
+    Fifo, HostCell, IdlePolicy, MemoryRegion, PollSchedule, ProxyConfig, ProxyService,
+    consumer_pacing,
 };
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -165,8 +166,8 @@ struct Loopback {
     /// The semaphore: inbound (raised by the proxy) and expected (ours), 128 bytes apart as
     /// in `SemaphoreCells`, so the waiter's count does not share a line with the signal.
     counters: Arc<[AtomicU64; 17]>,
-    record: Arc<AbortRecord>,
-    stop: Arc<AtomicU64>,
+    record: HostCell<AbortRecord>,
+    stop: HostCell<AtomicU64>,
     id: u32,
 }
 
@@ -184,7 +185,7 @@ impl Loopback {
         let counters: Arc<[AtomicU64; 17]> = Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
         let inbound =
             MemoryRegion::new(0, counters[0].as_ptr() as u64, 8).with_keep_alive(counters.clone());
-        let record = Arc::new(AbortRecord::new());
+        let record = HostCell::new(AbortRecord::new());
         let id = proxy.add_channel(Arc::new(HostIpcConnection::new(0)), inbound, record.clone())?;
         proxy.start()?;
         let stop = proxy.stop_word();

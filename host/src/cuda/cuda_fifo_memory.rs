@@ -14,56 +14,16 @@
 
 use super::cuda_device::CudaDevice;
 use super::cuda_memory::CudaMemory;
+use super::mapped_host_memory::MappedHostMemory;
 use crate::Result;
 use oxccl_device::arch::atomic::AtomicU64;
 use oxccl_device::fifo::{FifoRawParts, TriggerSlot};
 use oxccl_proxy::MappedFifoCells;
-use std::ffi::c_void;
 use std::sync::Arc;
 
 /// Bytes between the cells that different parties write, so that none shares a line with
 /// another (128: an L2 line of the GPU, two of an x86 core).
 const CELL_SPACING: usize = 128;
-
-/// Pinned host memory mapped into a device's address space, freed on drop.
-#[derive(Debug)]
-struct MappedHostMemory {
-    host: *mut c_void,
-    device_address: u64,
-    device: Arc<CudaDevice>,
-}
-
-// SAFETY: the pointer is to memory owned by this value (freed once, on drop); the driver
-// calls that free it may be made from any thread.
-unsafe impl Send for MappedHostMemory {}
-// SAFETY: `&MappedHostMemory` gives no access to the memory itself, only its addresses.
-unsafe impl Sync for MappedHostMemory {}
-
-impl MappedHostMemory {
-    /// `bytes` of zeroed pinned memory, mapped into `device`.
-    fn new(device: &Arc<CudaDevice>, bytes: usize) -> Result<Self> {
-        let host = device.context.host_alloc_mapped(bytes)?;
-        // Owned from here: a failure below frees it.
-        let mut memory = MappedHostMemory {
-            host,
-            device_address: 0,
-            device: device.clone(),
-        };
-        // SAFETY: `host` is the start of live memory from `host_alloc_mapped`.
-        memory.device_address = unsafe { device.context.host_device_pointer(host)? };
-        Ok(memory)
-    }
-}
-
-impl Drop for MappedHostMemory {
-    fn drop(&mut self) {
-        // SAFETY: allocated by `new`, freed once; the FIFO's cells (which hold this value)
-        // are dropped only after the proxy and every handle holder let go of them.
-        if let Err(e) = unsafe { self.device.context.free_host(self.host) } {
-            tracing::warn!(error = %e, "freeing the FIFO's mapped host memory failed");
-        }
-    }
-}
 
 /// What keeps a CUDA FIFO's memory alive.
 struct FifoMemory {
@@ -82,9 +42,9 @@ pub(crate) fn fifo_cells(device: &Arc<CudaDevice>, size: u32) -> Result<MappedFi
     let mapped = MappedHostMemory::new(device, tail_offset + CELL_SPACING)?;
     let counters = CudaMemory::new(device, 2 * CELL_SPACING, true)?;
     let device_parts = FifoRawParts {
-        triggers: mapped.device_address,
+        triggers: mapped.device_address(),
         head: counters.addr(),
-        tail: mapped.device_address + tail_offset as u64,
+        tail: mapped.device_address() + tail_offset as u64,
         tail_cache: counters.addr() + CELL_SPACING as u64,
         doorbell: 0,
         size,
@@ -92,9 +52,9 @@ pub(crate) fn fifo_cells(device: &Arc<CudaDevice>, size: u32) -> Result<MappedFi
     };
     // Page-aligned memory (cuMemHostAlloc), so the slots are 16-byte aligned and the tail,
     // at a multiple of 128 bytes in, 8-byte aligned.
-    let host_slots = mapped.host.cast::<TriggerSlot>();
+    let host_slots = mapped.host().cast::<TriggerSlot>();
     // SAFETY: `tail_offset + CELL_SPACING` bytes were allocated at `host`.
-    let host_tail = unsafe { mapped.host.cast::<u8>().add(tail_offset) }.cast::<AtomicU64>();
+    let host_tail = unsafe { mapped.host().cast::<u8>().add(tail_offset) }.cast::<AtomicU64>();
     Ok(MappedFifoCells {
         host_slots,
         host_tail,

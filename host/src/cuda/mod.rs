@@ -25,3 +25,5 @@ pub(crate) mod cuda_memory;
 pub(crate) mod cuda_stream;
 pub(crate) mod driver;
 pub(crate) mod gpu_address_ranges;
+pub(crate) mod mapped_cells;
+pub(crate) mod mapped_host_memory;
