@@ -28,5 +28,6 @@ pub use idle_policy::{IdlePolicy, PollSchedule};
 pub use memory_region::MemoryRegion;
 #[cfg(not(oxccl_loom))]
 pub use proxy_service::{
-    FIFO_SITE, FailureSink, INBOUND_SITE, MemoryId, ProxyConfig, ProxyService, SemaphoreId,
+    FIFO_SITE, FailureSink, INBOUND_SITE, MemoryId, ProxyConfig, ProxyService, ProxyWaker,
+    SemaphoreId,
 };

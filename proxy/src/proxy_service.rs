@@ -219,6 +219,35 @@ impl std::fmt::Debug for FailureSink {
     }
 }
 
+/// Wakes a polling proxy thread ahead of a kernel's triggers (see
+/// [`ProxyService::expect_triggers`]); does nothing for a parked one.
+#[derive(Clone)]
+pub struct ProxyWaker {
+    shared: Arc<Shared>,
+    /// The polling thread, if the service polls and had started.
+    thread: Option<std::thread::Thread>,
+}
+
+impl ProxyWaker {
+    /// A kernel that pushes triggers is about to run: a napping thread polls hot again.
+    pub fn expect_triggers(&self) {
+        if let Some(thread) = &self.thread {
+            // Release: pairs with the thread's Acquire swap; nothing rides on it but the flag.
+            self.shared.expecting.store(true, Ordering::Release);
+            thread.unpark();
+        }
+    }
+}
+
+impl std::fmt::Debug for ProxyWaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyWaker")
+            .field("rank", &self.shared.rank)
+            .field("polling", &self.thread.is_some())
+            .finish()
+    }
+}
+
 /// One FIFO and its proxy thread, with the id tables triggers refer to.
 pub struct ProxyService {
     shared: Arc<Shared>,
@@ -495,12 +524,24 @@ impl ProxyService {
     /// Tells a polling proxy ([`IdlePolicy::Poll`]) that a kernel which pushes triggers is
     /// about to run: a napping thread wakes now and polls hot again, so the kernel's first
     /// trigger is not left to wait out a nap. Cheap (a flag and an unpark); nothing to do
-    /// under [`IdlePolicy::Doorbell`], whose pushes wake the thread themselves.
+    /// under [`IdlePolicy::Doorbell`], whose pushes wake the thread themselves, or before
+    /// [`Self::start`].
     pub fn expect_triggers(&self) {
-        if let (IdlePolicy::Poll(_), Some(thread)) = (self.config.idle, &self.thread) {
-            // Release: pairs with the thread's Acquire swap; nothing rides on it but the flag.
-            self.shared.expecting.store(true, Ordering::Release);
-            thread.thread().unpark();
+        self.waker().expect_triggers();
+    }
+
+    /// What [`Self::expect_triggers`] does, for whoever prepares a launch without the
+    /// service at hand (a channel handing out its device handle). Take it after
+    /// [`Self::start`]: one taken before wakes nothing.
+    pub fn waker(&self) -> ProxyWaker {
+        let polling = matches!(self.config.idle, IdlePolicy::Poll(_));
+        ProxyWaker {
+            shared: self.shared.clone(),
+            thread: self
+                .thread
+                .as_ref()
+                .filter(|_| polling)
+                .map(|t| t.thread().clone()),
         }
     }
 
