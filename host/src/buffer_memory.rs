@@ -8,7 +8,7 @@ use crate::{Error, Result};
 use std::sync::Arc;
 
 /// A buffer's memory.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) enum BufferMemory {
     /// Emulator memory: kernels and the host use the same address.
     Cpu(Arc<DeviceMemory>),
@@ -26,13 +26,21 @@ impl BufferMemory {
         }
     }
 
+    /// A share of the memory, to keep it allocated (a region's keep-alive).
+    pub(crate) fn share(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+        match self {
+            BufferMemory::Cpu(m) => m.clone(),
+            BufferMemory::Cuda(m) => m.clone(),
+        }
+    }
+
     /// The emulator memory, or an error saying that `what` needs the CPU backend for now.
     pub(crate) fn cpu(&self, what: &str) -> Result<&Arc<DeviceMemory>> {
         match self {
             BufferMemory::Cpu(m) => Ok(m),
             BufferMemory::Cuda(_) => Err(Error::BackendUnavailable(format!(
                 "{what}: the buffer is on a cuda device, and this needs the cpu backend for \
-                 now (communicators do not register through CUDA IPC yet)"
+                 now"
             ))),
         }
     }

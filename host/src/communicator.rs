@@ -6,9 +6,9 @@
 //! (in the same order relative to their other channels to each other), and the two swap
 //! semaphore addresses through the exchange. Every failure names rank, peer and channel.
 //!
-//! Port channels run over host IPC or Ethernet, as [`CommunicatorConfig::transport`]
-//! chooses (logged at creation); both ends of a channel must choose the same, which the
-//! setup checks. Over Ethernet a peer's memory is named by the id its owner gave it, and the
+//! Port channels run over host IPC (CUDA IPC on a GPU) or Ethernet, as
+//! [`CommunicatorConfig::transport`] chooses (logged at creation); both ends of a channel
+//! must choose the same, which the setup checks. Over Ethernet a peer's memory is named by the id its owner gave it, and the
 //! owner's receiver checks every write against its own table (see [`crate::ethernet`]).
 //!
 //! Memory of another rank reached over host IPC is always reached through a mapping of its
@@ -17,14 +17,27 @@
 //! that frees its memory (it failed, it finished) never pulls it from under a peer. Memory
 //! reached over Ethernet is kept by its owner's table for as long as the owner's
 //! communicator.
+//!
+//! On a GPU, a rank's memory carries a CUDA IPC handle: a rank in another process opens it
+//! once per peer allocation (kept as long as anything built on it), a rank of the same
+//! process reaches it at its own address, holding a share of the allocation. The proxy's
+//! FIFO is in mapped host memory and polled, abort records and the stop word are in mapped
+//! host memory too ([`Device::host_cell`]), semaphores in device memory, and port channels
+//! copy through [`CudaIpcConnection`]s. Ethernet from GPU memory (pinned staging) is not
+//! built: registering a GPU buffer where port channels may run over Ethernet is an error.
 
 use crate::backend::Backend;
+use crate::buffer_memory::BufferMemory;
 use crate::channel_abort::ChannelAbort;
 use crate::collectives::CollectiveConfig;
 use crate::collectives::collective_context::CollectiveContext;
 use crate::cpu::CpuDevice;
 use crate::cpu::memory::PeerMapping;
+use crate::cuda::cuda_ipc::CudaIpcMapping;
+use crate::cuda::gpu_address_ranges;
+use crate::cuda_ipc_connection::CudaIpcConnection;
 use crate::device::Device;
+use crate::device::DeviceKind;
 use crate::device_buffer::DeviceBuffer;
 use crate::error::{ChannelError, ChannelFailure, ChannelKind, ChannelRef, Error, Result};
 use crate::ethernet::{EthernetEndpoint, new_token};
@@ -153,8 +166,8 @@ impl RankStopper {
 pub struct Communicator {
     oob: Arc<dyn OutOfBand>,
     device: Device,
-    /// The device's emulator (communicators run on the CPU backend only, for now).
-    cpu: Arc<CpuDevice>,
+    /// The device's emulator (CPU backend), which maps peers' host IPC memory.
+    cpu: Option<Arc<CpuDevice>>,
     proxy: ProxyService,
     config: CommunicatorConfig,
     /// Proxy memory ids by (owner rank, address, size, Ethernet id): a peer's memories
@@ -180,6 +193,9 @@ pub struct Communicator {
     /// built on it, so a mapping lives as long as its last user, and is unmapped only when
     /// no kernel of this rank's device runs.
     mappings: HashMap<(String, u32, u64), Arc<PeerMapping>>,
+    /// Allocations of ranks in other processes opened here through CUDA IPC, by (node,
+    /// pid, handle): one mapping per peer allocation, shared by every region built on it.
+    cuda_mappings: HashMap<(String, u32, [u8; 64]), Arc<CudaIpcMapping>>,
     /// What the host said when it stopped the rank ([`RankStopper`]).
     stop_why: Arc<Mutex<Option<String>>>,
     /// The collectives' scratch and channels, set up by the first collective call.
@@ -200,9 +216,8 @@ impl Communicator {
     /// A communicator for rank `oob.rank()` on `device`, its proxy started.
     ///
     /// # Errors
-    /// A zero `wait_timeout` ("no limit": every wait has one), a device of the CUDA backend
-    /// (which has no communicator yet: [`Error::BackendUnavailable`]), or the proxy could
-    /// not be created or started.
+    /// A zero `wait_timeout` ("no limit": every wait has one), the proxy could not be
+    /// created or started, or (on a GPU) the driver refused the FIFO's memory.
     pub fn new(
         oob: Arc<dyn OutOfBand>,
         device: Device,
@@ -218,7 +233,10 @@ impl Communicator {
         if let Err(why) = TransportChoice::from_env() {
             return Err(Error::InvalidUsage(format!("rank {}: {why}", oob.rank())));
         }
-        let cpu = device.cpu_device_for("a communicator")?.clone();
+        let cpu = match device.kind() {
+            DeviceKind::Cpu(cpu) => Some(cpu.clone()),
+            DeviceKind::Cuda(_) => None,
+        };
         let mut proxy = device.proxy_service(ProxyConfig {
             rank: oob.rank(),
             fifo_size: config.fifo_size,
@@ -256,6 +274,7 @@ impl Communicator {
             ethernet_connections: HashMap::new(),
             peer_watch,
             mappings: HashMap::new(),
+            cuda_mappings: HashMap::new(),
             stop_why: Arc::new(Mutex::new(None)),
             collectives: None,
         })
@@ -337,22 +356,43 @@ impl Communicator {
     /// the registration also gets an id in this rank's Ethernet table, which then keeps the
     /// memory allocated as long as the communicator.
     ///
+    /// A buffer of a CUDA device is registered with its CUDA IPC handle (for ranks in
+    /// other processes; ranks of this process reach it at its own address).
+    ///
     /// # Errors
-    /// [`Error::BackendUnavailable`] for a buffer of a CUDA device (registration through
-    /// CUDA IPC is not wired in yet); too many Ethernet registrations.
+    /// A buffer of another device's backend than the communicator's; the driver refused to
+    /// export a CUDA buffer; a CUDA buffer where port channels may run over Ethernet (the
+    /// staging through pinned host memory that needs is not built); too many Ethernet
+    /// registrations.
     pub fn register<T: bytemuck::Pod>(&self, buffer: &DeviceBuffer<T>) -> Result<RegisteredMemory> {
-        let memory = buffer.cpu_memory(&format!("rank {}: register", self.rank()))?;
+        let memory = buffer.memory().clone();
+        let rank = self.rank();
+        if matches!(memory, BufferMemory::Cuda(_)) != self.cpu.is_none() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank}: a buffer of {:?} cannot be registered with a communicator of {:?}",
+                buffer.device(),
+                self.device
+            )));
+        }
         let mut registered = RegisteredMemory::new_local(
-            self.rank(),
-            memory.clone(),
+            rank,
+            memory,
             0,
             buffer.size_bytes() as u64,
-            vec![Transport::HostIpc],
-        );
+            vec![self.node_transport()],
+        )?;
         if self.ethernet_possible() {
             self.make_ethernet_reachable(&mut registered)?;
         }
         Ok(registered)
+    }
+
+    /// The transport between ranks of one node: host IPC on the emulator, CUDA IPC on a GPU.
+    fn node_transport(&self) -> Transport {
+        match self.cpu {
+            Some(_) => Transport::HostIpc,
+            None => Transport::CudaIpc,
+        }
     }
 
     /// Whether port channels of this communicator may run over Ethernet.
@@ -370,6 +410,14 @@ impl Communicator {
             return Err(Error::Internal(
                 "only a registration made here can be made reachable over Ethernet".into(),
             ));
+        };
+        let Ok(owner) = owner.cpu("Ethernet") else {
+            return Err(Error::BackendUnavailable(format!(
+                "rank {}: memory of a CUDA device cannot be reached over Ethernet yet (the \
+                 staging through pinned host memory that needs is not built); use the \
+                 host-ipc transport (OXCCL_TRANSPORT=host-ipc) between ranks of one node",
+                self.rank()
+            )));
         };
         let id = self
             .ethernet_registry
@@ -452,7 +500,7 @@ impl Communicator {
         cells: &SemaphoreCells,
     ) -> Result<RegisteredMemory> {
         let tag = self.next_tag(peer, TAG_CHANNEL_SETUP);
-        let mut mine = cells.inbound_memory(self.rank(), vec![Transport::HostIpc]);
+        let mut mine = cells.inbound_memory(self.rank(), vec![self.node_transport()])?;
         if transport == Transport::Ethernet {
             self.make_ethernet_reachable(&mut mine)?;
         }
@@ -538,7 +586,10 @@ impl Communicator {
                 )));
             };
             let region = MemoryRegion::new(rank, memory.addr(), memory.size());
-            return Ok(region.with_keep_alive(owner.clone()));
+            return Ok(region.with_keep_alive(owner.share()));
+        }
+        if memory.cuda_ipc().is_some() {
+            return self.reach_cuda(memory);
         }
         let Some((handle, offset)) = memory.host_ipc() else {
             return Err(Error::InvalidUsage(format!(
@@ -553,6 +604,13 @@ impl Communicator {
                 memory.rank()
             )));
         }
+        let Some(cpu) = self.cpu.clone() else {
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank}: memory of rank {} is emulator memory, and this rank runs on {:?}",
+                memory.rank(),
+                self.device
+            )));
+        };
         let key = (handle.node.clone(), handle.pid, handle.inode);
         let pid = handle.pid;
         let mapping = match self.mappings.entry(key) {
@@ -560,7 +618,7 @@ impl Communicator {
             Entry::Vacant(e) => e
                 .insert(Arc::new(PeerMapping::new(
                     handle.map()?,
-                    self.cpu.clone(),
+                    cpu,
                     self.config.wait_timeout,
                 )))
                 .clone(),
@@ -583,14 +641,62 @@ impl Communicator {
         Ok(region.with_keep_alive(mapping))
     }
 
+    /// [`Self::reach`] for memory of a CUDA device: at its own address when it belongs to a
+    /// rank of this process (holding a share of the allocation), else through a mapping of
+    /// its CUDA IPC handle, opened once per peer allocation and kept as long as anything
+    /// uses it.
+    ///
+    /// A peer's memory on another GPU of this process is reached at its address too; kernels
+    /// of this rank can use it only where the two GPUs have peer access.
+    fn reach_cuda(&mut self, memory: &RegisteredMemory) -> Result<MemoryRegion> {
+        let rank = self.rank();
+        let (peer, size) = (memory.rank(), memory.size());
+        let (DeviceKind::Cuda(device), Some(handle)) = (self.device.kind(), memory.cuda_ipc())
+        else {
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank}: memory of rank {peer} is on a CUDA device, and this rank runs on \
+                 {:?}",
+                self.device
+            )));
+        };
+        if memory.node() != node_name() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank}: memory of rank {peer} is on node {:?}, and CUDA IPC reaches only \
+                 this node",
+                memory.node()
+            )));
+        }
+        if memory.process_id() == std::process::id() {
+            let owner = gpu_address_ranges::owner_of(memory.addr(), size).ok_or_else(|| {
+                Error::InvalidUsage(format!(
+                    "rank {rank}: memory of rank {peer} ({size} bytes at {:#x}) is not a live \
+                     allocation of this process",
+                    memory.addr()
+                ))
+            })?;
+            let region = MemoryRegion::new(peer, memory.addr(), size);
+            return Ok(region.with_keep_alive(owner));
+        }
+        let key = (memory.node().to_owned(), memory.process_id(), handle.handle);
+        let mapping = match self.cuda_mappings.entry(key) {
+            Entry::Occupied(e) => e.get().clone(),
+            Entry::Vacant(e) => e
+                .insert(Arc::new(CudaIpcMapping::open(device, handle)?))
+                .clone(),
+        };
+        self.peer_watch.watch(peer, memory.process_id());
+        let region = MemoryRegion::new(peer, mapping.addr_of(handle), size);
+        Ok(region.with_keep_alive(mapping))
+    }
+
     /// The transport of a port channel writing `dst` (a peer's memory), as the configured
     /// choice has it. Both ends decide the same: `auto` looks at whether the other's memory
     /// is on this node, which is true from both sides or from neither.
     fn port_transport(&self, dst: &RegisteredMemory) -> Transport {
         match self.config.transport {
-            TransportChoice::HostIpc => Transport::HostIpc,
+            TransportChoice::HostIpc => self.node_transport(),
             TransportChoice::Ethernet => Transport::Ethernet,
-            TransportChoice::Auto if dst.node() == node_name() => Transport::HostIpc,
+            TransportChoice::Auto if dst.node() == node_name() => self.node_transport(),
             TransportChoice::Auto => Transport::Ethernet,
         }
     }
@@ -784,6 +890,15 @@ impl Communicator {
                 self.reach_over_ethernet(&remote_inbound)?,
                 self.reach_over_ethernet(dst)?,
             ),
+            Transport::CudaIpc => (
+                Arc::new(CudaIpcConnection::new(
+                    &self.device,
+                    peer,
+                    self.config.wait_timeout,
+                )?),
+                self.reach(&remote_inbound)?,
+                self.reach(dst)?,
+            ),
             _ => (
                 Arc::new(HostIpcConnection::new(peer)),
                 self.reach(&remote_inbound)?,
@@ -810,6 +925,7 @@ impl Communicator {
             semaphore: cells,
             abort,
             transport,
+            waker: self.proxy.waker(),
         })
     }
 
@@ -867,8 +983,9 @@ impl Communicator {
             )));
         }
         let cells = SemaphoreCells::new(&self.device)?;
+        let transport = self.node_transport();
         let remote_inbound =
-            self.swap_inbound(peer, ChannelKind::Memory, key, Transport::HostIpc, &cells)?;
+            self.swap_inbound(peer, ChannelKind::Memory, key, transport, &cells)?;
         let remote_inbound = self.reach(&remote_inbound)?;
         let remote = self.reach(remote)?;
         let local = self.reach(local)?;
@@ -1181,7 +1298,7 @@ impl Drop for Communicator {
         // First: peers that watch this process take its end as a death without it.
         self.peer_watch.say_goodbye();
         let limit = self.config.wait_timeout;
-        if !self.cpu.wait_idle(limit) {
+        if self.cpu.as_ref().is_some_and(|cpu| !cpu.wait_idle(limit)) {
             tracing::warn!(
                 rank = self.rank(),
                 "communicator dropped while kernels of its device still run after {limit:?}"

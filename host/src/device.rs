@@ -199,19 +199,6 @@ impl Device {
     pub(crate) fn kind(&self) -> &DeviceKind {
         &self.inner.kind
     }
-
-    /// The emulated device, or an error saying that `what` is not available on this
-    /// device's backend yet.
-    pub(crate) fn cpu_device_for(&self, what: &str) -> Result<&Arc<CpuDevice>> {
-        match &self.inner.kind {
-            DeviceKind::Cpu(d) => Ok(d),
-            DeviceKind::Cuda(_) => Err(Error::BackendUnavailable(format!(
-                "{what} is not available on the cuda backend yet (communicators do not \
-                 register memory through CUDA IPC or keep semaphores in device memory \
-                 yet): use the cpu backend for it"
-            ))),
-        }
-    }
 }
 
 impl fmt::Debug for Device {

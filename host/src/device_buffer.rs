@@ -87,11 +87,11 @@ impl<T: Pod> DeviceBuffer<T> {
                 let drop_wait = timeout_from_env().unwrap_or(crate::device::DEFAULT_TIMEOUT);
                 BufferMemory::Cpu(Arc::new(DeviceMemory::new(memory, cpu.clone(), drop_wait)))
             }
-            DeviceKind::Cuda(cuda) => BufferMemory::Cuda(Arc::new(CudaMemory::new(
-                cuda,
-                bytes,
-                matches!(fill, Fill::Zero),
-            )?)),
+            DeviceKind::Cuda(cuda) => {
+                let memory = Arc::new(CudaMemory::new(cuda, bytes, matches!(fill, Fill::Zero))?);
+                crate::cuda::gpu_address_ranges::enter_owner(&memory);
+                BufferMemory::Cuda(memory)
+            }
         };
         Ok(Self {
             memory,
@@ -121,10 +121,9 @@ impl<T: Pod> DeviceBuffer<T> {
         &self.device
     }
 
-    /// The emulator memory, shared with whatever keeps it alive beyond the buffer; an error
-    /// naming `what` on a backend that cannot share it yet.
-    pub(crate) fn cpu_memory(&self, what: &str) -> Result<&Arc<DeviceMemory>> {
-        self.memory.cpu(what)
+    /// The buffer's memory, shared with whatever keeps it alive beyond the buffer.
+    pub(crate) fn memory(&self) -> &BufferMemory {
+        &self.memory
     }
 
     /// Device address of the first element (page-aligned on the CPU backend, at least

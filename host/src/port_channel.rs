@@ -12,6 +12,7 @@ use crate::semaphore::SemaphoreCells;
 use crate::transport::Transport;
 use oxccl_device::port_channel::{PortChannelDeviceHandle, PortChannelIds};
 use oxccl_device::semaphore::Host2DeviceSemaphoreDeviceHandle;
+use oxccl_proxy::ProxyWaker;
 use oxccl_proxy::fifo::FifoCells;
 use std::sync::Arc;
 
@@ -24,6 +25,9 @@ pub struct PortChannel {
     pub(crate) semaphore: SemaphoreCells,
     pub(crate) abort: ChannelAbort,
     pub(crate) transport: Transport,
+    /// Wakes the rank's proxy when a kernel is about to use the channel (a polling proxy
+    /// may be napping).
+    pub(crate) waker: ProxyWaker,
 }
 
 impl PortChannel {
@@ -47,8 +51,13 @@ impl PortChannel {
         self.channel
     }
 
-    /// The kernel-side handle, valid while the channel is borrowed.
+    /// The kernel-side handle, valid while the channel is borrowed. Taking it tells the
+    /// rank's proxy, if it polls (on a GPU), that triggers are coming: take it right before
+    /// the launch.
     pub fn device_handle(&self) -> PortChannelDeviceHandle<'_> {
+        // A handle is taken to launch a kernel that pushes on it: a polling proxy should be
+        // hot by the kernel's first trigger, not napping.
+        self.waker.expect_triggers();
         let wait = self.abort.wait_policy();
         // SAFETY: the counters are the zeroed device memory `self.semaphore` owns, alive for
         // the borrow; `inbound` is raised only by the peer's proxy (through its connection),

@@ -6,17 +6,21 @@
 //! ranks built from different layouts fail with a clear error instead of misreading each
 //! other. What a peer sends is checked on arrival ([`RegisteredMemory::from_bytes`]): the
 //! transports, the size and offset inside the shared object, their alignment, an Ethernet
-//! id exactly when the Ethernet transport is named. The object
-//! itself is checked when it is mapped (see [`crate::host_ipc`]).
+//! id exactly when the Ethernet transport is named, a CUDA IPC handle exactly when the
+//! cuda-ipc transport is, and that handle's own checks. The object itself is checked when
+//! it is mapped (see [`crate::host_ipc`]); a CUDA allocation when it is opened.
+//!
+//! Memory of a CUDA device carries a CUDA IPC handle (`cuda::cuda_ipc`) for ranks in other
+//! processes of its node; ranks in the same process reach it at its own address.
 
-use crate::cpu::memory::DeviceMemory;
+use crate::buffer_memory::BufferMemory;
+use crate::cuda::cuda_ipc::CudaIpcHandle;
 use crate::error::{Error, Result};
 use crate::host_ipc::{HostIpcHandle, node_name};
 use crate::transport::Transport;
 use oxccl_device::LAYOUT_VERSION;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::sync::Arc;
 
 /// Alignment every registered range must have inside its object: enough for any packet
 /// (16 bytes) and any element type.
@@ -44,35 +48,50 @@ pub struct RegisteredMemory {
     /// The shared object holding the memory, and the memory's offset in it, for ranks that
     /// map it.
     host_ipc: Option<(HostIpcHandle, u64)>,
+    /// The CUDA IPC handle of the range (memory of a CUDA device), for ranks in other
+    /// processes that open it.
+    cuda_ipc: Option<CudaIpcHandle>,
     /// The id the owner gave the memory in its Ethernet table
     /// ([`EthernetRegistry`](crate::ethernet_registry::EthernetRegistry)), for peers that
     /// reach it over Ethernet: they name it by this id, never by its address.
     ethernet_id: Option<u32>,
     /// A share of the memory, for a registration made in this process.
     #[serde(skip)]
-    owner: Option<Arc<DeviceMemory>>,
+    owner: Option<BufferMemory>,
 }
 
 impl RegisteredMemory {
-    /// A registration of `size` bytes at `offset` of `memory`, owned by `rank`.
+    /// A registration of `size` bytes at `offset` of `memory`, owned by `rank`, reachable
+    /// by `transports` (plus, for memory of a CUDA device, the cuda-ipc transport).
+    ///
+    /// # Errors
+    /// The driver refused to export memory of a CUDA device.
     pub(crate) fn new_local(
         rank: u32,
-        memory: Arc<DeviceMemory>,
+        memory: BufferMemory,
         offset: u64,
         size: u64,
-        transports: Vec<Transport>,
-    ) -> Self {
-        RegisteredMemory {
+        mut transports: Vec<Transport>,
+    ) -> Result<Self> {
+        let (host_ipc, cuda_ipc) = match &memory {
+            BufferMemory::Cpu(m) => (m.ipc_handle().map(|h| (h, offset)), None),
+            BufferMemory::Cuda(m) => (None, Some(CudaIpcHandle::export(m, offset, size)?)),
+        };
+        if cuda_ipc.is_some() && !transports.contains(&Transport::CudaIpc) {
+            transports.push(Transport::CudaIpc);
+        }
+        Ok(RegisteredMemory {
             rank,
-            addr: memory.as_ptr() as u64 + offset,
+            addr: memory.addr() + offset,
             size,
             transports,
             node: node_name().to_owned(),
             process_id: std::process::id(),
-            host_ipc: memory.ipc_handle().map(|h| (h, offset)),
+            host_ipc,
+            cuda_ipc,
             ethernet_id: None,
             owner: Some(memory),
-        }
+        })
     }
 
     /// Whether this registration was made in this process (it holds its memory).
@@ -81,8 +100,18 @@ impl RegisteredMemory {
     }
 
     /// The share of the memory a local registration holds.
-    pub(crate) fn owner(&self) -> Option<&Arc<DeviceMemory>> {
+    pub(crate) fn owner(&self) -> Option<&BufferMemory> {
         self.owner.as_ref()
+    }
+
+    /// The CUDA IPC handle of memory of a CUDA device.
+    pub(crate) fn cuda_ipc(&self) -> Option<&CudaIpcHandle> {
+        self.cuda_ipc.as_ref()
+    }
+
+    /// The process that owns the memory.
+    pub fn process_id(&self) -> u32 {
+        self.process_id
     }
 
     /// The shared object holding the memory and the memory's offset in it, if it can be
@@ -206,6 +235,34 @@ impl RegisteredMemory {
             }
         }
         match (
+            &self.cuda_ipc,
+            self.transports.contains(&Transport::CudaIpc),
+        ) {
+            (Some(handle), true) => {
+                handle.check().map_err(|e| {
+                    Error::InvalidUsage(format!(
+                        "registered memory of rank {} refused: {e}",
+                        self.rank
+                    ))
+                })?;
+                if handle.size != self.size {
+                    return refuse(format!(
+                        "its CUDA IPC handle names {} bytes, the registration {}",
+                        handle.size, self.size
+                    ));
+                }
+            }
+            (Some(_), false) => {
+                return refuse(
+                    "it carries a CUDA IPC handle but not the cuda-ipc transport".into(),
+                );
+            }
+            (None, true) => {
+                return refuse("it names the cuda-ipc transport but carries no handle".into());
+            }
+            (None, false) => {}
+        }
+        match (
             self.transports.contains(&Transport::Ethernet),
             self.ethernet_id,
         ) {
@@ -231,6 +288,7 @@ impl PartialEq for RegisteredMemory {
             &self.node,
             self.process_id,
             &self.host_ipc,
+            &self.cuda_ipc,
             self.ethernet_id,
         ) == (
             other.rank,
@@ -240,6 +298,7 @@ impl PartialEq for RegisteredMemory {
             &other.node,
             other.process_id,
             &other.host_ipc,
+            &other.cuda_ipc,
             other.ethernet_id,
         )
     }
@@ -257,6 +316,7 @@ impl fmt::Debug for RegisteredMemory {
             .field("node", &self.node)
             .field("process_id", &self.process_id)
             .field("host_ipc", &self.host_ipc)
+            .field("cuda_ipc", &self.cuda_ipc)
             .field("ethernet_id", &self.ethernet_id)
             .field("local", &self.is_local())
             .finish()
@@ -272,11 +332,12 @@ mod tests {
         let buf = Device::cpu(0).alloc_zeroed::<u8>(8192).unwrap();
         RegisteredMemory::new_local(
             3,
-            buf.cpu_memory("a test").unwrap().clone(),
+            buf.memory().clone(),
             4096,
             4096,
             vec![Transport::HostIpc],
         )
+        .unwrap()
     }
 
     /// Guards against a registered memory that does not survive the trip to a peer, or that

@@ -7,14 +7,13 @@
 //! side tells the other where its `inbound` counter is (see
 //! [`Communicator`](crate::Communicator)).
 
-use crate::cpu::memory::DeviceMemory;
+use crate::buffer_memory::BufferMemory;
 use crate::device::Device;
 use crate::device_buffer::DeviceBuffer;
 use crate::error::Result;
 use crate::registered_memory::RegisteredMemory;
 use crate::transport::Transport;
 use oxccl_device::semaphore::SemaphoreRawParts;
-use std::sync::Arc;
 
 const INBOUND: u64 = 0;
 const EXPECTED: u64 = 16;
@@ -25,7 +24,7 @@ const CELLS: usize = 17;
 pub struct SemaphoreCells {
     cells: DeviceBuffer<u64>,
     /// The cells' memory, which registrations share.
-    memory: Arc<DeviceMemory>,
+    memory: BufferMemory,
 }
 
 impl SemaphoreCells {
@@ -33,11 +32,10 @@ impl SemaphoreCells {
     /// anything).
     ///
     /// # Errors
-    /// The allocation failed, or the device is on the CUDA backend (whose semaphores a peer
-    /// reaches through CUDA IPC, which communicators do not set up yet).
+    /// The allocation failed.
     pub fn new(device: &Device) -> Result<Self> {
         let cells = device.alloc_zeroed::<u64>(CELLS)?;
-        let memory = cells.cpu_memory("semaphores")?.clone();
+        let memory = cells.memory().clone();
         Ok(SemaphoreCells { cells, memory })
     }
 
@@ -46,7 +44,14 @@ impl SemaphoreCells {
     }
 
     /// The inbound counter as registered memory, to hand to the peer (8 bytes).
-    pub fn inbound_memory(&self, rank: u32, transports: Vec<Transport>) -> RegisteredMemory {
+    ///
+    /// # Errors
+    /// The driver refused to export counters on a CUDA device.
+    pub fn inbound_memory(
+        &self,
+        rank: u32,
+        transports: Vec<Transport>,
+    ) -> Result<RegisteredMemory> {
         RegisteredMemory::new_local(rank, self.memory.clone(), INBOUND * 8, 8, transports)
     }
 

@@ -2,9 +2,15 @@
 //! an NVIDIA driver and GPU, device memory and kernel launches on it. The GPU tests say
 //! "skipped" with the reason where there is none, so a run shows what it did not check.
 
-use oxccl::{Backend, Device, Error};
+mod common;
+
+use common::{assert_all_gathered, ring_buffer};
+use oxccl::in_process::{self, InProcessConfig};
+use oxccl::{Backend, CommunicatorConfig, Device, Error, ReduceOp};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_kernels::device_check::fill_sequence;
+use oxccl_kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
+use std::time::{Duration, Instant};
 
 /// The reason the CUDA backend cannot be used here, or `None` if it can.
 fn no_cuda() -> Option<String> {
@@ -64,19 +70,104 @@ fn auto_backend_falls_back_to_cpu() {
     assert_eq!(buf.to_vec().unwrap(), [5, 6, 7]);
 }
 
-/// Guards against a communicator on a GPU, which this build cannot serve yet (no CUDA IPC,
-/// no mapped FIFO), being created and failing later in obscure ways.
+/// Guards the communicator on a GPU for ranks as threads of one process (they share GPU 0
+/// where there is one, as on the GPU bundle's machine): registration, port channels (each
+/// rank's proxy polls a FIFO in mapped host memory and copies through a CUDA IPC
+/// connection's stream), memory channels (the peer's memory at its own address), and the
+/// communicator's all-reduce, each rank finding what the other sent. The same job runs on
+/// the emulator first, so both backends answer the same checks.
 #[test]
-fn cuda_communicator_is_refused_with_the_reason() {
-    let Some(device) = gpu("cuda_communicator_is_refused_with_the_reason") else {
+fn communicator_of_two_ranks_in_one_process() {
+    let mut backends = vec![Backend::Cpu];
+    match no_cuda() {
+        None => backends.push(Backend::Cuda),
+        Some(why) => {
+            println!("communicator_of_two_ranks_in_one_process: the cuda part is skipped: {why}")
+        }
+    }
+    for backend in backends {
+        let config = InProcessConfig {
+            communicator: CommunicatorConfig {
+                wait_timeout: Duration::from_secs(20),
+                proxy_assist: false,
+                ..Default::default()
+            },
+            exchange_timeout: Duration::from_secs(20),
+            backend,
+        };
+        let started = Instant::now();
+        in_process::run(2, config, |comm| {
+            let (rank, ranks) = (comm.rank(), comm.size());
+            assert_eq!(comm.device().backend(), backend);
+            let stream = comm.device().stream()?;
+            let chunk = 4099;
+
+            let (buf, all) = ring_buffer(comm, chunk)?;
+            let (to_next, to_prev) = comm.ring_port_channels(&all, &all[rank as usize])?;
+            port_ring_exchange::launch(
+                &stream,
+                LaunchConfig::grid(1).block(1),
+                to_next.device_handle(),
+                to_prev.device_handle(),
+                rank,
+                ranks,
+                (chunk * 4) as u64,
+            )?;
+            comm.synchronize(&stream)?;
+            assert_all_gathered(comm, &buf, chunk, 0);
+
+            let (buf, all) = ring_buffer(comm, chunk)?;
+            let (to_next, from_prev) =
+                comm.ring_memory_channels(&all, &all[rank as usize], None)?;
+            memory_ring_exchange::launch(
+                &stream,
+                LaunchConfig::grid(1).block(32),
+                to_next.device_handle(),
+                from_prev.device_handle(),
+                rank,
+                ranks,
+                (chunk * 4) as u64,
+            )?;
+            comm.synchronize(&stream)?;
+            assert_all_gathered(comm, &buf, chunk, 0);
+
+            let count = 10_007usize;
+            let value = |r: u32, i: usize| ((i * 7 + r as usize * 13) % 101) as f32;
+            let mine: Vec<f32> = (0..count).map(|i| value(rank, i)).collect();
+            let send = comm.device().alloc_from(&mine)?;
+            let mut recv = comm.alloc::<f32>(count)?;
+            comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+            comm.synchronize(&stream)?;
+            let got = recv.to_vec()?;
+            for (i, have) in got.iter().enumerate() {
+                assert_eq!(*have, value(0, i) + value(1, i), "rank {rank}: element {i}");
+            }
+            comm.barrier()
+        })
+        .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        println!(
+            "communicator of two ranks in one process on {backend:?}: port ring, memory ring \
+             and all-reduce in {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// Guards against memory of one backend registered with a communicator of the other: the
+/// error names both, instead of a region the proxy or a kernel cannot reach.
+#[test]
+fn a_buffer_of_another_backend_is_refused_by_register() {
+    let Some(gpu) = gpu("a_buffer_of_another_backend_is_refused_by_register") else {
         return;
     };
-    let oob = std::sync::Arc::new(
-        oxccl::InProcessExchange::group(1, std::time::Duration::from_secs(5)).remove(0),
-    );
-    let err = oxccl::Communicator::new(oob, device, Default::default()).unwrap_err();
-    assert!(matches!(err, Error::BackendUnavailable(_)), "{err}");
-    assert!(err.to_string().contains("cuda"), "{err}");
+    in_process::run(1, InProcessConfig::default(), |comm| {
+        let foreign = gpu.alloc::<u32>(16)?;
+        let err = comm.register(&foreign).unwrap_err();
+        assert!(matches!(err, Error::InvalidUsage(_)), "{err}");
+        assert!(err.to_string().contains("cannot be registered"), "{err}");
+        Ok(())
+    })
+    .unwrap();
 }
 
 /// Guards against a first launch that compiles the kernels' PTX on the spot (over a

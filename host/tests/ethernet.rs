@@ -209,6 +209,8 @@ struct Wire {
     node: String,
     process_id: u32,
     host_ipc: Option<(HostIpcHandle, u64)>,
+    /// A CUDA IPC handle: always absent here (emulator memory), so its type does not matter.
+    cuda_ipc: Option<()>,
     ethernet_id: Option<u32>,
 }
 

@@ -22,7 +22,30 @@ struct Wire {
     node: String,
     process_id: u32,
     host_ipc: Option<(HostIpcHandle, u64)>,
+    cuda_ipc: Option<CudaWire>,
     ethernet_id: Option<u32>,
+}
+
+/// A CUDA IPC handle on the wire: the driver's 64 bytes (in two halves), the allocation's
+/// size, the range's offset and size in it, the GPU's UUID.
+#[derive(Clone, Serialize, Deserialize)]
+struct CudaWire {
+    handle: ([u8; 32], [u8; 32]),
+    allocation_size: u64,
+    offset: u64,
+    size: u64,
+    device_uuid: [u8; 16],
+}
+
+/// A CUDA handle that passes every check a peer can make without the driver.
+fn cuda_handle(size: u64) -> CudaWire {
+    CudaWire {
+        handle: ([7; 32], [9; 32]),
+        allocation_size: 1 << 20,
+        offset: 4096,
+        size,
+        device_uuid: [0xab; 16],
+    }
 }
 
 fn decode(memory: &RegisteredMemory) -> (u32, Wire) {
@@ -40,8 +63,10 @@ fn encode(version: u32, wire: &Wire) -> Vec<u8> {
 /// Guards against a peer's registered memory being trusted: a handle forged to name
 /// another file of the owner (any descriptor of any process would do), a size or offset
 /// that does not fit the object, a misaligned offset, another layout version, a handle
-/// without its transport, an Ethernet id without its transport or the other way round.
-/// Each is refused with an error saying why, and nothing is mapped.
+/// without its transport, an Ethernet id without its transport or the other way round, a
+/// CUDA IPC handle without its transport or the other way round, a zero or mis-sized one,
+/// and a well-formed one offered to a rank of the emulator. Each is refused with an error
+/// saying why, and nothing is mapped.
 #[test]
 fn registered_memory_rejects_bad_handle() {
     in_process::run(2, config(), |comm| {
@@ -122,6 +147,50 @@ fn registered_memory_rejects_bad_handle() {
                 (
                     encode(version, &forge(&|w| w.ethernet_id = Some(3))),
                     "carries an Ethernet id but not",
+                ),
+                (
+                    encode(version, &forge(&|w| w.cuda_ipc = Some(cuda_handle(8192)))),
+                    "carries a CUDA IPC handle but not the cuda-ipc transport",
+                ),
+                (
+                    encode(
+                        version,
+                        &forge(&|w| w.transports = vec![Transport::HostIpc, Transport::CudaIpc]),
+                    ),
+                    "names the cuda-ipc transport but carries no handle",
+                ),
+                (
+                    encode(
+                        version,
+                        &forge(&|w| {
+                            w.transports = vec![Transport::HostIpc, Transport::CudaIpc];
+                            w.cuda_ipc = Some(CudaWire {
+                                handle: ([0; 32], [0; 32]),
+                                ..cuda_handle(8192)
+                            });
+                        }),
+                    ),
+                    "all zeros",
+                ),
+                (
+                    encode(
+                        version,
+                        &forge(&|w| {
+                            w.transports = vec![Transport::HostIpc, Transport::CudaIpc];
+                            w.cuda_ipc = Some(cuda_handle(8));
+                        }),
+                    ),
+                    "its CUDA IPC handle names 8 bytes",
+                ),
+                (
+                    encode(
+                        version,
+                        &forge(&|w| {
+                            w.transports = vec![Transport::HostIpc, Transport::CudaIpc];
+                            w.cuda_ipc = Some(cuda_handle(8192));
+                        }),
+                    ),
+                    "is on a CUDA device, and this rank runs on",
                 ),
                 (b"\x01garbage".to_vec(), "malformed"),
             ];

@@ -5,14 +5,14 @@
 //! What works on this backend: opening a device (`Device::new(Backend::Cuda, i)`), device
 //! buffers (allocation, copies, views for kernels), streams, launching any `#[kernel]`
 //! whose crate's PTX was built (`cargo xtask build-ptx`), cooperative launches checked
-//! against the occupancy the driver reports, bounded `synchronize`, and the pieces of port
-//! channels: a proxy whose trigger FIFO lives in mapped host memory and device memory
-//! (`Device::proxy_service`, [`cuda_fifo_memory`]), the CUDA IPC connection its triggers
-//! run through (`oxccl::cuda_ipc_connection`: copies and semaphore writes on a stream), and
-//! the CUDA IPC handle a registered range travels as, with its mapping on the peer
-//! ([`cuda_ipc`]). What does not yet: communicators, which do not build these for a CUDA
-//! device (registration through CUDA IPC, semaphores and abort records in device memory);
-//! asking for one on a CUDA device is an error that says so.
+//! against the occupancy the driver reports, bounded `synchronize`, and communicators: a
+//! proxy whose trigger FIFO lives in mapped host memory and device memory
+//! (`Device::proxy_service`, [`cuda_fifo_memory`]), abort records and stop words in mapped
+//! host memory ([`mapped_cells`]), port channels through the CUDA IPC connection
+//! (`oxccl::cuda_ipc_connection`: copies and semaphore writes on a stream), and registered
+//! memory that travels as a CUDA IPC handle ([`cuda_ipc`]), opened by ranks of other
+//! processes and reached at its own address by ranks of this one. Not yet: Ethernet or
+//! InfiniBand from GPU memory, and peer access between two GPUs of one process.
 
 pub(crate) mod cuda_device;
 pub(crate) mod cuda_fifo_memory;
