@@ -16,10 +16,6 @@
 
 pub(crate) mod cuda_device;
 pub(crate) mod cuda_fifo_memory;
-#[allow(
-    dead_code,
-    reason = "the communicator does not build CUDA IPC connections yet; tests use the handles"
-)]
 pub(crate) mod cuda_ipc;
 pub(crate) mod cuda_memory;
 pub(crate) mod cuda_stream;
