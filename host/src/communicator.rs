@@ -243,6 +243,7 @@ impl Communicator {
             wait_timeout: config.wait_timeout,
             assist: config.proxy_assist,
             idle: config.proxy_idle.unwrap_or_default(),
+            cpus: None,
         })?;
         proxy.start()?;
         tracing::info!(

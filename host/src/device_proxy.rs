@@ -15,7 +15,8 @@ impl Device {
     ///
     /// On a GPU the FIFO has no doorbell (a GPU cannot wake a host thread), so the proxy
     /// polls: [`IdlePolicy::Doorbell`] in `config` becomes [`IdlePolicy::Poll`] with the
-    /// default [`PollSchedule`], and `assist` has no effect.
+    /// default [`PollSchedule`], and `assist` has no effect; without `config.cpus`, the
+    /// proxy thread runs on the CPUs of the GPU's NUMA node where the system lists one.
     ///
     /// # Errors
     /// What [`ProxyService::new`] refuses, or (GPU) the driver refused the FIFO's memory.
@@ -29,6 +30,8 @@ impl Device {
                 };
                 let cells = crate::cuda::cuda_fifo_memory::fifo_cells(device, config.fifo_size)?;
                 let stop_word = self.host_cell(AtomicU64::new(0))?;
+                let cpus = (config.cpus.clone())
+                    .or_else(|| crate::cuda::numa_cpus::cpus_near(device.facts.pci));
                 // SAFETY: `fifo_cells` placed `fifo_size` zeroed slots and a zero tail in
                 // mapped host memory (host and device addresses of the same bytes), and a
                 // zeroed head and tail cache in device memory only kernels touch; all kept
@@ -36,7 +39,11 @@ impl Device {
                 // the device's kernels reach it (`host_cell`).
                 Ok(unsafe {
                     ProxyService::with_mapped_fifo(
-                        ProxyConfig { idle, ..config },
+                        ProxyConfig {
+                            idle,
+                            cpus,
+                            ..config
+                        },
                         cells,
                         stop_word,
                     )?

@@ -561,6 +561,7 @@ fn fifo_triggers_from_every_thread_reach_a_polling_proxy() {
                 wait_timeout: Duration::from_secs(10),
                 assist: false,
                 idle: IdlePolicy::Poll(PollSchedule::default()),
+                cpus: None,
             })
             .unwrap();
         assert_eq!(proxy.fifo_cells().raw_parts().doorbell, 0);
@@ -674,6 +675,7 @@ fn port_channels_exchange_between_two_streams() {
                             wait_timeout: Duration::from_secs(10),
                             assist: false,
                             idle: IdlePolicy::Poll(PollSchedule::default()),
+                            cpus: None,
                         })
                         .unwrap(),
                 }

@@ -91,6 +91,10 @@ pub struct ProxyConfig {
     /// How the thread waits when the FIFO is empty: [`IdlePolicy::Doorbell`] (the
     /// default) only where every pusher is a host thread.
     pub idle: IdlePolicy,
+    /// The CPUs the proxy thread runs on (those near the GPU, on a multi-socket machine);
+    /// `None` or empty: wherever the scheduler puts it. A placement the system refuses is
+    /// logged, not fatal.
+    pub cpus: Option<Vec<usize>>,
 }
 
 impl Default for ProxyConfig {
@@ -101,6 +105,7 @@ impl Default for ProxyConfig {
             wait_timeout: Duration::from_secs(30),
             assist: true,
             idle: IdlePolicy::Doorbell,
+            cpus: None,
         }
     }
 }
@@ -476,11 +481,15 @@ impl ProxyService {
             IdlePolicy::Poll(schedule) => Some(schedule),
             IdlePolicy::Doorbell => self.cells.doorbell().is_none().then(PollSchedule::default),
         };
+        let (rank, cpus) = (self.config.rank, self.config.cpus.clone());
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-r{}", self.config.rank))
-            .spawn(move || match poll {
-                Some(schedule) => run_polling(&consumer, &cells, &shared, &schedule),
-                None => run(&consumer, &cells, &shared, assist),
+            .spawn(move || {
+                place_thread(rank, cpus.as_deref());
+                match poll {
+                    Some(schedule) => run_polling(&consumer, &cells, &shared, &schedule),
+                    None => run(&consumer, &cells, &shared, assist),
+                }
             })
             .map_err(|e| ProxyError::Thread(e.to_string()))?;
         self.thread = Some(thread);
@@ -595,6 +604,24 @@ impl Drop for ProxyService {
         if let Err(e) = self.stop() {
             tracing::error!(error = %e, "stopping the proxy");
         }
+    }
+}
+
+/// Runs the calling (proxy) thread on `cpus`, if given and not empty; a refusal is logged.
+fn place_thread(rank: u32, cpus: Option<&[usize]>) {
+    let Some(cpus) = cpus.filter(|c| !c.is_empty()) else {
+        return;
+    };
+    let mut set = rustix::thread::CpuSet::new();
+    for &cpu in cpus
+        .iter()
+        .filter(|&&c| c < rustix::thread::CpuSet::MAX_CPU)
+    {
+        set.set(cpu);
+    }
+    match rustix::thread::sched_setaffinity(None, &set) {
+        Ok(()) => tracing::info!(rank, ?cpus, "proxy thread placed"),
+        Err(e) => tracing::warn!(rank, ?cpus, error = %e, "proxy thread not placed"),
     }
 }
 

@@ -169,6 +169,7 @@ impl Counted {
             wait_timeout,
             assist: false,
             idle,
+            cpus: None,
         })
         .unwrap();
         let connection = Arc::new(CountingConnection::default());
@@ -289,4 +290,52 @@ fn expect_triggers_ends_a_long_nap() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// The CPU list the kernel reports for the thread of this process named `name`, if any.
+fn cpus_allowed_of_thread(name: &str) -> Option<String> {
+    for entry in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        if comm.trim() == name {
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+            return status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|v| v.trim().to_string());
+        }
+    }
+    None
+}
+
+/// Guards the placement of a proxy thread near its GPU: given CPUs, the thread runs on
+/// them and on no other (here: the last CPU this process may use, as the kernel lists it).
+#[test]
+fn a_proxy_thread_runs_on_the_cpus_it_is_given() {
+    let allowed = rustix::thread::sched_getaffinity(None).unwrap();
+    let last = (0..rustix::thread::CpuSet::MAX_CPU)
+        .rev()
+        .find(|&c| allowed.is_set(c))
+        .unwrap();
+    let mut proxy = ProxyService::new(ProxyConfig {
+        rank: 41,
+        cpus: Some(vec![last]),
+        ..Default::default()
+    })
+    .unwrap();
+    proxy.start().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let placed = loop {
+        match cpus_allowed_of_thread("oxccl-proxy-r41") {
+            Some(list) if list == last.to_string() => break list,
+            other => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the proxy thread runs on {other:?}"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    };
+    assert_eq!(placed, last.to_string());
+    proxy.stop().unwrap();
 }

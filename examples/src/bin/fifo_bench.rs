@@ -181,6 +181,7 @@ impl Loopback {
             wait_timeout: Duration::from_secs(60),
             assist: false,
             idle,
+            cpus: None,
         })?;
         let counters: Arc<[AtomicU64; 17]> = Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
         let inbound =

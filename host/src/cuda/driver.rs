@@ -32,6 +32,8 @@ pub(crate) struct DeviceFacts {
     pub(crate) multiprocessors: u32,
     pub(crate) cooperative_launch: bool,
     pub(crate) uuid: [u8; 16],
+    /// PCI domain, bus and device of the GPU (where the system lists its NUMA node).
+    pub(crate) pci: (u32, u32, u32),
 }
 
 /// Why the CUDA backend cannot be used here, if it cannot; else the number of devices.
@@ -158,6 +160,11 @@ impl Context {
             multiprocessors: attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
             cooperative_launch: attribute(A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? != 0,
             uuid: uuid.bytes.map(|b| b as u8),
+            pci: (
+                attribute(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+                attribute(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+                attribute(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?,
+            ),
         })
     }
 

@@ -23,3 +23,4 @@ pub(crate) mod driver;
 pub(crate) mod gpu_address_ranges;
 pub(crate) mod mapped_cells;
 pub(crate) mod mapped_host_memory;
+pub(crate) mod numa_cpus;
