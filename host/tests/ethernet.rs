@@ -15,6 +15,7 @@ use oxccl::{Communicator, Error, RegisteredMemory, Transport, TransportChoice};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_device::port_channel::PortChannelDeviceHandle;
 use oxccl_device::{DeviceError, kernel};
+use oxccl_kernels::device_check::put_then_flush;
 use oxccl_kernels::ring_exchange::port_ring_exchange;
 use oxccl_proxy::ProxyError;
 use serde::{Deserialize, Serialize};
@@ -184,18 +185,6 @@ fn ethernet_transport_mismatch_is_an_error() {
             other => panic!("expected a refusal, got {other:?}"),
         }
     }
-}
-
-/// Puts `bytes` from `src_off` to `dst_off`, then flushes.
-#[kernel]
-fn put_then_flush(
-    chan: PortChannelDeviceHandle<'_>,
-    dst_off: u64,
-    src_off: u64,
-    bytes: u64,
-) -> Result<(), DeviceError> {
-    chan.put(dst_off, src_off, bytes)?;
-    chan.flush()
 }
 
 /// What a registered memory is on the wire after its layout version: a lying peer can send

@@ -25,7 +25,11 @@ pub const MAX_BUNDLE_BYTES: u64 = 48 << 20;
 const BUILD_LIMIT: Duration = Duration::from_secs(40 * 60);
 
 /// Test programs (package, integration test) whose tests need a GPU.
-const GPU_TESTS: &[(&str, &str)] = &[("oxccl", "cuda_backend"), ("oxccl", "device_checks")];
+const GPU_TESTS: &[(&str, &str)] = &[
+    ("oxccl", "cuda_backend"),
+    ("oxccl", "device_checks"),
+    ("oxccl", "bad_input"),
+];
 
 /// Example programs the bundle runs.
 const PROGRAMS: &[(&str, &str)] = &[

@@ -3,6 +3,8 @@
 use oxccl_device::error::DeviceError;
 use oxccl_device::fifo::{FifoDeviceHandle, ProxyTrigger, TriggerFields, trigger_type};
 use oxccl_device::grid_barrier::GridBarrierDeviceHandle;
+use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
+use oxccl_device::port_channel::PortChannelDeviceHandle;
 use oxccl_device::{DeviceViewMut, arch, kernel};
 
 /// Sets `out[i] = first + i` (wrapping) for every element, the grid's threads striding over
@@ -100,4 +102,56 @@ pub fn fifo_push_check(
         fifo.sync(position)?;
     }
     Ok(())
+}
+
+/// Puts `bytes` from `src_off` to `dst_off` on a port channel, then flushes: what a bad
+/// put (a range outside the registered memory, an unknown id) looks like to the proxy.
+///
+/// # Errors
+/// The put or the flush failed (a refused trigger stops the channel: the flush reports it).
+#[kernel]
+pub fn put_then_flush(
+    chan: PortChannelDeviceHandle<'_>,
+    dst_off: u64,
+    src_off: u64,
+    bytes: u64,
+) -> Result<(), DeviceError> {
+    chan.put(dst_off, src_off, bytes)?;
+    chan.flush()
+}
+
+/// Flushes a port channel once.
+///
+/// # Errors
+/// The flush timed out, was stopped, or found the channel failed.
+#[kernel]
+pub fn flush_once(chan: PortChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
+    chan.flush()
+}
+
+/// Waits once on a memory channel.
+///
+/// # Errors
+/// The wait timed out or was stopped.
+#[kernel]
+pub fn memory_wait_once(chan: MemoryChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
+    chan.wait()
+}
+
+/// Waits once on a port channel.
+///
+/// # Errors
+/// The wait timed out or was stopped.
+#[kernel]
+pub fn port_wait_once(chan: PortChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
+    chan.wait()
+}
+
+/// Signals once on a memory channel.
+///
+/// # Errors
+/// The handle is zeroed (never set up), or the signal failed.
+#[kernel]
+pub fn memory_signal_once(chan: MemoryChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
+    chan.signal()
 }

@@ -42,6 +42,7 @@ if [ "${GPU_CHECK_JIT:-0}" = 1 ]; then
 fi
 step tests 600 "test result" "$here/bin/cuda_backend" --nocapture --test-threads=1
 step device-checks 300 "collective all-reduce" "$here/bin/device_checks" --nocapture --test-threads=1
+step bad-input 300 "test result" "$here/bin/bad_input" --test-threads=1
 step pingpong-port 300 "^pingpong " "$here/bin/pingpong" --backend cuda --channel port --iters 2000
 step pingpong-memory 300 "^pingpong " "$here/bin/pingpong" --backend cuda --channel memory --iters 2000
 step allreduce 600 "^ +[0-9]+ " "$here/bin/allreduce" --backend cuda --ranks 2 --processes --max-bytes 64M
