@@ -35,6 +35,7 @@ const GPU_TESTS: &[(&str, &str)] = &[
 const PROGRAMS: &[(&str, &str)] = &[
     ("oxccl-examples", "pingpong"),
     ("oxccl-examples", "allreduce"),
+    ("oxccl-examples", "fifo_bench"),
 ];
 
 /// Builds `target/gpu-bundle/` for `arches` (every default architecture if empty). Builds

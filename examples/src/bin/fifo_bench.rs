@@ -15,10 +15,17 @@
 //! fifo items=<N> push_pop_ns=<x> crossbeam_ns=<y> ratio=<x/y>
 //! cargo run --release -p oxccl-examples --bin fifo_bench -- --round-trip
 //! fifo_rtt items=<N> trigger_rtt_ns=<x> baseline_atomic_ns=<y> ratio=<x/y>
+//! cargo run --release -p oxccl-examples --bin fifo_bench -- --round-trip --backend cuda
+//! fifo_rtt backend=cuda items=<N> trigger_rtt_us=<x> (...)
 //! cargo run --release -p oxccl-examples --bin fifo_bench -- --idle
 //! fifo_idle policy=<doorbell|poll|poll_announced> idle_s=10 proxy_cpu_ms=<c> proxy_cpu_pct=<p> wakeups_per_s=<w> first_trigger_after_1s_idle_us_median=<m> max=<x> busy_rtt_us=<b>
 //! ```
 //!
+//! - Round trip from a kernel (`--round-trip --backend cuda`, or `--from-kernel` on the
+//!   emulator): a kernel signals a semaphore of its own through the FIFO and waits for it,
+//!   as `port_pingpong` against itself: on a GPU the push crosses the bus into mapped host
+//!   memory, the proxy polls it, and a CUDA IPC connection's stream write raises the
+//!   semaphore in device memory. No baseline: there is no GPU counterpart to time here.
 //! - Idle (`--idle`): what a proxy with nothing to do costs, for the parked proxy of the CPU
 //!   emulator (`doorbell`) and the polling one a GPU needs (`poll`, default schedule; with
 //!   the first trigger announced by `expect_triggers`: `poll_announced`): the
@@ -28,16 +35,21 @@
 
 use clap::Parser;
 use crossbeam::queue::ArrayQueue;
+use oxccl::cuda_ipc_connection::CudaIpcConnection;
 use oxccl::host_ipc_connection::HostIpcConnection;
+use oxccl::{Backend, Device};
 use oxccl_device::abort::AbortRecord;
+use oxccl_device::fifo::FifoDeviceHandle;
 use oxccl_device::fifo::{ProxyTrigger, TriggerFields, trigger_type};
+use oxccl_device::launch::LaunchConfig;
 use oxccl_device::port_channel::{PortChannelDeviceHandle, PortChannelIds};
 use oxccl_device::semaphore::{Host2DeviceSemaphoreDeviceHandle, SemaphoreRawParts};
 use oxccl_device::wait::WaitPolicy;
 use oxccl_examples::atomic_pingpong;
 use oxccl_examples::thread_stats::Snapshot;
+use oxccl_kernels::pingpong::port_pingpong;
 use oxccl_proxy::{
-    Fifo, HostCell, IdlePolicy, MemoryRegion, PollSchedule, ProxyConfig, ProxyService,
+    Connection, Fifo, HostCell, IdlePolicy, MemoryRegion, PollSchedule, ProxyConfig, ProxyService,
     consumer_pacing,
 };
 use std::sync::Arc;
@@ -70,6 +82,15 @@ struct Args {
     /// Length of the idle window of `--idle`.
     #[arg(long, default_value_t = 10)]
     idle_secs: u64,
+    /// Where `--round-trip` pushes from: `cpu` (a host thread calls the device API, as the
+    /// emulator's kernel threads do) or `cuda` (a kernel on GPU 0, the FIFO in mapped host
+    /// memory, the semaphore raised by a CUDA IPC connection's stream write); `auto` picks.
+    #[arg(long, default_value = "cpu", value_parser = oxccl_examples::collective_bench::options::parse_backend)]
+    backend: Backend,
+    /// With `--round-trip` on the emulator: push from a kernel (the path a GPU takes) rather
+    /// than from a host thread.
+    #[arg(long)]
+    from_kernel: bool,
 }
 
 fn trigger(i: u64) -> ProxyTrigger {
@@ -366,8 +387,106 @@ fn main() -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
+/// `items` round trips of a signal trigger from a kernel on `device`'s stream through a
+/// proxy whose FIFO the device placed, to a semaphore of the kernel's own in device memory
+/// (`port_pingpong` against itself): push, proxy, connection (a stream write on a GPU),
+/// wait. The time of one launch of `items` round trips, after a warm-up launch.
+fn kernel_round_trip(
+    device: &Device,
+    items: u64,
+    capacity: u32,
+) -> Result<Duration, Box<dyn std::error::Error>> {
+    let mut proxy = device.proxy_service(ProxyConfig {
+        rank: 0,
+        fifo_size: capacity,
+        wait_timeout: Duration::from_secs(60),
+        assist: false,
+        idle: IdlePolicy::Poll(PollSchedule::default()),
+        cpus: None,
+    })?;
+    // inbound at word 0 (raised by the proxy), expected at word 16 (the kernel's count).
+    let counters = device.alloc_zeroed::<u64>(17)?;
+    let connection: Arc<dyn Connection> = match device.backend() {
+        Backend::Cuda => Arc::new(CudaIpcConnection::new(device, 0, Duration::from_secs(60))?),
+        _ => Arc::new(HostIpcConnection::new(0)),
+    };
+    let inbound = MemoryRegion::new(0, counters.addr(), 8);
+    let record = device.host_cell(AbortRecord::new())?;
+    let id = proxy.add_channel(connection, inbound, record.clone())?;
+    proxy.start()?;
+    let stop = proxy.stop_word();
+    let cells = proxy.fifo_cells();
+    // SAFETY: the record, the stop word, the counters and the FIFO's cells are held until
+    // the end of the function, after the stream is synchronized.
+    let chan = unsafe {
+        let wait = WaitPolicy::from_raw_parts(&*record, &*stop, 60_000_000_000, id.0);
+        let raw = SemaphoreRawParts {
+            inbound: counters.addr(),
+            expected: counters.addr() + 128,
+            remote_inbound: 0,
+        };
+        let ids = PortChannelIds {
+            semaphore_id: id.0,
+            ..Default::default()
+        };
+        PortChannelDeviceHandle::new(
+            FifoDeviceHandle::from_raw_parts(cells.raw_parts(), wait),
+            Host2DeviceSemaphoreDeviceHandle::from_raw_parts(raw, wait),
+            ids,
+        )
+    };
+    let stream = device.stream()?;
+    let one = LaunchConfig::grid(1).block(1);
+    let warm = (items / 10).clamp(1, 10_000) as u32;
+    port_pingpong::launch(&stream, one, chan, warm, 1, 0)?;
+    stream.synchronize()?;
+    proxy.expect_triggers();
+    let started = Instant::now();
+    port_pingpong::launch(&stream, one, chan, items as u32, 1, 0)?;
+    stream.synchronize()?;
+    let elapsed = started.elapsed();
+    proxy.stop()?;
+    proxy.check()?;
+    if let Some(reason) = record.read() {
+        return Err(format!("the kernel failed: {reason:?}").into());
+    }
+    Ok(elapsed)
+}
+
+/// `--round-trip --backend cuda`: the round trip from a GPU kernel, best of `--runs`.
+fn kernel_round_trip_main(args: &Args, backend: Backend) -> std::process::ExitCode {
+    let items = args.items.clamp(1, 1_000_000);
+    let device = match Device::new(backend, 0) {
+        Ok(device) => device,
+        Err(e) => {
+            eprintln!("fifo_bench: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let mut best = Duration::MAX;
+    for _ in 0..args.runs.max(1) {
+        match kernel_round_trip(&device, items, args.capacity) {
+            Ok(d) => best = best.min(d),
+            Err(e) => {
+                eprintln!("fifo_bench: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
+    println!(
+        "fifo_rtt backend={backend} items={items} trigger_rtt_us={:.2} (a kernel's signal, \
+         the proxy, the connection's semaphore write, the kernel's wait)",
+        best.as_secs_f64() * 1e6 / items as f64
+    );
+    std::process::ExitCode::SUCCESS
+}
+
 /// `--round-trip`: best of `--runs` for the trigger round trip and for the atomic baseline.
 fn round_trip_main(args: &Args) -> std::process::ExitCode {
+    match args.backend.resolve() {
+        Backend::Cpu if !args.from_kernel => {}
+        backend => return kernel_round_trip_main(args, backend),
+    }
     let items = args.items.clamp(1, 1_000_000);
     let mut best = (Duration::MAX, Duration::MAX);
     for _ in 0..args.runs.max(1) {
