@@ -20,7 +20,9 @@
 //!
 //! On a GPU, a rank's memory carries a CUDA IPC handle: a rank in another process opens it
 //! once per peer allocation (kept as long as anything built on it), a rank of the same
-//! process reaches it at its own address, holding a share of the allocation. The proxy's
+//! process reaches it at its own address, holding a share of the allocation, through the
+//! token the registration got in this process (so only what was registered, as
+//! registered). The proxy's
 //! FIFO is in mapped host memory and polled, abort records and the stop word are in mapped
 //! host memory too ([`Device::host_cell`]), semaphores in device memory, and port channels
 //! copy through [`CudaIpcConnection`]s. Ethernet from GPU memory (pinned staging) is not
@@ -34,7 +36,7 @@ use crate::collectives::collective_context::CollectiveContext;
 use crate::cpu::CpuDevice;
 use crate::cpu::memory::PeerMapping;
 use crate::cuda::cuda_ipc::CudaIpcMapping;
-use crate::cuda::gpu_address_ranges;
+use crate::cuda::registered_shares;
 use crate::cuda_ipc_connection::CudaIpcConnection;
 use crate::device::Device;
 use crate::device::DeviceKind;
@@ -668,13 +670,16 @@ impl Communicator {
             )));
         }
         if memory.process_id() == std::process::id() {
-            let owner = gpu_address_ranges::owner_of(memory.addr(), size).ok_or_else(|| {
-                Error::InvalidUsage(format!(
-                    "rank {rank}: memory of rank {peer} ({size} bytes at {:#x}) is not a live \
-                     allocation of this process",
-                    memory.addr()
-                ))
-            })?;
+            let owner = memory
+                .cuda_share()
+                .and_then(|token| registered_shares::find(token, memory.addr(), size))
+                .ok_or_else(|| {
+                    Error::InvalidUsage(format!(
+                        "rank {rank}: memory of rank {peer} ({size} bytes at {:#x}) is not a \
+                         live registration of this process",
+                        memory.addr()
+                    ))
+                })?;
             let region = MemoryRegion::new(peer, memory.addr(), size);
             return Ok(region.with_keep_alive(owner));
         }

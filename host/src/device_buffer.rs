@@ -87,11 +87,11 @@ impl<T: Pod> DeviceBuffer<T> {
                 let drop_wait = timeout_from_env().unwrap_or(crate::device::DEFAULT_TIMEOUT);
                 BufferMemory::Cpu(Arc::new(DeviceMemory::new(memory, cpu.clone(), drop_wait)))
             }
-            DeviceKind::Cuda(cuda) => {
-                let memory = Arc::new(CudaMemory::new(cuda, bytes, matches!(fill, Fill::Zero))?);
-                crate::cuda::gpu_address_ranges::enter_owner(&memory);
-                BufferMemory::Cuda(memory)
-            }
+            DeviceKind::Cuda(cuda) => BufferMemory::Cuda(Arc::new(CudaMemory::new(
+                cuda,
+                bytes,
+                matches!(fill, Fill::Zero),
+            )?)),
         };
         Ok(Self {
             memory,

@@ -15,6 +15,7 @@
 
 use crate::buffer_memory::BufferMemory;
 use crate::cuda::cuda_ipc::CudaIpcHandle;
+use crate::cuda::registered_shares;
 use crate::error::{Error, Result};
 use crate::host_ipc::{HostIpcHandle, node_name};
 use crate::transport::Transport;
@@ -51,6 +52,9 @@ pub struct RegisteredMemory {
     /// The CUDA IPC handle of the range (memory of a CUDA device), for ranks in other
     /// processes that open it.
     cuda_ipc: Option<CudaIpcHandle>,
+    /// The registration's token in its process (memory of a CUDA device), for ranks of that
+    /// process, which reach it at its own address (`cuda::registered_shares`).
+    cuda_share: Option<[u8; registered_shares::TOKEN_BYTES]>,
     /// The id the owner gave the memory in its Ethernet table
     /// ([`EthernetRegistry`](crate::ethernet_registry::EthernetRegistry)), for peers that
     /// reach it over Ethernet: they name it by this id, never by its address.
@@ -73,22 +77,28 @@ impl RegisteredMemory {
         size: u64,
         mut transports: Vec<Transport>,
     ) -> Result<Self> {
-        let (host_ipc, cuda_ipc) = match &memory {
-            BufferMemory::Cpu(m) => (m.ipc_handle().map(|h| (h, offset)), None),
-            BufferMemory::Cuda(m) => (None, Some(CudaIpcHandle::export(m, offset, size)?)),
+        let addr = memory.addr() + offset;
+        let (host_ipc, cuda_ipc, cuda_share) = match &memory {
+            BufferMemory::Cpu(m) => (m.ipc_handle().map(|h| (h, offset)), None, None),
+            BufferMemory::Cuda(m) => (
+                None,
+                Some(CudaIpcHandle::export(m, offset, size)?),
+                Some(registered_shares::enter(m, addr, size)?),
+            ),
         };
         if cuda_ipc.is_some() && !transports.contains(&Transport::CudaIpc) {
             transports.push(Transport::CudaIpc);
         }
         Ok(RegisteredMemory {
             rank,
-            addr: memory.addr() + offset,
+            addr,
             size,
             transports,
             node: node_name().to_owned(),
             process_id: std::process::id(),
             host_ipc,
             cuda_ipc,
+            cuda_share,
             ethernet_id: None,
             owner: Some(memory),
         })
@@ -107,6 +117,11 @@ impl RegisteredMemory {
     /// The CUDA IPC handle of memory of a CUDA device.
     pub(crate) fn cuda_ipc(&self) -> Option<&CudaIpcHandle> {
         self.cuda_ipc.as_ref()
+    }
+
+    /// The registration's token in its process (memory of a CUDA device).
+    pub(crate) fn cuda_share(&self) -> Option<&[u8; registered_shares::TOKEN_BYTES]> {
+        self.cuda_share.as_ref()
     }
 
     /// The process that owns the memory.
@@ -262,6 +277,13 @@ impl RegisteredMemory {
             }
             (None, false) => {}
         }
+        if self.cuda_ipc.is_some() != self.cuda_share.is_some() {
+            return refuse(
+                "it carries a CUDA IPC handle without a registration token, or the other way \
+                 round"
+                    .into(),
+            );
+        }
         match (
             self.transports.contains(&Transport::Ethernet),
             self.ethernet_id,
@@ -289,6 +311,7 @@ impl PartialEq for RegisteredMemory {
             self.process_id,
             &self.host_ipc,
             &self.cuda_ipc,
+            &self.cuda_share,
             self.ethernet_id,
         ) == (
             other.rank,
@@ -299,6 +322,7 @@ impl PartialEq for RegisteredMemory {
             other.process_id,
             &other.host_ipc,
             &other.cuda_ipc,
+            &other.cuda_share,
             other.ethernet_id,
         )
     }

@@ -200,6 +200,7 @@ struct Wire {
     host_ipc: Option<(HostIpcHandle, u64)>,
     /// A CUDA IPC handle: always absent here (emulator memory), so its type does not matter.
     cuda_ipc: Option<()>,
+    cuda_share: Option<()>,
     ethernet_id: Option<u32>,
 }
 

@@ -23,6 +23,7 @@ struct Wire {
     process_id: u32,
     host_ipc: Option<(HostIpcHandle, u64)>,
     cuda_ipc: Option<CudaWire>,
+    cuda_share: Option<[u8; 16]>,
     ethernet_id: Option<u32>,
 }
 
@@ -164,6 +165,7 @@ fn registered_memory_rejects_bad_handle() {
                         version,
                         &forge(&|w| {
                             w.transports = vec![Transport::HostIpc, Transport::CudaIpc];
+                            w.cuda_share = Some([5; 16]);
                             w.cuda_ipc = Some(CudaWire {
                                 handle: ([0; 32], [0; 32]),
                                 ..cuda_handle(8192)
@@ -177,6 +179,7 @@ fn registered_memory_rejects_bad_handle() {
                         version,
                         &forge(&|w| {
                             w.transports = vec![Transport::HostIpc, Transport::CudaIpc];
+                            w.cuda_share = Some([5; 16]);
                             w.cuda_ipc = Some(cuda_handle(8));
                         }),
                     ),
@@ -187,10 +190,21 @@ fn registered_memory_rejects_bad_handle() {
                         version,
                         &forge(&|w| {
                             w.transports = vec![Transport::HostIpc, Transport::CudaIpc];
+                            w.cuda_share = Some([5; 16]);
                             w.cuda_ipc = Some(cuda_handle(8192));
                         }),
                     ),
                     "is on a CUDA device, and this rank runs on",
+                ),
+                (
+                    encode(
+                        version,
+                        &forge(&|w| {
+                            w.transports = vec![Transport::HostIpc, Transport::CudaIpc];
+                            w.cuda_ipc = Some(cuda_handle(8192));
+                        }),
+                    ),
+                    "without a registration token",
                 ),
                 (b"\x01garbage".to_vec(), "malformed"),
             ];
@@ -206,6 +220,55 @@ fn registered_memory_rejects_bad_handle() {
             // The genuine one maps.
             let region = comm.reach(&RegisteredMemory::from_bytes(&encode(version, &good))?)?;
             assert_eq!(region.size, 8192);
+        }
+        comm.barrier()
+    })
+    .unwrap();
+}
+
+/// Guards ranks of one process on a GPU, which reach each other's memory at its own
+/// address: only through a registration this process made, for exactly its range. A peer's
+/// registration with its address moved, or its token changed, is refused (a registration
+/// forged by a peer of another process that claims this one cannot point this rank at
+/// other memory here); the genuine one is reached.
+#[test]
+fn a_forged_in_process_cuda_registration_is_refused() {
+    if let Err(why) = oxccl::Backend::cuda_device_count() {
+        println!(
+            "a_forged_in_process_cuda_registration_is_refused: the cuda part is skipped: {why}"
+        );
+        return;
+    }
+    let config = oxccl::in_process::InProcessConfig {
+        backend: oxccl::Backend::Cuda,
+        ..config()
+    };
+    in_process::run(2, config, |comm| {
+        let buf = comm.alloc::<u64>(1024)?;
+        let all = comm.all_gather_memory(&comm.register(&buf)?)?;
+        if comm.rank() == 0 {
+            let (version, good) = decode(&all[1]);
+            assert!(good.cuda_share.is_some() && good.cuda_ipc.is_some());
+            let moved = Wire {
+                addr: good.addr + 256,
+                ..good.clone()
+            };
+            let retoken = Wire {
+                cuda_share: good.cuda_share.map(|t| t.map(|b| b ^ 0x5a)),
+                ..good.clone()
+            };
+            for forged in [moved, retoken] {
+                let refused = RegisteredMemory::from_bytes(&encode(version, &forged))
+                    .and_then(|memory| comm.reach(&memory));
+                match refused {
+                    Err(Error::InvalidUsage(msg)) => {
+                        assert!(msg.contains("not a live registration"), "{msg}")
+                    }
+                    other => panic!("expected a refusal, got {other:?}"),
+                }
+            }
+            let region = comm.reach(&RegisteredMemory::from_bytes(&encode(version, &good))?)?;
+            assert_eq!((region.addr, region.size), (good.addr, 8192));
         }
         comm.barrier()
     })

@@ -29,6 +29,7 @@ const GPU_TESTS: &[(&str, &str)] = &[
     ("oxccl", "cuda_backend"),
     ("oxccl", "device_checks"),
     ("oxccl", "bad_input"),
+    ("oxccl", "registered_memory"),
 ];
 
 /// Example programs the bundle runs.

@@ -8,39 +8,15 @@
 //! 8-byte-aligned word of each parameter's value: views and handles hold their addresses as
 //! aligned `u64`s (their layouts are `repr(C)` with 8-byte fields). Memory a parameter only
 //! points to is not looked into.
-//!
-//! The allocations made here are also kept by start, weakly ([`enter_owner`]), so that a
-//! rank of this process can hold a share of another rank's memory it reaches directly
-//! (ranks as threads of one process need no CUDA IPC, and the driver refuses to open a
-//! handle in the process that exported it): [`owner_of`].
 
-use super::cuda_memory::CudaMemory;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
 
 /// Live allocations: start -> end (exclusive).
 static RANGES: RwLock<BTreeMap<u64, u64>> = RwLock::new(BTreeMap::new());
 /// How many are in `RANGES`: read without the lock by every CPU launch.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-/// Allocations of this process by start, weakly.
-static OWNERS: Mutex<BTreeMap<u64, Weak<CudaMemory>>> = Mutex::new(BTreeMap::new());
-
-/// Enters `memory` (a new allocation, already entered by [`enter`]) as its range's owner.
-pub(crate) fn enter_owner(memory: &Arc<CudaMemory>) {
-    OWNERS.lock().insert(memory.addr(), Arc::downgrade(memory));
-}
-
-/// A share of the live allocation of this process that holds `bytes` bytes at `start`.
-pub(crate) fn owner_of(start: u64, bytes: u64) -> Option<Arc<CudaMemory>> {
-    let owners = OWNERS.lock();
-    let (_, owner) = owners.range(..=start).next_back()?;
-    let owner = owner.upgrade()?;
-    let end = start.checked_add(bytes)?;
-    (end <= owner.addr() + owner.bytes() as u64).then_some(owner)
-}
 
 /// Enters `bytes` bytes of device memory at `start` (a new allocation).
 pub(crate) fn enter(start: u64, bytes: u64) {
@@ -53,7 +29,6 @@ pub(crate) fn enter(start: u64, bytes: u64) {
 
 /// Removes the allocation at `start` (before it is freed).
 pub(crate) fn remove(start: u64) {
-    OWNERS.lock().remove(&start);
     let mut ranges = RANGES.write();
     if ranges.remove(&start).is_some() {
         LIVE.fetch_sub(1, Ordering::Relaxed);

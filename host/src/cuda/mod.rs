@@ -24,3 +24,4 @@ pub(crate) mod gpu_address_ranges;
 pub(crate) mod mapped_cells;
 pub(crate) mod mapped_host_memory;
 pub(crate) mod numa_cpus;
+pub(crate) mod registered_shares;
