@@ -37,6 +37,7 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("oxccl-examples", "pingpong"),
     ("oxccl-examples", "allreduce"),
     ("oxccl-examples", "fifo_bench"),
+    ("oxccl-examples", "launch_bench"),
 ];
 
 /// Builds `target/gpu-bundle/` for `arches` (every default architecture if empty). Builds

@@ -1,9 +1,10 @@
-//! What a kernel launch costs on the CPU emulator: an empty kernel launched and
-//! synchronized in a loop, against two thread hand-offs timed in the same run.
+//! What a kernel launch costs on the CPU emulator (or, `--backend cuda`, on a GPU): an empty
+//! kernel launched and synchronized in a loop, against two thread hand-offs timed in the
+//! same run.
 //!
 //! ```text
 //! cargo run --release -p oxccl-examples --bin launch_bench -- --threads 1,4 --streams 1,2
-//! launch threads=<t> streams=<s> launch_sync_us=<x> batch_us=<b> baseline_atomic_us=<a> baseline_condvar_us=<c>
+//! launch backend=<b> threads=<t> streams=<s> launch_sync_us=<x> batch_us=<b> baseline_atomic_us=<a> baseline_condvar_us=<c>
 //! ```
 //!
 //! - `launch_sync_us`: one launch of an empty kernel (one block of `threads` threads)
@@ -23,14 +24,14 @@
 //! machine does not decide it.
 
 use clap::Parser;
-use oxccl::{Device, Result, Stream};
-use oxccl_device::kernel;
+use oxccl::{Backend, Device, Result, Stream};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_examples::{atomic_pingpong, micros};
+use oxccl_kernels::device_check::empty_kernel;
 use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// Measures launch + synchronize of an empty kernel on the CPU backend.
+/// Measures launch + synchronize of an empty kernel.
 #[derive(Parser, Debug)]
 struct Args {
     /// Threads per launch (one block), a comma-separated list.
@@ -57,6 +58,10 @@ struct Args {
         default_value = "launch-sync,batch,baselines"
     )]
     only: Vec<Measure>,
+    /// Where the kernels run: `cpu` (the emulator), `cuda` (GPU 0; with several streams,
+    /// each its own `Device` of the GPUs in turn), or `auto`.
+    #[arg(long, default_value = "cpu", value_parser = oxccl_examples::collective_bench::options::parse_backend)]
+    backend: Backend,
 }
 
 /// One of the program's measurements.
@@ -70,10 +75,6 @@ enum Measure {
     Baselines,
 }
 
-/// Does nothing: its launch is all there is to time.
-#[kernel]
-fn empty() {}
-
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     match run(&args) {
@@ -86,6 +87,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(a: &Args) -> Result<()> {
+    let backend = a.backend.resolve();
     let runs = a.runs.max(1);
     let iters = a.iters.max(1);
     for &streams in &a.streams {
@@ -99,9 +101,9 @@ fn run(a: &Args) -> Result<()> {
                 None
             } else {
                 Some(best(&|| {
-                    on_streams(streams, |stream| {
+                    on_streams(backend, streams, |stream| {
                         time_per(iters, || {
-                            empty::launch(stream, config)?;
+                            empty_kernel::launch(stream, config)?;
                             stream.synchronize()
                         })
                     })
@@ -112,10 +114,10 @@ fn run(a: &Args) -> Result<()> {
                 None
             } else {
                 Some(best(&|| {
-                    on_streams(streams, |stream| {
+                    on_streams(backend, streams, |stream| {
                         let per_batch = time_per(batches, || {
                             for _ in 0..a.batch.max(1) {
-                                empty::launch(stream, config)?;
+                                empty_kernel::launch(stream, config)?;
                             }
                             stream.synchronize()
                         })?;
@@ -139,7 +141,7 @@ fn run(a: &Args) -> Result<()> {
             // A measurement left out by `--only` prints as `-`.
             let us = |d: Option<Duration>| d.map_or_else(|| "-".to_string(), micros);
             println!(
-                "launch threads={threads} streams={streams} launch_sync_us={} batch_us={} baseline_atomic_us={} baseline_condvar_us={}",
+                "launch backend={backend} threads={threads} streams={streams} launch_sync_us={} batch_us={} baseline_atomic_us={} baseline_condvar_us={}",
                 us(launch_sync),
                 us(batch),
                 us(atomic),
@@ -152,16 +154,20 @@ fn run(a: &Args) -> Result<()> {
 
 /// Runs `body` on `streams` host threads at once, each with a stream of its own device, and
 /// returns the largest figure it returned.
-fn on_streams(streams: u32, body: impl Fn(&Stream) -> Result<Duration> + Sync) -> Result<Duration> {
+fn on_streams(
+    backend: Backend,
+    streams: u32,
+    body: impl Fn(&Stream) -> Result<Duration> + Sync,
+) -> Result<Duration> {
     let start = Barrier::new(streams.max(1) as usize);
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..streams.max(1))
             .map(|i| {
                 let (start, body) = (&start, &body);
                 scope.spawn(move || {
-                    let stream = Device::cpu(i as usize).stream()?;
+                    let stream = Device::for_local_rank(backend, i as usize)?.stream()?;
                     // Untimed: spawns the pool's workers and warms the caches.
-                    empty::launch(&stream, LaunchConfig::grid(1))?;
+                    empty_kernel::launch(&stream, LaunchConfig::grid(1))?;
                     stream.synchronize()?;
                     start.wait();
                     body(&stream)
