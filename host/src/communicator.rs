@@ -649,8 +649,8 @@ impl Communicator {
     /// its CUDA IPC handle, opened once per peer allocation and kept as long as anything
     /// uses it.
     ///
-    /// A peer's memory on another GPU of this process is reached at its address too; kernels
-    /// of this rank can use it only where the two GPUs have peer access.
+    /// A peer's memory on another GPU of this process is reached at its address too, after
+    /// enabling this GPU's access to that one (an error where the two have no peer access).
     fn reach_cuda(&mut self, memory: &RegisteredMemory) -> Result<MemoryRegion> {
         let rank = self.rank();
         let (peer, size) = (memory.rank(), memory.size());
@@ -680,6 +680,9 @@ impl Communicator {
                         memory.addr()
                     ))
                 })?;
+            // Kernels and copies of this rank's GPU reach the peer's: peer access, if the
+            // peer's memory is on another GPU.
+            device.context.enable_peer_access(&owner.device().context)?;
             let region = MemoryRegion::new(peer, memory.addr(), size);
             return Ok(region.with_keep_alive(owner));
         }

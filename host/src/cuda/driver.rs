@@ -518,6 +518,45 @@ impl Context {
         })
     }
 
+    /// Lets kernels and copies of this context reach memory allocated in `peer`'s (another
+    /// GPU of this process): `cuDeviceCanAccessPeer`, then `cuCtxEnablePeerAccess(peer, 0)`
+    /// with this context current. Access already enabled is success (the driver keeps it
+    /// for the contexts' life); the same device needs nothing.
+    ///
+    /// # Errors
+    /// The two GPUs cannot reach each other's memory, or the driver refused.
+    pub(crate) fn enable_peer_access(&self, peer: &Context) -> Result<()> {
+        if peer.device == self.device {
+            return Ok(());
+        }
+        self.bind()?;
+        let what = || {
+            format!(
+                "letting device {} reach device {}'s memory",
+                self.device, peer.device
+            )
+        };
+        let mut can = 0;
+        // SAFETY: valid device handles; `can` is a live local the driver fills.
+        let status = unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.device, peer.device) };
+        check(status.result(), "cuDeviceCanAccessPeer", what)?;
+        if can == 0 {
+            return Err(Error::InvalidUsage(format!(
+                "{}: the driver says these GPUs cannot access each other's memory (no peer \
+                 access between them: ranks on them need processes and CUDA IPC through host \
+                 staging, which is not built)",
+                what()
+            )));
+        }
+        // SAFETY: this context is current (bound above) and `peer.context` is a live,
+        // retained context; flags must be 0.
+        let status = unsafe { sys::cuCtxEnablePeerAccess(peer.context, 0) };
+        match status.result() {
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+            other => check(other, "cuCtxEnablePeerAccess", what),
+        }
+    }
+
     /// `bytes` of pinned host memory, zeroed, mapped into the device's address space
     /// (`cuMemHostAlloc` with `CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE`:
     /// portable, so every context treats it as pinned, not only this one). Its device

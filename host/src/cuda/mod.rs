@@ -11,8 +11,8 @@
 //! host memory ([`mapped_cells`]), port channels through the CUDA IPC connection
 //! (`oxccl::cuda_ipc_connection`: copies and semaphore writes on a stream), and registered
 //! memory that travels as a CUDA IPC handle ([`cuda_ipc`]), opened by ranks of other
-//! processes and reached at its own address by ranks of this one. Not yet: Ethernet or
-//! InfiniBand from GPU memory, and peer access between two GPUs of one process.
+//! processes and reached at its own address by ranks of this one (with peer access enabled
+//! between two GPUs of the process). Not yet: Ethernet or InfiniBand from GPU memory.
 
 pub(crate) mod cuda_device;
 pub(crate) mod cuda_fifo_memory;
