@@ -78,13 +78,6 @@ fn transport(e: Error) -> ProxyError {
     ProxyError::Transport(e.to_string())
 }
 
-fn unmapped(region: &MemoryRegion) -> ProxyError {
-    ProxyError::InvalidUsage(format!(
-        "memory of rank {} is not mapped in this process",
-        region.owner_rank
-    ))
-}
-
 impl Connection for CudaIpcConnection {
     fn write(
         &self,
@@ -94,16 +87,10 @@ impl Connection for CudaIpcConnection {
         src_off: u64,
         bytes: u64,
     ) -> Result<(), ProxyError> {
-        if dst.addr == 0 {
-            return Err(unmapped(dst));
-        }
-        if src.addr == 0 {
-            return Err(unmapped(src));
-        }
+        let (to, from) = (dst.address(dst_off)?, src.address(src_off)?);
         if bytes == 0 {
             return Ok(());
         }
-        let (to, from) = (dst.addr + dst_off, src.addr + src_off);
         if to < from + bytes && from < to + bytes {
             return Err(ProxyError::InvalidUsage(format!(
                 "a put of {bytes} bytes from {from:#x} to {to:#x} copies between overlapping \

@@ -223,12 +223,7 @@ impl Connection for EthernetConnection {
         bytes: u64,
     ) -> Result<(), ProxyError> {
         let id = remote_id(dst)?;
-        if src.addr == 0 {
-            return Err(ProxyError::InvalidUsage(format!(
-                "source memory of rank {} is not mapped in this process",
-                src.owner_rank
-            )));
-        }
+        let from = src.address(src_off)?;
         let mut state = self.state.lock();
         let mut done = 0;
         while done < bytes {
@@ -238,10 +233,7 @@ impl Connection for EthernetConnection {
             // exist (the region holds a share). Kernels leave a put's source alone until
             // it is flushed (the channel's contract).
             let payload = unsafe {
-                std::slice::from_raw_parts(
-                    (src.addr + src_off + done) as usize as *const u8,
-                    len as usize,
-                )
+                std::slice::from_raw_parts((from + done) as usize as *const u8, len as usize)
             };
             let header = Message::Write {
                 id,

@@ -20,13 +20,6 @@ impl HostIpcConnection {
     }
 }
 
-fn unmapped(region: &MemoryRegion) -> ProxyError {
-    ProxyError::InvalidUsage(format!(
-        "memory of rank {} is not mapped in this process",
-        region.owner_rank
-    ))
-}
-
 impl Connection for HostIpcConnection {
     fn write(
         &self,
@@ -36,12 +29,7 @@ impl Connection for HostIpcConnection {
         src_off: u64,
         bytes: u64,
     ) -> Result<(), ProxyError> {
-        if dst.addr == 0 {
-            return Err(unmapped(dst));
-        }
-        if src.addr == 0 {
-            return Err(unmapped(src));
-        }
+        let (to, from) = (dst.address(dst_off)?, src.address(src_off)?);
         if bytes == 0 {
             return Ok(());
         }
@@ -50,8 +38,8 @@ impl Connection for HostIpcConnection {
         // rank may put into its own buffer).
         unsafe {
             std::ptr::copy(
-                (src.addr + src_off) as usize as *const u8,
-                (dst.addr + dst_off) as usize as *mut u8,
+                from as usize as *const u8,
+                to as usize as *mut u8,
                 bytes as usize,
             )
         };

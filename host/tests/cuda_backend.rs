@@ -4,12 +4,11 @@
 
 mod common;
 
-use common::{assert_all_gathered, ring_buffer};
+use common::exchange_over_both_rings;
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Backend, CommunicatorConfig, Device, Error, ReduceOp};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_kernels::device_check::fill_sequence;
-use oxccl_kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
 use std::time::{Duration, Instant};
 
 /// The reason the CUDA backend cannot be used here, or `None` if it can.
@@ -97,39 +96,11 @@ fn communicator_of_two_ranks_in_one_process() {
         };
         let started = Instant::now();
         in_process::run(2, config, |comm| {
-            let (rank, ranks) = (comm.rank(), comm.size());
+            let rank = comm.rank();
             assert_eq!(comm.device().backend(), backend);
             let stream = comm.device().stream()?;
-            let chunk = 4099;
 
-            let (buf, all) = ring_buffer(comm, chunk)?;
-            let (to_next, to_prev) = comm.ring_port_channels(&all, &all[rank as usize])?;
-            port_ring_exchange::launch(
-                &stream,
-                LaunchConfig::grid(1).block(1),
-                to_next.device_handle(),
-                to_prev.device_handle(),
-                rank,
-                ranks,
-                (chunk * 4) as u64,
-            )?;
-            comm.synchronize(&stream)?;
-            assert_all_gathered(comm, &buf, chunk, 0);
-
-            let (buf, all) = ring_buffer(comm, chunk)?;
-            let (to_next, from_prev) =
-                comm.ring_memory_channels(&all, &all[rank as usize], None)?;
-            memory_ring_exchange::launch(
-                &stream,
-                LaunchConfig::grid(1).block(32),
-                to_next.device_handle(),
-                from_prev.device_handle(),
-                rank,
-                ranks,
-                (chunk * 4) as u64,
-            )?;
-            comm.synchronize(&stream)?;
-            assert_all_gathered(comm, &buf, chunk, 0);
+            exchange_over_both_rings(comm, &stream, 4099, 32)?;
 
             let count = 10_007usize;
             let value = |r: u32, i: usize| ((i * 7 + r as usize * 13) % 101) as f32;

@@ -11,14 +11,14 @@
 
 mod common;
 
-use common::{assert_all_gathered, ring_buffer};
+use common::{assert_all_gathered, exchange_over_both_rings, ring_buffer};
 use oxccl::{
     Communicator, CommunicatorConfig, Error, IdlePolicy, PollSchedule, ReduceOp, Result,
     TransportChoice,
 };
 use oxccl_device::launch::LaunchConfig;
 use oxccl_kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
-use oxccl_kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
+use oxccl_kernels::ring_exchange::port_ring_exchange;
 use oxccl_testing::{Job, child_rank};
 use std::time::Duration;
 
@@ -33,39 +33,10 @@ fn run_rank() -> Result<u32> {
     })?;
     let (rank, ranks) = (comm.rank(), comm.size());
     let stream = comm.device().stream()?;
-    let chunk = 3001;
 
-    // Port channels: the proxy copies into the peer process's mapped memory.
-    let (buf, all) = ring_buffer(&comm, chunk)?;
-    let (to_next, to_prev) = comm.ring_port_channels(&all, &all[rank as usize])?;
-    port_ring_exchange::launch(
-        &stream,
-        LaunchConfig::grid(1).block(1),
-        to_next.device_handle(),
-        to_prev.device_handle(),
-        rank,
-        ranks,
-        (chunk * 4) as u64,
-    )?;
-    // Complete once our own kernel is: no barrier, so a missing signal order would show.
-    comm.synchronize(&stream)?;
-    assert_all_gathered(&comm, &buf, chunk, 0);
-
-    // Memory channels: kernel threads store into the peer process's memory directly.
-    let (buf, all) = ring_buffer(&comm, chunk)?;
-    let (to_next, from_prev) = comm.ring_memory_channels(&all, &all[rank as usize], None)?;
-    memory_ring_exchange::launch(
-        &stream,
-        LaunchConfig::grid(1).block(2),
-        to_next.device_handle(),
-        from_prev.device_handle(),
-        rank,
-        ranks,
-        (chunk * 4) as u64,
-    )?;
-    // Complete once our own kernel is: no barrier, so a missing signal order would show.
-    comm.synchronize(&stream)?;
-    assert_all_gathered(&comm, &buf, chunk, 0);
+    // Port channels (the proxy copies into the peer process's mapped memory), then memory
+    // channels (kernel threads store into it directly).
+    exchange_over_both_rings(&mut comm, &stream, 3001, 2)?;
 
     // All-reduce across processes.
     let n = 10_007usize;

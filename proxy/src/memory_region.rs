@@ -73,17 +73,28 @@ impl MemoryRegion {
     /// # Errors
     /// [`ProxyError::InvalidUsage`] saying which of those fails.
     pub fn semaphore_address(&self, offset: u64) -> Result<u64, ProxyError> {
-        if self.addr == 0 {
-            return Err(ProxyError::InvalidUsage(format!(
-                "memory of rank {} is not mapped in this process",
-                self.owner_rank
-            )));
-        }
-        if !self.contains(offset, 8) || !(self.addr + offset).is_multiple_of(8) {
+        let address = self.address(offset)?;
+        if !self.contains(offset, 8) || !address.is_multiple_of(8) {
             return Err(ProxyError::InvalidUsage(format!(
                 "semaphore at offset {offset} of rank {}'s {}-byte region is out of bounds or \
                  misaligned",
                 self.owner_rank, self.size
+            )));
+        }
+        Ok(address)
+    }
+
+    /// The address of byte `offset` of the region, where this process reaches it (the
+    /// caller has checked the range against the region).
+    ///
+    /// # Errors
+    /// [`ProxyError::InvalidUsage`]: the region is not reachable here (its address is 0:
+    /// memory a peer names by id, over Ethernet).
+    pub fn address(&self, offset: u64) -> Result<u64, ProxyError> {
+        if self.addr == 0 {
+            return Err(ProxyError::InvalidUsage(format!(
+                "memory of rank {} is not mapped in this process",
+                self.owner_rank
             )));
         }
         Ok(self.addr + offset)

@@ -5,11 +5,13 @@
 
 use oxccl::in_process::InProcessConfig;
 use oxccl::{
-    Communicator, CommunicatorConfig, DeviceBuffer, ReduceElement, RegisteredMemory, Result,
+    Communicator, CommunicatorConfig, DeviceBuffer, ReduceElement, RegisteredMemory, Result, Stream,
 };
 use oxccl_device::arch::atomic::{self, Ordering, Scope};
 use oxccl_device::coop::{Block, Coop};
+use oxccl_device::launch::LaunchConfig;
 use oxccl_device::{DevicePtr, DeviceSlice, kernel};
+use oxccl_kernels::ring_exchange::{memory_ring_exchange, port_ring_exchange};
 use std::time::Duration;
 
 /// Settings of a test job. Proxy assist is off unless a test is about it: with it, a put
@@ -58,6 +60,35 @@ pub fn ring_buffer(
     let buf = comm.device().alloc_from(&host)?;
     let all = comm.all_gather_memory(&comm.register(&buf)?)?;
     Ok((buf, all))
+}
+
+/// The ring all-gather over port channels (`port_ring_exchange`, thread 0 drives), then
+/// over memory channels (`memory_ring_exchange` on one block of `memory_threads`), each on
+/// fresh ring buffers of `chunk` words, each checked on the host once this rank's own
+/// kernel is done (no barrier: a missing signal order would show).
+pub fn exchange_over_both_rings(
+    comm: &mut Communicator,
+    stream: &Stream,
+    chunk: usize,
+    memory_threads: u32,
+) -> Result<()> {
+    let (rank, ranks, bytes) = (comm.rank(), comm.size(), (chunk * 4) as u64);
+    let (buf, all) = ring_buffer(comm, chunk)?;
+    let (to_next, to_prev) = comm.ring_port_channels(&all, &all[rank as usize])?;
+    let (next, prev) = (to_next.device_handle(), to_prev.device_handle());
+    let one = LaunchConfig::grid(1).block(1);
+    port_ring_exchange::launch(stream, one, next, prev, rank, ranks, bytes)?;
+    comm.synchronize(stream)?;
+    assert_all_gathered(comm, &buf, chunk, 0);
+
+    let (buf, all) = ring_buffer(comm, chunk)?;
+    let (to_next, from_prev) = comm.ring_memory_channels(&all, &all[rank as usize], None)?;
+    let (next, prev) = (to_next.device_handle(), from_prev.device_handle());
+    let block = LaunchConfig::grid(1).block(memory_threads);
+    memory_ring_exchange::launch(stream, block, next, prev, rank, ranks, bytes)?;
+    comm.synchronize(stream)?;
+    assert_all_gathered(comm, &buf, chunk, 0);
+    Ok(())
 }
 
 /// Checks, on the host, that `buf` holds every rank's chunk of round `round`.
