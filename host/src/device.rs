@@ -195,6 +195,14 @@ impl Device {
         }
     }
 
+    /// The GPU's multiprocessors (`None` on the CPU backend, whose blocks are host threads).
+    pub fn multiprocessors(&self) -> Option<u32> {
+        match &self.inner.kind {
+            DeviceKind::Cpu(_) => None,
+            DeviceKind::Cuda(d) => Some(d.facts.multiprocessors),
+        }
+    }
+
     /// The device of its backend.
     pub(crate) fn kind(&self) -> &DeviceKind {
         &self.inner.kind

@@ -745,6 +745,10 @@ impl Communicator {
                 max
             }
         };
+        let direct = match &self.collectives {
+            Some(ctx) => ctx.config.launch_for(self.device()),
+            None => return Err(Error::Internal("collectives not set up".into())),
+        };
         let ctx = self
             .collectives
             .as_mut()
@@ -759,7 +763,6 @@ impl Communicator {
         if call.count == 0 && call.shape.collective != Collective::Barrier {
             return Ok(());
         }
-        let direct = ctx.config.launch.unwrap_or(LaunchConfig::grid(1).block(1));
         if algo == Some(Algorithm::Ports) {
             return self.run_over_ports(&call, stream, direct);
         }
