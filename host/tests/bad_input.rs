@@ -17,7 +17,8 @@ use oxccl_device::launch::LaunchConfig;
 use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
 use oxccl_device::port_channel::{PortChannelDeviceHandle, PortChannelIds};
 use oxccl_kernels::device_check::{
-    flush_once, memory_signal_once, memory_wait_once, port_wait_once, put_then_flush,
+    flush_once, put_then_flush, signal_memory_channel_once, wait_memory_channel_once,
+    wait_port_channel_once,
 };
 use oxccl_proxy::{ProxyError, Refusal, Side};
 use std::time::{Duration, Instant};
@@ -258,9 +259,17 @@ fn wait_times_out() {
         for kind in [ChannelKind::Memory, ChannelKind::Port] {
             let started = Instant::now();
             if kind == ChannelKind::Memory {
-                memory_wait_once::launch(&stream, LaunchConfig::grid(1), memory.device_handle())?;
+                wait_memory_channel_once::launch(
+                    &stream,
+                    LaunchConfig::grid(1),
+                    memory.device_handle(),
+                )?;
             } else {
-                port_wait_once::launch(&stream, LaunchConfig::grid(1), port.device_handle())?;
+                wait_port_channel_once::launch(
+                    &stream,
+                    LaunchConfig::grid(1),
+                    port.device_handle(),
+                )?;
             }
             let result = comm.synchronize(&stream);
             let waited = started.elapsed();
@@ -306,7 +315,7 @@ fn wait_times_out() {
 fn zeroed_handle_is_an_error_naming_it() {
     let device = oxccl::Device::cpu(0);
     let stream = device.stream().unwrap();
-    memory_signal_once::launch(
+    signal_memory_channel_once::launch(
         &stream,
         LaunchConfig::grid(1),
         MemoryChannelDeviceHandle::default(),
@@ -318,7 +327,7 @@ fn zeroed_handle_is_an_error_naming_it() {
             error,
             message,
         }) => {
-            assert_eq!(kernel, "memory_signal_once");
+            assert_eq!(kernel, "signal_memory_channel_once");
             assert_eq!(error, DeviceError::NullHandle);
             assert!(message.contains("signal"), "{message}");
             let text = error.to_string();
@@ -326,7 +335,7 @@ fn zeroed_handle_is_an_error_naming_it() {
         }
         other => panic!("expected the zeroed handle to be refused, got {other:?}"),
     }
-    port_wait_once::launch(
+    wait_port_channel_once::launch(
         &stream,
         LaunchConfig::grid(1),
         PortChannelDeviceHandle::default(),

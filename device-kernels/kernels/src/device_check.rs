@@ -138,7 +138,7 @@ pub fn flush_once(chan: PortChannelDeviceHandle<'_>) -> Result<(), DeviceError> 
 /// # Errors
 /// The wait timed out or was stopped.
 #[kernel]
-pub fn memory_wait_once(chan: MemoryChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
+pub fn wait_memory_channel_once(chan: MemoryChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
     chan.wait()
 }
 
@@ -147,7 +147,7 @@ pub fn memory_wait_once(chan: MemoryChannelDeviceHandle<'_>) -> Result<(), Devic
 /// # Errors
 /// The wait timed out or was stopped.
 #[kernel]
-pub fn port_wait_once(chan: PortChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
+pub fn wait_port_channel_once(chan: PortChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
     chan.wait()
 }
 
@@ -156,6 +156,6 @@ pub fn port_wait_once(chan: PortChannelDeviceHandle<'_>) -> Result<(), DeviceErr
 /// # Errors
 /// The handle is zeroed (never set up), or the signal failed.
 #[kernel]
-pub fn memory_signal_once(chan: MemoryChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
+pub fn signal_memory_channel_once(chan: MemoryChannelDeviceHandle<'_>) -> Result<(), DeviceError> {
     chan.signal()
 }
