@@ -1300,14 +1300,19 @@ fn channel_kind_code(kind: ChannelKind) -> u64 {
 }
 
 impl Drop for Communicator {
-    /// Waits (bounded by the wait limit) for the device's queued and running launches, then
-    /// stops the proxy (bounded too). Memory that channels or registrations still hold stays
+    /// Waits (bounded by the wait limit) for the device's queued and running launches (on
+    /// a GPU: all work of its context, other ranks' in this process too), then stops the
+    /// proxy (bounded too). Memory that channels or registrations still hold stays
     /// allocated until they go.
     fn drop(&mut self) {
         // First: peers that watch this process take its end as a death without it.
         self.peer_watch.say_goodbye();
         let limit = self.config.wait_timeout;
-        if self.cpu.as_ref().is_some_and(|cpu| !cpu.wait_idle(limit)) {
+        let idle = match self.device.kind() {
+            DeviceKind::Cpu(cpu) => cpu.wait_idle(limit),
+            DeviceKind::Cuda(gpu) => gpu.wait_idle(limit),
+        };
+        if !idle {
             tracing::warn!(
                 rank = self.rank(),
                 "communicator dropped while kernels of its device still run after {limit:?}"

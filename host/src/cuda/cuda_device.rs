@@ -14,6 +14,7 @@ use oxccl_device::launch::KernelInfo;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 /// A loaded kernel: its function handle, and how many blocks of it fit on the device at
 /// once for the block size it was last asked about.
@@ -62,6 +63,31 @@ impl std::fmt::Debug for CudaDevice {
 static OPEN: Mutex<Option<HashMap<usize, Weak<CudaDevice>>>> = Mutex::new(None);
 
 impl CudaDevice {
+    /// Waits until every launch and copy of the device's context is done, at most
+    /// `timeout`; returns whether it got there. The driver's wait has no deadline, so it runs
+    /// on a thread of its own, left to finish by itself (detached) if the limit passes.
+    pub(crate) fn wait_idle(self: &Arc<Self>, timeout: Duration) -> bool {
+        let (done, finished) = std::sync::mpsc::sync_channel(1);
+        let device = self.clone();
+        let waiter = std::thread::Builder::new()
+            .name(format!("oxccl-cuda-idle-{}", self.ordinal))
+            .spawn(move || {
+                let _ = done.send(device.context.synchronize_all());
+            });
+        if let Err(e) = waiter {
+            tracing::warn!(error = %e, "could not start a thread to wait for the GPU");
+            return false;
+        }
+        match finished.recv_timeout(timeout) {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "waiting for the GPU's work failed");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Device `ordinal`, shared with every other handle of it in this process (opened if
     /// none is alive).
     ///

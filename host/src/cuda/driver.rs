@@ -518,6 +518,16 @@ impl Context {
         })
     }
 
+    /// Blocks until every launch and copy of this context is done (`cuCtxSynchronize`): no
+    /// deadline, so only ever called from a thread of its own whose waiter has one
+    /// ([`super::cuda_device::CudaDevice::wait_idle`]).
+    pub(crate) fn synchronize_all(&self) -> Result<()> {
+        self.bind()?;
+        check(result::ctx::synchronize(), "cuCtxSynchronize", || {
+            "waiting for the device's work".into()
+        })
+    }
+
     /// Lets kernels and copies of this context reach memory allocated in `peer`'s (another
     /// GPU of this process): `cuDeviceCanAccessPeer`, then `cuCtxEnablePeerAccess(peer, 0)`
     /// with this context current. Access already enabled is success (the driver keeps it
