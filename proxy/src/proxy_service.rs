@@ -839,8 +839,10 @@ fn run_polling(
         idle = idle.saturating_add(1);
         // Acquire: pairs with the Release in `expect_triggers`.
         if shared.expecting.swap(false, Ordering::Acquire) {
+            // Hot from the start: spin first, as after a trigger.
             state.work_found(schedule);
             napping = false;
+            idle = 0;
         }
         if napping {
             // One empty poll per nap: a poll, a look for a stall and a nap are all an idle
