@@ -2,9 +2,9 @@
 //! GPU's memory. Byte-level: the address kernels see, and synchronous copies between it and
 //! the host.
 
+use crate::Result;
 use crate::cpu::memory::DeviceMemory;
 use crate::cuda::cuda_memory::CudaMemory;
-use crate::{Error, Result};
 use std::sync::Arc;
 
 /// A buffer's memory.
@@ -34,14 +34,11 @@ impl BufferMemory {
         }
     }
 
-    /// The emulator memory, or an error saying that `what` needs the CPU backend for now.
-    pub(crate) fn cpu(&self, what: &str) -> Result<&Arc<DeviceMemory>> {
+    /// The emulator memory, if that is what this is.
+    pub(crate) fn cpu(&self) -> Option<&Arc<DeviceMemory>> {
         match self {
-            BufferMemory::Cpu(m) => Ok(m),
-            BufferMemory::Cuda(_) => Err(Error::BackendUnavailable(format!(
-                "{what}: the buffer is on a cuda device, and this needs the cpu backend for \
-                 now"
-            ))),
+            BufferMemory::Cpu(m) => Some(m),
+            BufferMemory::Cuda(_) => None,
         }
     }
 

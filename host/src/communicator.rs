@@ -168,8 +168,6 @@ impl RankStopper {
 pub struct Communicator {
     oob: Arc<dyn OutOfBand>,
     device: Device,
-    /// The device's emulator (CPU backend), which maps peers' host IPC memory.
-    cpu: Option<Arc<CpuDevice>>,
     proxy: ProxyService,
     config: CommunicatorConfig,
     /// Proxy memory ids by (owner rank, address, size, Ethernet id): a peer's memories
@@ -235,10 +233,6 @@ impl Communicator {
         if let Err(why) = TransportChoice::from_env() {
             return Err(Error::InvalidUsage(format!("rank {}: {why}", oob.rank())));
         }
-        let cpu = match device.kind() {
-            DeviceKind::Cpu(cpu) => Some(cpu.clone()),
-            DeviceKind::Cuda(_) => None,
-        };
         let mut proxy = device.proxy_service(ProxyConfig {
             rank: oob.rank(),
             fifo_size: config.fifo_size,
@@ -264,7 +258,6 @@ impl Communicator {
         Ok(Communicator {
             oob,
             device,
-            cpu,
             proxy,
             config,
             memory_ids: HashMap::new(),
@@ -370,7 +363,7 @@ impl Communicator {
     pub fn register<T: bytemuck::Pod>(&self, buffer: &DeviceBuffer<T>) -> Result<RegisteredMemory> {
         let memory = buffer.memory().clone();
         let rank = self.rank();
-        if matches!(memory, BufferMemory::Cuda(_)) != self.cpu.is_none() {
+        if matches!(memory, BufferMemory::Cuda(_)) != self.emulator().is_none() {
             return Err(Error::InvalidUsage(format!(
                 "rank {rank}: a buffer of {:?} cannot be registered with a communicator of {:?}",
                 buffer.device(),
@@ -392,9 +385,18 @@ impl Communicator {
 
     /// The transport between ranks of one node: host IPC on the emulator, CUDA IPC on a GPU.
     fn node_transport(&self) -> Transport {
-        match self.cpu {
+        match self.emulator() {
             Some(_) => Transport::HostIpc,
             None => Transport::CudaIpc,
+        }
+    }
+
+    /// The device's emulator (CPU backend), which maps peers' host IPC memory; `None` on a
+    /// GPU.
+    fn emulator(&self) -> Option<&Arc<CpuDevice>> {
+        match self.device.kind() {
+            DeviceKind::Cpu(cpu) => Some(cpu),
+            DeviceKind::Cuda(_) => None,
         }
     }
 
@@ -414,7 +416,7 @@ impl Communicator {
                 "only a registration made here can be made reachable over Ethernet".into(),
             ));
         };
-        let Ok(owner) = owner.cpu("Ethernet") else {
+        let Some(owner) = owner.cpu() else {
             return Err(Error::BackendUnavailable(format!(
                 "rank {}: memory of a CUDA device cannot be reached over Ethernet yet (the \
                  staging through pinned host memory that needs is not built); use the \
@@ -607,7 +609,7 @@ impl Communicator {
                 memory.rank()
             )));
         }
-        let Some(cpu) = self.cpu.clone() else {
+        let Some(cpu) = self.emulator().cloned() else {
             return Err(Error::InvalidUsage(format!(
                 "rank {rank}: memory of rank {} is emulator memory, and this rank runs on {:?}",
                 memory.rank(),

@@ -475,11 +475,10 @@ impl ProxyService {
             self.cells.clone(),
         );
         let assist = self.config.assist;
-        // A ring without a doorbell is polled whatever the policy says: no one would wake a
-        // parked thread.
+        // The constructors give a ring a doorbell exactly when the policy parks.
         let poll = match self.config.idle {
             IdlePolicy::Poll(schedule) => Some(schedule),
-            IdlePolicy::Doorbell => self.cells.doorbell().is_none().then(PollSchedule::default),
+            IdlePolicy::Doorbell => None,
         };
         let (rank, cpus) = (self.config.rank, self.config.cpus.clone());
         let thread = std::thread::Builder::new()
@@ -650,6 +649,7 @@ fn drain_held(consumer: &mut Consumer, shared: &Shared) -> u64 {
 }
 
 /// Watches for a claimed FIFO position that is never published.
+#[derive(Default)]
 struct StallWatch {
     /// The executed count when the current wait began, and when it began.
     since: Option<(u64, Instant)>,
@@ -728,10 +728,7 @@ fn run(consumer: &Mutex<Consumer>, cells: &FifoCells, shared: &Shared, assist: b
     let yield_polls = if assist { 0 } else { YIELD_POLLS };
     let mut spin = SpinBudget::default();
     let mut idle = 0u32;
-    let mut watch = StallWatch {
-        since: None,
-        stalled_at: None,
-    };
+    let mut watch = StallWatch::default();
     let mut stalled = false;
     let mut park_timeout = PARK_TIMEOUT;
     let mut held: Option<parking_lot::MutexGuard<'_, Consumer>> = None;
@@ -814,10 +811,7 @@ fn run_polling(
     let mut state = schedule.start();
     let mut napping = false;
     let mut idle = 0u32;
-    let mut watch = StallWatch {
-        since: None,
-        stalled_at: None,
-    };
+    let mut watch = StallWatch::default();
     loop {
         let executed = drain_held(&mut held, shared);
         if executed > 0 {
