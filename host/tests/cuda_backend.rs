@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::exchange_over_both_rings;
+use common::{assert_all_reduce_sums, exchange_over_both_rings};
 use oxccl::in_process::{self, InProcessConfig};
-use oxccl::{Backend, CommunicatorConfig, Device, Error, ReduceOp};
+use oxccl::{Backend, CommunicatorConfig, Device, Error};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_kernels::device_check::fill_sequence;
 use std::time::{Duration, Instant};
@@ -96,23 +96,13 @@ fn communicator_of_two_ranks_in_one_process() {
         };
         let started = Instant::now();
         in_process::run(2, config, |comm| {
-            let rank = comm.rank();
             assert_eq!(comm.device().backend(), backend);
             let stream = comm.device().stream()?;
 
             exchange_over_both_rings(comm, &stream, 4099, 32)?;
 
-            let count = 10_007usize;
             let value = |r: u32, i: usize| ((i * 7 + r as usize * 13) % 101) as f32;
-            let mine: Vec<f32> = (0..count).map(|i| value(rank, i)).collect();
-            let send = comm.device().alloc_from(&mine)?;
-            let mut recv = comm.alloc::<f32>(count)?;
-            comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
-            comm.synchronize(&stream)?;
-            let got = recv.to_vec()?;
-            for (i, have) in got.iter().enumerate() {
-                assert_eq!(*have, value(0, i) + value(1, i), "rank {rank}: element {i}");
-            }
+            assert_all_reduce_sums(comm, &stream, 10_007, value, "all-reduce")?;
             comm.barrier()
         })
         .unwrap_or_else(|e| panic!("{backend:?}: {e}"));

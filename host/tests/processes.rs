@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{assert_all_gathered, exchange_over_both_rings, ring_buffer};
+use common::{assert_all_gathered, assert_all_reduce_sums, exchange_over_both_rings, ring_buffer};
 use oxccl::{
     Communicator, CommunicatorConfig, Error, IdlePolicy, PollSchedule, ReduceOp, Result,
     TransportChoice,
@@ -128,21 +128,14 @@ fn run_rank_over_ethernet() -> Result<u32> {
     }
     // The communicator's all-reduce between processes over Ethernet: port channels, several
     // rounds.
-    let count = 200_003usize;
     let value = |r: u32, i: usize| ((i * 3 + r as usize * 5) % 97) as f32;
-    let mine: Vec<f32> = (0..count).map(|i| value(rank, i)).collect();
-    let send = comm.device().alloc_from(&mine)?;
-    let mut recv = comm.alloc::<f32>(count)?;
-    comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
-    comm.synchronize(&stream)?;
-    let got = recv.to_vec()?;
-    for (i, &have) in got.iter().enumerate() {
-        let want: f32 = (0..ranks).map(|r| value(r, i)).sum();
-        assert_eq!(
-            have, want,
-            "all-reduce over Ethernet: rank {rank} element {i}"
-        );
-    }
+    assert_all_reduce_sums(
+        &mut comm,
+        &stream,
+        200_003,
+        value,
+        "all-reduce over Ethernet",
+    )?;
     comm.barrier()?;
     Ok(rank)
 }

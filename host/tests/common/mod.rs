@@ -91,6 +91,29 @@ pub fn exchange_over_both_rings(
     Ok(())
 }
 
+/// The communicator's out-of-place all-reduce (f32 sum) of `count` elements, rank `r`
+/// contributing `value(r, i)` at element `i`, checked on the host against the sum over
+/// every rank; `what` names it in a failure.
+pub fn assert_all_reduce_sums(
+    comm: &mut Communicator,
+    stream: &Stream,
+    count: usize,
+    value: impl Fn(u32, usize) -> f32,
+    what: &str,
+) -> Result<()> {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let mine: Vec<f32> = (0..count).map(|i| value(rank, i)).collect();
+    let send = comm.device().alloc_from(&mine)?;
+    let mut recv = comm.alloc::<f32>(count)?;
+    comm.all_reduce(&send, &mut recv, count, oxccl::ReduceOp::Sum, stream)?;
+    comm.synchronize(stream)?;
+    for (i, &have) in recv.to_vec()?.iter().enumerate() {
+        let want: f32 = (0..ranks).map(|r| value(r, i)).sum();
+        assert_eq!(have, want, "{what}: rank {rank} element {i}");
+    }
+    Ok(())
+}
+
 /// Checks, on the host, that `buf` holds every rank's chunk of round `round`.
 pub fn assert_all_gathered(comm: &Communicator, buf: &DeviceBuffer<u32>, chunk: usize, round: u32) {
     let got = buf.to_vec().unwrap();
