@@ -28,7 +28,6 @@ fn job(blocks: u32, threads: u32) -> InProcessConfig {
     c.launch = Some(LaunchConfig::grid(blocks).block(threads));
     c.algorithm = AlgorithmChoice::Use(Algorithm::Direct);
     c.round_bytes = 256;
-    c.in_place_zero_copy_from = 0;
     config
 }
 

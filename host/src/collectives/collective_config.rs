@@ -26,15 +26,6 @@ pub struct CollectiveConfig {
     /// Most buffers registered for the collectives at once
     /// ([`Communicator::register_collective_buffer`](crate::Communicator::register_collective_buffer)).
     pub registered_buffers: u32,
-    /// Smallest in-place all-reduce (bytes of its buffer) that reads the peers' registered
-    /// buffers in place; smaller ones stage, registered or not. In place, a
-    /// zero-copy all-reduce writes, gathering, the very lines a peer has just read,
-    /// reducing, which costs each line a trip between the cores: on the CPU emulator (2
-    /// ranks, f32) it is slower than staging at 64 KiB (19-21 µs against 13-15) and faster
-    /// from 256 KiB (35-39 against 51), the default. Out of place it is faster at every
-    /// size. Ranks that decide differently still agree on the path: see
-    /// [`published_buffers`](oxccl_kernels::collectives::published_buffers).
-    pub in_place_zero_copy_from: u64,
 }
 
 impl CollectiveConfig {
@@ -63,7 +54,6 @@ impl Default for CollectiveConfig {
             launch: None,
             algorithm: AlgorithmChoice::Auto,
             registered_buffers: 64,
-            in_place_zero_copy_from: 256 << 10,
         }
     }
 }

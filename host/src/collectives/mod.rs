@@ -786,11 +786,7 @@ impl Communicator {
         args.dtype = call.dtype as u32;
         args.op = call.op as u32;
         args.root = call.root;
-        let in_place = call.input.addr() == call.output.addr();
-        let small = call.shape.collective == Collective::AllReduce
-            && in_place
-            && call.input.len() < ctx.config.in_place_zero_copy_from;
-        if !m.buffers.is_empty() && !small {
+        if !m.buffers.is_empty() {
             args.input_slot = m.buffers.slot_of(call.input.addr(), call.input.len());
             args.output_slot = m.buffers.slot_of(call.output.addr(), call.output.len());
         }

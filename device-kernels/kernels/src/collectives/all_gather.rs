@@ -2,7 +2,7 @@
 
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
-use super::published_buffers::{self, Path, Reads, Side};
+use super::published_buffers::{self, Path, Reads};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
 use super::scratch_layout::parity;
 use oxccl_device::coop::Grid;
@@ -44,7 +44,7 @@ fn all_gather<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
             own.copy_from(Grid, input)?;
         }
         for p in (0..nr).filter(|&p| p != r) {
-            let src = published_buffers::peer_view::<T>(a, p, a.sequence, Side::Input, 0, c)?;
+            let src = published_buffers::peer_input::<T>(a, p, a.sequence, 0, c)?;
             window_mut(output, p as u64 * c, c)?.copy_from(Grid, src)?;
         }
         return all_peers_meet(a);

@@ -4,7 +4,7 @@
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
 use super::peer_handshake::all_peers_meet;
-use super::published_buffers::{self, Path, Reads, Side};
+use super::published_buffers::{self, Path, Reads};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
 use core::mem::size_of;
 use oxccl_device::coop::{Grid, contiguous_chunk};
@@ -123,10 +123,22 @@ fn reduce_and_gather_round<T: ReduceElement>(
 }
 
 /// Every rank's input and output are registered: each rank reduces its chunk of the whole
-/// count reading the peers' inputs in place, straight into its output; the ranks meet;
-/// each copies the other chunks from the peers' outputs; the ranks meet again, so that no
-/// rank returns (and lets its caller write its buffers) while a peer still reads them. No
-/// scratch, no rounds: each byte is read once from each input and written once.
+/// count reading the peers' inputs in place and writes the result into its own output and
+/// into every peer's output (rank `r` alone reads and writes chunk `r` of every buffer);
+/// then the ranks meet, so that no rank returns (and lets its caller read or write its
+/// buffers) while a peer still reads or writes them. No scratch, no rounds, one meeting:
+/// each byte is read once from each input and written once into each output.
+///
+/// The result is pushed, not pulled: had each rank copied the other chunks out of the
+/// peers' outputs after a meeting (as staged rounds do), the lines a rank reduces would
+/// move to the core (or GPU) that gathers them at every call, and in place they would move
+/// back at the next call's reduction; pushed, chunk `r` of every buffer stays with rank `r`
+/// from call to call, and the meeting in the middle is gone. On a GPU the writes to a peer
+/// are NVLink or PCIe stores, which need no reply, where reads wait for one.
+///
+/// Each copy of the result is split among the grid as the reduction was, so a thread
+/// writes only elements it has itself reduced: in place, a peer's output is the input the
+/// reduction reads, and an element must not be overwritten before it is read.
 #[inline(always)]
 fn all_reduce_in_place_of_peers<T: ReduceElement>(
     a: &CollectiveArgs<'_>,
@@ -161,25 +173,29 @@ fn all_reduce_in_place_of_peers<T: ReduceElement>(
             let tmp = window_mut(half, 0, piece)?;
             reduce_ranks(tmp, nr, op, |p| source(a, ours, start, p, done, piece))?;
             window_mut(dst, done, piece)?.combine_from(Grid, tmp.as_view(), |_, r| r)?;
+            push_to_peers(a, tmp.as_view(), start + done)?;
             done += piece;
         }
     } else {
         reduce_ranks(dst, nr, op, |p| source(a, ours, start, p, 0, len))?;
-    }
-    all_peers_meet(a)?;
-    for p in (0..nr).filter(|&p| p != r) {
-        let cp = contiguous_chunk(p as u64, nr as u64, n);
-        let src = published_buffers::peer_view::<T>(
-            a,
-            p,
-            seq,
-            Side::Output,
-            cp.start,
-            cp.end - cp.start,
-        )?;
-        window_mut(output, cp.start, cp.end - cp.start)?.copy_from(Grid, src)?;
+        push_to_peers(a, dst.as_view(), start)?;
     }
     all_peers_meet(a)
+}
+
+/// Writes `reduced` (elements `first..` of the result) into every peer's output, each
+/// thread the elements it reduced (see [`all_reduce_in_place_of_peers`]).
+#[inline(always)]
+fn push_to_peers<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    reduced: DeviceView<'_, T>,
+    first: u64,
+) -> Result<(), DeviceError> {
+    for p in (0..a.n_ranks).filter(|&p| p != a.rank) {
+        published_buffers::peer_output_mut::<T>(a, p, a.sequence, first, reduced.len())?
+            .combine_from(Grid, reduced, |_, r| r)?;
+    }
+    Ok(())
 }
 
 /// Elements `first..first + len` of rank `p`'s chunk (which starts at element `start`):
@@ -196,6 +212,6 @@ fn source<'a, T: ReduceElement>(
     if p == a.rank {
         window(ours, first, len)
     } else {
-        published_buffers::peer_view::<T>(a, p, a.sequence, Side::Input, start + first, len)
+        published_buffers::peer_input::<T>(a, p, a.sequence, start + first, len)
     }
 }

@@ -3,7 +3,7 @@
 
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
-use super::published_buffers::{self, Path, Reads, Side};
+use super::published_buffers::{self, Path, Reads};
 use super::round_views::{
     my_half, peer_half, per_round, stage_blocks, typed, typed_mut, window, window_mut,
 };
@@ -53,7 +53,7 @@ fn all_to_all<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceErro
             let src = if p == r {
                 window(input, r as u64 * c, c)?
             } else {
-                published_buffers::peer_view::<T>(a, p, a.sequence, Side::Input, r as u64 * c, c)?
+                published_buffers::peer_input::<T>(a, p, a.sequence, r as u64 * c, c)?
             };
             dst.copy_from(Grid, src)?;
         }

@@ -4,7 +4,7 @@
 use super::all_to_allv_counts::AllToAllvCounts;
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
-use super::published_buffers::{self, EXTRA, Path, Reads, Side};
+use super::published_buffers::{self, EXTRA, Path, Reads};
 use super::round_views::{my_half, peer_half, per_round, window, window_mut};
 use super::scratch_layout::parity;
 use core::mem::size_of;
@@ -69,7 +69,7 @@ fn all_to_allv<T: ReduceElement>(
                 window(input, k.send_displs[r as usize], len)?
             } else {
                 let at = published_buffers::peer_word(a, p, a.sequence, EXTRA + r as u64)?;
-                published_buffers::peer_view::<T>(a, p, a.sequence, Side::Input, at, len)?
+                published_buffers::peer_input::<T>(a, p, a.sequence, at, len)?
             };
             window_mut(output, k.recv_displs[p as usize], len)?.copy_from(Grid, src)?;
         }

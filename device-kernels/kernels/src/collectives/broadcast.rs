@@ -3,7 +3,7 @@
 
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
-use super::published_buffers::{self, Path, Reads, Side};
+use super::published_buffers::{self, Path, Reads};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
 use super::scratch_layout::parity;
 use oxccl_device::coop::Grid;
@@ -47,7 +47,7 @@ fn broadcast<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceError
         if r != root {
             output.copy_from(
                 Grid,
-                published_buffers::peer_view::<T>(a, root, a.sequence, Side::Input, 0, c)?,
+                published_buffers::peer_input::<T>(a, root, a.sequence, 0, c)?,
             )?;
         } else if output.addr() != input.addr() {
             output.copy_from(Grid, input)?;

@@ -21,11 +21,11 @@
 use super::all_to_allv_counts::AllToAllvCounts;
 use super::collective_args::CollectiveArgs;
 use super::peer_handshake::all_peers_meet;
-use oxccl_device::DeviceView;
 use oxccl_device::arch;
 use oxccl_device::error::DeviceError;
 use oxccl_device::peer_buffer_table::NO_SLOT;
 use oxccl_device::reduce::ReduceElement;
+use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// Descriptor word: the input's slot ([`NO_SLOT`] if not registered).
 pub const INPUT_SLOT: u64 = 0;
@@ -47,7 +47,7 @@ pub const DESCRIPTOR_WORDS: u64 = EXTRA + AllToAllvCounts::MAX_RANKS as u64;
 pub(crate) enum Reads {
     /// Every rank's input (all-gather, all-to-all).
     Inputs,
-    /// Every rank's input and output (all-reduce: the peers gather from the outputs).
+    /// Every rank's input and output (all-reduce: the peers write into the outputs).
     InputsAndOutputs,
     /// The root's input alone (broadcast).
     RootInput,
@@ -263,36 +263,42 @@ pub(crate) fn meet_again(a: &CollectiveArgs<'_>, path: Path) -> Result<(), Devic
     }
 }
 
-/// A buffer of a peer's call, as its descriptor names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Side {
-    /// Its input.
-    Input,
-    /// Its output.
-    Output,
-}
-
-/// Elements `first..first + len` of rank `p`'s input or output (`side`: its registered
-/// buffer, as its descriptor of the call numbered `sequence` names it), to read.
+/// Elements `first..first + len` of rank `p`'s registered input (as its descriptor of the
+/// call numbered `sequence` names it), to read.
 ///
 /// # Errors
 /// A descriptor whose slot or range the table does not hold (recorded).
 #[inline(always)]
-pub(crate) fn peer_view<'a, T: ReduceElement>(
+pub(crate) fn peer_input<'a, T: ReduceElement>(
     a: &CollectiveArgs<'a>,
     p: u32,
     sequence: u64,
-    side: Side,
     first: u64,
     len: u64,
 ) -> Result<DeviceView<'a, T>, DeviceError> {
-    let slot_word = match side {
-        Side::Input => INPUT_SLOT,
-        Side::Output => OUTPUT_SLOT,
-    };
-    let (slot, offset) = peer_place::<T>(a, p, sequence, slot_word, first)?;
+    let (slot, offset) = peer_place::<T>(a, p, sequence, INPUT_SLOT, first)?;
     a.buffers
         .view::<T>(slot, p, offset, len)
+        .map_err(|_| a.invalid([p as u64, offset, len]))
+}
+
+/// Elements `first..first + len` of rank `p`'s registered output (as its descriptor of the
+/// call numbered `sequence` names it), to write: the part of it that the collective's
+/// protocol gives this rank to write, and no other.
+///
+/// # Errors
+/// A descriptor whose slot or range the table does not hold (recorded).
+#[inline(always)]
+pub(crate) fn peer_output_mut<'a, T: ReduceElement>(
+    a: &CollectiveArgs<'a>,
+    p: u32,
+    sequence: u64,
+    first: u64,
+    len: u64,
+) -> Result<DeviceViewMut<'a, T>, DeviceError> {
+    let (slot, offset) = peer_place::<T>(a, p, sequence, OUTPUT_SLOT, first)?;
+    a.buffers
+        .view_mut::<T>(slot, p, offset, len)
         .map_err(|_| a.invalid([p as u64, offset, len]))
 }
 

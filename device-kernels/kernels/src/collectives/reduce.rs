@@ -4,7 +4,7 @@
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
 use super::peer_handshake::all_peers_meet;
-use super::published_buffers::{self, Path, Reads, Side};
+use super::published_buffers::{self, Path, Reads};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
@@ -53,7 +53,7 @@ fn reduce<T: ReduceElement>(a: &CollectiveArgs<'_>, op: ReduceOp) -> Result<(), 
                 if p == r {
                     Ok(input)
                 } else {
-                    published_buffers::peer_view::<T>(a, p, a.sequence, Side::Input, 0, c)
+                    published_buffers::peer_input::<T>(a, p, a.sequence, 0, c)
                 }
             })?;
         }
