@@ -306,8 +306,8 @@ fn in_place_on_later_ranks_with_a_short_last_piece() {
     .unwrap();
 }
 
-/// All-gather, broadcast and reduce (roots 0 and last), all-to-all of `T`, in place and
-/// not, and all-to-all-v (uneven counts, some zero), on
+/// All-gather, reduce-scatter, broadcast and reduce (roots 0 and last), all-to-all of `T`,
+/// in place and not, and all-to-all-v (uneven counts, some zero), on
 /// buffers each rank registers unless `plain_rank` names it; every result checked.
 fn movers_case<T: ReduceElement>(
     comm: &mut Communicator,
@@ -350,6 +350,26 @@ fn movers_case<T: ReduceElement>(
             &what("all_gather in place"),
             &read(send, count * nu)?,
             &want,
+        );
+        // Reduce-scatter (sum): block `rank` of every rank's input, reduced; in place, the
+        // rest of the buffer as it was.
+        let want: Vec<T> = (0..count)
+            .map(|i| reduced(n, ReduceOp::Sum, rank as usize * count + i, call))
+            .collect();
+        fill(send, &inputs::<T>(rank, count * nu, call))?;
+        fill(recv, &zeros[..count])?;
+        comm.reduce_scatter(send, recv, count, ReduceOp::Sum, &stream)?;
+        comm.synchronize(&stream)?;
+        assert_same(&what("reduce_scatter"), &read(recv, count)?, &want);
+        let mut whole = inputs::<T>(rank, count * nu, call);
+        fill(send, &whole)?;
+        comm.reduce_scatter_in_place(send, count, ReduceOp::Sum, &stream)?;
+        comm.synchronize(&stream)?;
+        whole[rank as usize * count..][..count].copy_from_slice(&want);
+        assert_same(
+            &what("reduce_scatter in place"),
+            &read(send, count * nu)?,
+            &whole,
         );
         // Broadcast from the first and the last rank.
         for root in [0, n - 1] {
@@ -443,13 +463,13 @@ fn movers_case<T: ReduceElement>(
     Ok(())
 }
 
-/// Guards against an all-gather, broadcast, reduce, all-to-all or all-to-all-v that reads
-/// a peer's registered
+/// Guards against an all-gather, reduce-scatter, broadcast, reduce, all-to-all or
+/// all-to-all-v that reads a peer's registered
 /// buffer at the wrong place, lets a rank return while peers still read its input, or
 /// takes another path than a peer (one rank's buffers not registered; an in-place
 /// all-to-all, which must stage, beside out-of-place ones).
 #[test]
-fn registered_all_gather_broadcast_reduce_all_to_all_v() {
+fn registered_all_gather_reduce_scatter_broadcast_reduce_all_to_all_v() {
     for (ranks, blocks, threads) in [(1, 1, 1), (2, 1, 1), (2, 2, 2), (3, 2, 1), (4, 1, 2)] {
         in_process::run(ranks, job(blocks, threads), |comm| {
             let counts = [1usize, 7, 1000, 3001];

@@ -110,10 +110,10 @@ impl Plan {
         }
     }
 
-    /// Whether the sweep registers its buffers: asked for, and of a collective that reads
-    /// the peers' registered buffers in place (all-reduce's direct algorithm, which then
-    /// shows as `zerocopy`; every other collective but reduce-scatter).
+    /// Whether the sweep registers its buffers: asked for (every collective reads the
+    /// peers' registered buffers in place; all-reduce only in its direct algorithm, which
+    /// then shows as `zerocopy`).
     pub fn registers(&self) -> bool {
-        self.register && self.collective != Collective::ReduceScatter
+        self.register
     }
 }

@@ -4,9 +4,9 @@
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
 use super::peer_handshake::all_peers_meet;
+use super::peer_input_reduction::reduce_from_peer_inputs;
 use super::published_buffers::{self, Path, Reads};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
-use core::mem::size_of;
 use oxccl_device::coop::{Grid, contiguous_chunk};
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
@@ -135,10 +135,6 @@ fn reduce_and_gather_round<T: ReduceElement>(
 /// back at the next call's reduction; pushed, chunk `r` of every buffer stays with rank `r`
 /// from call to call, and the meeting in the middle is gone. On a GPU the writes to a peer
 /// are NVLink or PCIe stores, which need no reply, where reads wait for one.
-///
-/// Each copy of the result is split among the grid as the reduction was, so a thread
-/// writes only elements it has itself reduced: in place, a peer's output is the input the
-/// reduction reads, and an element must not be overwritten before it is read.
 #[inline(always)]
 fn all_reduce_in_place_of_peers<T: ReduceElement>(
     a: &CollectiveArgs<'_>,
@@ -146,72 +142,9 @@ fn all_reduce_in_place_of_peers<T: ReduceElement>(
     output: DeviceViewMut<'_, T>,
     op: ReduceOp,
 ) -> Result<(), DeviceError> {
-    let (n, r, nr, seq) = (a.count, a.rank, a.n_ranks, a.sequence);
-    let c = contiguous_chunk(r as u64, nr as u64, n);
+    let c = contiguous_chunk(a.rank as u64, a.n_ranks as u64, a.count);
     let (start, len) = (c.start, c.end - c.start);
     let dst = window_mut(output, start, len)?;
-    let ours = window(input, start, len)?;
-    // The reduction writes its destination after each pass and reads it as the partial
-    // result: our own input may be that destination only as the first or second source
-    // (rank 0 or 1). In place on a later rank, the chunk is reduced piece by piece in our
-    // scratch (which no peer reads in this call) and copied out.
-    let overlap = dst.addr() < ours.addr() + ours.len() * size_of::<T>() as u64
-        && ours.addr() < dst.addr() + dst.len() * size_of::<T>() as u64;
-    if overlap && r >= 2 && len > 0 {
-        let per = per_round::<T>(a, 1)?;
-        let (_, half) = my_half::<T>(a, seq)?;
-        let mut done = 0;
-        while done < len {
-            let piece = per.min(len - done);
-            if piece < per && done > 0 {
-                // A shorter piece splits among the threads otherwise than the full ones
-                // did: a thread would write elements of `tmp` that another one may still
-                // be copying out of the piece before. (Full pieces split alike: each
-                // thread reuses only its own elements.)
-                a.barrier.sync_grid()?;
-            }
-            let tmp = window_mut(half, 0, piece)?;
-            reduce_ranks(tmp, nr, op, |p| source(a, ours, start, p, done, piece))?;
-            window_mut(dst, done, piece)?.combine_from(Grid, tmp.as_view(), |_, r| r)?;
-            push_to_peers(a, tmp.as_view(), start + done)?;
-            done += piece;
-        }
-    } else {
-        reduce_ranks(dst, nr, op, |p| source(a, ours, start, p, 0, len))?;
-        push_to_peers(a, dst.as_view(), start)?;
-    }
+    reduce_from_peer_inputs(a, dst, window(input, start, len)?, start, op, true)?;
     all_peers_meet(a)
-}
-
-/// Writes `reduced` (elements `first..` of the result) into every peer's output, each
-/// thread the elements it reduced (see [`all_reduce_in_place_of_peers`]).
-#[inline(always)]
-fn push_to_peers<T: ReduceElement>(
-    a: &CollectiveArgs<'_>,
-    reduced: DeviceView<'_, T>,
-    first: u64,
-) -> Result<(), DeviceError> {
-    for p in (0..a.n_ranks).filter(|&p| p != a.rank) {
-        published_buffers::peer_output_mut::<T>(a, p, a.sequence, first, reduced.len())?
-            .combine_from(Grid, reduced, |_, r| r)?;
-    }
-    Ok(())
-}
-
-/// Elements `first..first + len` of rank `p`'s chunk (which starts at element `start`):
-/// `ours` for this rank, else the peer's registered input.
-#[inline(always)]
-fn source<'a, T: ReduceElement>(
-    a: &CollectiveArgs<'a>,
-    ours: DeviceView<'a, T>,
-    start: u64,
-    p: u32,
-    first: u64,
-    len: u64,
-) -> Result<DeviceView<'a, T>, DeviceError> {
-    if p == a.rank {
-        window(ours, first, len)
-    } else {
-        published_buffers::peer_input::<T>(a, p, a.sequence, start + first, len)
-    }
 }

@@ -39,6 +39,7 @@ pub mod broadcast;
 pub mod collective_args;
 mod elementwise;
 mod peer_handshake;
+mod peer_input_reduction;
 pub mod port_layout;
 pub mod published_buffers;
 pub mod reduce;

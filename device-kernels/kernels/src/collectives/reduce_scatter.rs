@@ -1,8 +1,10 @@
-//! Reduce-scatter, direct.
+//! Reduce-scatter, direct: in place of the peers' inputs when every rank's is registered.
 
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
 use super::peer_handshake::all_peers_meet;
+use super::peer_input_reduction::reduce_from_peer_inputs;
+use super::published_buffers::{self, Path, Reads};
 use super::round_views::{
     my_half, peer_half, per_round, stage_blocks, typed, typed_mut, window, window_mut,
 };
@@ -45,12 +47,42 @@ fn reduce_scatter<T: ReduceElement>(
                 .addr()
                 .saturating_add(own_block.len() * size_of::<T>() as u64);
     let own_direct = r < 2 || !aliased;
+    let skip = own_direct.then_some(r);
+    let mine = published_buffers::publish(a, Reads::Inputs, true)?;
+    if !mine {
+        stage_blocks(
+            my_half::<T>(a, a.sequence)?.1,
+            input,
+            nr,
+            c,
+            0,
+            per.min(c),
+            skip,
+        )?;
+    }
+    let path = published_buffers::survey(a, Reads::Inputs, true, mine)?;
+    if path == Path::StageFirst {
+        stage_blocks(
+            my_half::<T>(a, a.sequence)?.1,
+            input,
+            nr,
+            c,
+            0,
+            per.min(c),
+            skip,
+        )?;
+    }
+    if path == Path::InPlace {
+        // Every rank's input is registered: reduce our block straight from theirs, then
+        // meet, so that no rank returns while a peer still reads its input.
+        reduce_from_peer_inputs(a, output, own_block, r as u64 * c, op, false)?;
+        return all_peers_meet(a);
+    }
+    published_buffers::meet_again(a, path)?;
     let (mut off, mut seq) = (0, a.sequence);
-    while off < c {
+    loop {
         let len = per.min(c - off);
         let (half_off, half) = my_half::<T>(a, seq)?;
-        stage_blocks(half, input, nr, c, off, len, own_direct.then_some(r))?;
-        all_peers_meet(a)?;
         let mine = r as u64 * len;
         reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {
             if p != r {
@@ -63,6 +95,11 @@ fn reduce_scatter<T: ReduceElement>(
         })?;
         off += len;
         seq += 1;
+        if off >= c {
+            return Ok(());
+        }
+        let (_, next) = my_half::<T>(a, seq)?;
+        stage_blocks(next, input, nr, c, off, per.min(c - off), skip)?;
+        all_peers_meet(a)?;
     }
-    Ok(())
 }

@@ -1,0 +1,104 @@
+//! Reducing this rank's chunk straight from every peer's registered input: the zero-copy
+//! path of all-reduce (which then pushes the result into every peer's output) and of
+//! reduce-scatter.
+
+use super::collective_args::CollectiveArgs;
+use super::elementwise::reduce_ranks;
+use super::published_buffers;
+use super::round_views::{my_half, per_round, window, window_mut};
+use core::mem::size_of;
+use oxccl_device::coop::Grid;
+use oxccl_device::error::DeviceError;
+use oxccl_device::reduce::{ReduceElement, ReduceOp};
+use oxccl_device::{DeviceView, DeviceViewMut};
+
+/// Sets `dst` to the reduction by `op`, in rank order, of `ours` (this rank's elements) and
+/// of elements `base..base + dst.len()` of every peer's registered input; with `push`, also
+/// writes the result into elements `base..` of every peer's registered output.
+///
+/// Each copy of the result is split among the grid as the reduction was, so a thread
+/// writes only elements it has itself reduced: in place, a peer's output is the input the
+/// reduction reads, and an element must not be overwritten before it is read. Orders
+/// nothing for the peers: the caller meets them after.
+///
+/// # Errors
+/// Views outside their buffers or the peers' registrations; the grid barrier's.
+#[inline(always)]
+pub(crate) fn reduce_from_peer_inputs<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    dst: DeviceViewMut<'_, T>,
+    ours: DeviceView<'_, T>,
+    base: u64,
+    op: ReduceOp,
+    push: bool,
+) -> Result<(), DeviceError> {
+    let (nr, len) = (a.n_ranks, dst.len());
+    // The reduction writes its destination after each pass and reads it as the partial
+    // result: our own elements may be that destination only as the first or second source
+    // (rank 0 or 1). In place on a later rank, the chunk is reduced piece by piece in our
+    // scratch (which no peer reads in this call) and copied out.
+    let overlap = dst.addr() < ours.addr() + ours.len() * size_of::<T>() as u64
+        && ours.addr() < dst.addr() + len * size_of::<T>() as u64;
+    if overlap && a.rank >= 2 && len > 0 {
+        let per = per_round::<T>(a, 1)?;
+        let (_, half) = my_half::<T>(a, a.sequence)?;
+        let mut done = 0;
+        while done < len {
+            let piece = per.min(len - done);
+            if piece < per && done > 0 {
+                // A shorter piece splits among the threads otherwise than the full ones
+                // did: a thread would write elements of `tmp` that another one may still
+                // be copying out of the piece before. (Full pieces split alike: each
+                // thread reuses only its own elements.)
+                a.barrier.sync_grid()?;
+            }
+            let tmp = window_mut(half, 0, piece)?;
+            reduce_ranks(tmp, nr, op, |p| source(a, ours, base, p, done, piece))?;
+            window_mut(dst, done, piece)?.combine_from(Grid, tmp.as_view(), |_, r| r)?;
+            if push {
+                push_to_peers(a, tmp.as_view(), base + done)?;
+            }
+            done += piece;
+        }
+        Ok(())
+    } else {
+        reduce_ranks(dst, nr, op, |p| source(a, ours, base, p, 0, len))?;
+        if push {
+            push_to_peers(a, dst.as_view(), base)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes `reduced` (elements `first..` of the result) into every peer's output, each
+/// thread the elements it reduced (see [`reduce_from_peer_inputs`]).
+#[inline(always)]
+fn push_to_peers<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    reduced: DeviceView<'_, T>,
+    first: u64,
+) -> Result<(), DeviceError> {
+    for p in (0..a.n_ranks).filter(|&p| p != a.rank) {
+        published_buffers::peer_output_mut::<T>(a, p, a.sequence, first, reduced.len())?
+            .combine_from(Grid, reduced, |_, r| r)?;
+    }
+    Ok(())
+}
+
+/// Elements `first..first + len` of rank `p`'s part (which starts at element `base` of
+/// its input): `ours` for this rank, else the peer's registered input.
+#[inline(always)]
+fn source<'a, T: ReduceElement>(
+    a: &CollectiveArgs<'a>,
+    ours: DeviceView<'a, T>,
+    base: u64,
+    p: u32,
+    first: u64,
+    len: u64,
+) -> Result<DeviceView<'a, T>, DeviceError> {
+    if p == a.rank {
+        window(ours, first, len)
+    } else {
+        published_buffers::peer_input::<T>(a, p, a.sequence, base + first, len)
+    }
+}
