@@ -5,6 +5,28 @@ use oxccl_device::error::DeviceError;
 use oxccl_device::reduce::{ReduceElement, ReduceOp};
 use oxccl_device::{DeviceView, DeviceViewMut};
 
+/// Where a reduction finds each rank's elements: [`reduce_ranks`]'s sources.
+///
+/// A closure does where finding them is short (a window of the scratch). Where it is long
+/// (a peer's registered buffer, found through its descriptor and checked against the
+/// table), a type of its own whose method is always inlined is better: the GPU compiler
+/// keeps a long closure out of line even when it is called from one place, and the
+/// kernel's arguments it borrows then live in local memory (some 2 KiB of stack a thread).
+pub(crate) trait RankSources<'s, T: 's> {
+    /// Rank `p`'s elements.
+    fn of_rank(&self, p: u32) -> Result<DeviceView<'s, T>, DeviceError>;
+}
+
+impl<'s, T: 's, F> RankSources<'s, T> for F
+where
+    F: Fn(u32) -> Result<DeviceView<'s, T>, DeviceError>,
+{
+    #[inline(always)]
+    fn of_rank(&self, p: u32) -> Result<DeviceView<'s, T>, DeviceError> {
+        self(p)
+    }
+}
+
 /// Sets `dst` to the reduction by `op` of `sources(0)`, `sources(1)`, .., `sources(n - 1)`,
 /// combined in that order (rank order: every rank that reduces the same data gets the same
 /// bits), finished for `n` ranks (`Avg` divides), split among the whole grid.
@@ -14,7 +36,7 @@ use oxccl_device::{DeviceView, DeviceViewMut};
 ///
 /// `sources` is called at one place only: a closure called from several places may stay
 /// out of line on the GPU, and whatever it borrows (the kernel's arguments) then lives in
-/// local memory. The operation is matched once per pass, so that each pass's loop is the
+/// local memory (see [`RankSources`]). The operation is matched once per pass, so that each pass's loop is the
 /// operation alone (a sum of `f32`s becomes vector additions), not a branch per element.
 ///
 /// # Errors
@@ -24,11 +46,11 @@ pub(crate) fn reduce_ranks<'s, T: ReduceElement>(
     dst: DeviceViewMut<'_, T>,
     n: u32,
     op: ReduceOp,
-    sources: impl Fn(u32) -> Result<DeviceView<'s, T>, DeviceError>,
+    sources: impl RankSources<'s, T>,
 ) -> Result<(), DeviceError> {
     let mut first = DeviceView::default();
     for p in 0..n {
-        let src = sources(p)?;
+        let src = sources.of_rank(p)?;
         match p {
             0 if n == 1 => dst.copy_from(Grid, src)?,
             0 => first = src,

@@ -3,7 +3,7 @@
 //! reduce-scatter.
 
 use super::collective_args::CollectiveArgs;
-use super::elementwise::reduce_ranks;
+use super::elementwise::{RankSources, reduce_ranks};
 use super::published_buffers;
 use super::round_views::{my_half, per_round, window, window_mut};
 use core::mem::size_of;
@@ -53,7 +53,7 @@ pub(crate) fn reduce_from_peer_inputs<T: ReduceElement>(
                 a.barrier.sync_grid()?;
             }
             let tmp = window_mut(half, 0, piece)?;
-            reduce_ranks(tmp, nr, op, |p| source(a, ours, base, p, done, piece))?;
+            reduce_ranks(tmp, nr, op, PeerInputs::new(a, ours, base, done, piece))?;
             window_mut(dst, done, piece)?.combine_from(Grid, tmp.as_view(), |_, r| r)?;
             if push {
                 push_to_peers(a, tmp.as_view(), base + done)?;
@@ -62,7 +62,7 @@ pub(crate) fn reduce_from_peer_inputs<T: ReduceElement>(
         }
         Ok(())
     } else {
-        reduce_ranks(dst, nr, op, |p| source(a, ours, base, p, 0, len))?;
+        reduce_ranks(dst, nr, op, PeerInputs::new(a, ours, base, 0, len))?;
         if push {
             push_to_peers(a, dst.as_view(), base)?;
         }
@@ -85,20 +85,46 @@ fn push_to_peers<T: ReduceElement>(
     Ok(())
 }
 
-/// Elements `first..first + len` of rank `p`'s part (which starts at element `base` of
-/// its input): `ours` for this rank, else the peer's registered input.
-#[inline(always)]
-fn source<'a, T: ReduceElement>(
-    a: &CollectiveArgs<'a>,
+/// Elements `first..first + len` of every rank's part of a call, which starts at element
+/// `base` of its registered input: `ours` for this rank (already at its part), the peer's
+/// registered input for a peer.
+#[derive(Clone, Copy)]
+pub(crate) struct PeerInputs<'a, 'r, T> {
+    a: &'r CollectiveArgs<'a>,
     ours: DeviceView<'a, T>,
     base: u64,
-    p: u32,
     first: u64,
     len: u64,
-) -> Result<DeviceView<'a, T>, DeviceError> {
-    if p == a.rank {
-        window(ours, first, len)
-    } else {
-        published_buffers::peer_input::<T>(a, p, a.sequence, base + first, len)
+}
+
+impl<'a, 'r, T: ReduceElement> PeerInputs<'a, 'r, T> {
+    /// Elements `first..first + len` of each rank's part (see the type).
+    #[inline(always)]
+    pub(crate) fn new(
+        a: &'r CollectiveArgs<'a>,
+        ours: DeviceView<'a, T>,
+        base: u64,
+        first: u64,
+        len: u64,
+    ) -> Self {
+        Self {
+            a,
+            ours,
+            base,
+            first,
+            len,
+        }
+    }
+}
+
+impl<'a, T: ReduceElement> RankSources<'a, T> for PeerInputs<'a, '_, T> {
+    #[inline(always)]
+    fn of_rank(&self, p: u32) -> Result<DeviceView<'a, T>, DeviceError> {
+        if p == self.a.rank {
+            window(self.ours, self.first, self.len)
+        } else {
+            let at = self.base + self.first;
+            published_buffers::peer_input::<T>(self.a, p, self.a.sequence, at, self.len)
+        }
     }
 }

@@ -4,6 +4,7 @@
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
 use super::peer_handshake::all_peers_meet;
+use super::peer_input_reduction::PeerInputs;
 use super::published_buffers::{self, Path, Reads};
 use super::round_views::{my_half, peer_half, per_round, typed, typed_mut, window, window_mut};
 use oxccl_device::coop::Grid;
@@ -49,13 +50,7 @@ fn reduce<T: ReduceElement>(a: &CollectiveArgs<'_>, op: ReduceOp) -> Result<(), 
     }
     if path == Path::InPlace {
         if r == root {
-            reduce_ranks(output, nr, op, |p| {
-                if p == r {
-                    Ok(input)
-                } else {
-                    published_buffers::peer_input::<T>(a, p, a.sequence, 0, c)
-                }
-            })?;
+            reduce_ranks(output, nr, op, PeerInputs::new(a, input, 0, 0, c))?;
         }
         return all_peers_meet(a);
     }
