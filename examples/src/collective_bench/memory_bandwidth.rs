@@ -20,6 +20,17 @@ pub struct MemoryBaseline {
     pub gbps: f64,
 }
 
+impl MemoryBaseline {
+    /// The least time, in µs, an all-reduce of `bytes` on `ranks` ranks of this machine can
+    /// take at this rate: it reads every rank's input and writes every rank's output at
+    /// least once, `2 * ranks * bytes` through memory (what a zero-copy all-reduce moves).
+    /// Its bus bandwidth then is `gbps * (ranks - 1) / ranks²`: a quarter of this rate for
+    /// 2 ranks, however good the all-reduce, since `c = a + b` counts three arrays.
+    pub fn all_reduce_floor_us(&self, bytes: u64, ranks: u32) -> f64 {
+        2.0 * f64::from(ranks) * bytes as f64 / (self.gbps * 1e9) * 1e6
+    }
+}
+
 /// Times `passes` passes of `c = a + b` over arrays of `array_bytes`, each of `threads`
 /// threads taking an equal share, after one untimed pass (which also faults the pages in).
 pub fn add_bandwidth(array_bytes: u64, threads: u32, passes: u32) -> MemoryBaseline {
@@ -68,5 +79,19 @@ mod tests {
         let m = add_bandwidth(1 << 16, 2, 2);
         assert!(m.gbps.is_finite() && m.gbps > 0.0, "{m:?}");
         assert_eq!((m.array_bytes, m.threads), (1 << 16, 2));
+    }
+
+    /// Guards against a floor that counts other traffic than every input read and every
+    /// output written once.
+    #[test]
+    fn all_reduce_floor_counts_each_input_and_output_once() {
+        let m = super::MemoryBaseline {
+            array_bytes: 1 << 20,
+            threads: 2,
+            gbps: 4.0,
+        };
+        // 2 ranks x (64 MB read + 64 MB written) at 4 GB/s: 64 ms.
+        assert!((m.all_reduce_floor_us(64_000_000, 2) - 64_000.0).abs() < 1e-6);
+        assert!((m.all_reduce_floor_us(64_000_000, 4) - 128_000.0).abs() < 1e-6);
     }
 }

@@ -2,6 +2,7 @@
 //! row per size (size, count, type, redop, root, algorithm, then time, algbw, busbw and
 //! `#wrong` out of place and in place, then MPI's fastest variant), and nccl-tests' footer.
 
+use super::collective::Collective;
 use super::options::{CheckMode, algo_name};
 use super::report::Report;
 use oxccl::collectives::AlgorithmChoice;
@@ -153,10 +154,7 @@ fn header(r: &Report) -> Vec<String> {
         Some(l) => format!("{} block(s) of {} thread(s)", l.grid.x, l.block.x),
         None => "the library's launch shape".into(),
     };
-    let algo = match (
-        plan.collective == super::collective::Collective::AllReduce,
-        setup.algo,
-    ) {
+    let algo = match (plan.collective == Collective::AllReduce, setup.algo) {
         (false, _) => "direct algorithm".to_string(),
         (true, AlgorithmChoice::Auto) => format!(
             "algorithm auto (packets up to {} B, then direct; OXCCL_ALGO overrides)",
@@ -166,7 +164,7 @@ fn header(r: &Report) -> Vec<String> {
     };
     let algo = if plan.registers() {
         format!(
-            "{algo}; buffers registered, so direct reads the peers' buffers in place              (zerocopy; --register off stages them)"
+            "{algo}; buffers registered, so direct reads the peers' buffers in place (zerocopy; --register off stages them)"
         )
     } else {
         algo
@@ -228,6 +226,23 @@ fn header(r: &Report) -> Vec<String> {
             }
         }
         lines.push(line);
+        if let (Some(s), true) = (r.at_memory_size(), plan.collective == Collective::AllReduce) {
+            let floor = m.all_reduce_floor_us(s.bytes, plan.ranks);
+            let mut line = format!(
+                "# memory floor: an all-reduce reads every input and writes every output once at \
+                 least ({} x 2 x {} MiB here), {:.0} us at that rate, so busbw can reach {:.2}x \
+                 that rate at most; oxccl takes {:.2}x the floor out of place",
+                plan.ranks,
+                s.bytes >> 20,
+                floor,
+                f64::from(plan.ranks - 1) / f64::from(plan.ranks * plan.ranks),
+                s.out_of_place.time_us / floor
+            );
+            if let Some(t) = s.in_place {
+                let _ = write!(line, ", {:.2}x in place", t.time_us / floor);
+            }
+            lines.push(line);
+        }
     }
     if let Some(m) = &r.mpi {
         if !m.variants.is_empty() {
