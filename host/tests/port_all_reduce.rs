@@ -1,7 +1,7 @@
 //! The all-reduce over port channels (`Algorithm::Ports`), which runs where ranks cannot
 //! load and store each other's memory: forced on one node (port channels over host IPC),
 //! and chosen by itself when the ranks reach each other over Ethernet, where the other
-//! collectives and buffer registration refuse with a clear error.
+//! collectives without a port algorithm and buffer registration refuse with a clear error.
 
 mod common;
 
@@ -108,7 +108,7 @@ fn port_all_reduce_every_type_op_and_placement() {
 
 /// Guards against collectives that try memory channels between ranks that reach each
 /// other only over Ethernet: all-reduce picks the port algorithm by itself, at every size
-/// (and says so); the other collectives and buffer registration are refused with an error
+/// (and says so); collectives without a port algorithm and buffer registration are refused with an error
 /// that says why, on every rank, and nothing hangs.
 #[test]
 fn over_ethernet_all_reduce_takes_ports_and_the_rest_is_refused() {
@@ -131,7 +131,7 @@ fn over_ethernet_all_reduce_takes_ports_and_the_rest_is_refused() {
             Err(Error::InvalidUsage(why)) => assert!(why.contains("proxy"), "{what}: {why}"),
             other => panic!("{what} over ethernet: {other:?}"),
         };
-        refused(comm.all_gather(&send, &mut recv, 10, &stream), "all_gather");
+        refused(comm.all_to_all(&send, &mut recv, 10, &stream), "all_to_all");
         refused(
             comm.register_collective_buffer(&send),
             "register_collective_buffer",

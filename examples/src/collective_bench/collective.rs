@@ -50,6 +50,20 @@ impl Collective {
         Collective::AllToAllV,
     ];
 
+    /// The collective of the library this one measures.
+    pub fn library(self) -> oxccl::collectives::Collective {
+        use oxccl::collectives::Collective as C;
+        match self {
+            Collective::AllReduce => C::AllReduce,
+            Collective::AllGather => C::AllGather,
+            Collective::ReduceScatter => C::ReduceScatter,
+            Collective::Broadcast => C::Broadcast,
+            Collective::Reduce => C::Reduce,
+            Collective::AllToAll => C::AllToAll,
+            Collective::AllToAllV => C::AllToAllV,
+        }
+    }
+
     /// The name `--collective` takes, and the MPI baseline's first argument.
     pub fn name(self) -> &'static str {
         match self {

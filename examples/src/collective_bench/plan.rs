@@ -89,22 +89,21 @@ impl Plan {
     }
 
     /// The name of the algorithm a call of `bytes` takes on `comm`: what
-    /// `Communicator::all_reduce_algorithm` says for an all-reduce (of the call's bytes per
-    /// rank; `zerocopy` for the direct one on registered buffers), `direct` for the other
-    /// collectives, which have only that one.
+    /// `Communicator::collective_algorithm` says (for an all-reduce, of the call's bytes per
+    /// rank), `zerocopy` for a direct one on registered buffers.
     ///
     /// # Errors
     /// `OXCCL_ALGO` names no algorithm, or packets are forced on a size past the limit.
     pub fn algorithm(&self, comm: &Communicator, bytes: u64) -> Result<String> {
-        if self.collective != Collective::AllReduce {
-            return Ok(if self.registers() {
-                "zerocopy"
-            } else {
-                "direct"
+        match comm.collective_algorithm(self.collective.library(), bytes)? {
+            Algorithm::Direct if self.collective != Collective::AllReduce => {
+                Ok(if self.registers() {
+                    "zerocopy"
+                } else {
+                    "direct"
+                }
+                .into())
             }
-            .into());
-        }
-        match comm.all_reduce_algorithm(bytes)? {
             Algorithm::Direct if self.registers() => Ok("zerocopy".into()),
             algo => Ok(algo.name().to_string()),
         }

@@ -25,8 +25,10 @@
 //! collectives run direct algorithms. Where some rank cannot load and store another's
 //! memory (ranks on several nodes, or `OXCCL_TRANSPORT=ethernet`: the first collective
 //! call asks every rank for its node), all-reduce takes [`Algorithm::Ports`] (two-shot
-//! through the proxy over port channels) and the other collectives and buffer
-//! registration are refused with an error that says so.
+//! through the proxy over port channels), and so do all-gather, reduce-scatter and
+//! broadcast (one exchange a round); reduce, all-to-all, all-to-all-v and buffer
+//! registration are refused with an error that says so. Forcing ports (`OXCCL_ALGO=ports`
+//! or [`CollectiveConfig::algorithm`]) sends those four through the proxy on one node too.
 
 pub mod algorithm;
 mod check;
@@ -51,8 +53,9 @@ use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp};
 use oxccl_device::{DeviceView, DeviceViewMut};
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
 use oxccl_kernels::collectives::{
-    AllToAllvCounts, all_gather, all_reduce, all_reduce_packets, all_reduce_ports, all_to_all,
-    all_to_allv, barrier, broadcast, reduce, reduce_scatter,
+    AllToAllvCounts, all_gather, all_gather_ports, all_reduce, all_reduce_packets,
+    all_reduce_ports, all_to_all, all_to_allv, barrier, broadcast, broadcast_ports, reduce,
+    reduce_scatter, reduce_scatter_ports,
 };
 use shape::Shape;
 
@@ -168,15 +171,7 @@ impl Communicator {
     /// `OXCCL_ALGO` names no algorithm.
     pub fn all_reduce_algorithm(&self, bytes: u64) -> Result<Algorithm> {
         let c = &self.config().collectives;
-        // Before the first collective call the communicator has not asked the ranks' nodes
-        // yet: it goes by what the bootstrap says (every call sets up first, and knows).
-        let load_store = match self.collectives.as_deref() {
-            Some(ctx) => ctx.memory.is_some(),
-            None => {
-                self.config().transport != TransportChoice::Ethernet
-                    && self.out_of_band().single_node()
-            }
-        };
+        let load_store = self.load_store();
         let algo = c.algorithm.resolve(
             bytes,
             c.packet_limit,
@@ -200,6 +195,50 @@ impl Communicator {
             )));
         }
         Ok(algo)
+    }
+
+    /// The algorithm a call of `collective` of `bytes` bytes takes on this communicator:
+    /// [`Self::all_reduce_algorithm`] for an all-reduce; for the others
+    /// [`Algorithm::Ports`] where they run through the proxy (see the module docs), else
+    /// [`Algorithm::Direct`] (on registered buffers, in place of the peers' buffers).
+    ///
+    /// # Errors
+    /// `OXCCL_ALGO` names no algorithm.
+    pub fn collective_algorithm(&self, collective: Collective, bytes: u64) -> Result<Algorithm> {
+        if collective == Collective::AllReduce {
+            return self.all_reduce_algorithm(bytes);
+        }
+        if collective.has_port_algorithm() && self.ports_chosen()? {
+            Ok(Algorithm::Ports)
+        } else {
+            Ok(Algorithm::Direct)
+        }
+    }
+
+    /// Whether every rank can load and store every other's memory. Before the first
+    /// collective call the communicator has not asked the ranks' nodes yet: it goes by
+    /// what the bootstrap says (every call sets up first, and knows).
+    fn load_store(&self) -> bool {
+        match self.collectives.as_deref() {
+            Some(ctx) => ctx.memory.is_some(),
+            None => {
+                self.config().transport != TransportChoice::Ethernet
+                    && self.out_of_band().single_node()
+            }
+        }
+    }
+
+    /// Whether the collectives that have a port algorithm take it: where the ranks cannot
+    /// load and store each other's memory, or where ports are asked for (as for
+    /// all-reduce: [`CollectiveConfig::algorithm`], then `OXCCL_ALGO`).
+    fn ports_chosen(&self) -> Result<bool> {
+        let algo = self.config().collectives.algorithm.resolve(
+            0,
+            0,
+            algorithm::algo_from_env(),
+            self.load_store(),
+        )?;
+        Ok(algo == Algorithm::Ports)
     }
 
     fn all_reduce_views(
@@ -763,7 +802,11 @@ impl Communicator {
         if call.count == 0 && call.shape.collective != Collective::Barrier {
             return Ok(());
         }
-        if algo == Some(Algorithm::Ports) {
+        let over_ports = match algo {
+            Some(algo) => algo == Algorithm::Ports,
+            None => call.shape.collective.has_port_algorithm() && self.ports_chosen()?,
+        };
+        if over_ports {
             return self.run_over_ports(&call, stream, direct);
         }
         let ctx = self
@@ -826,8 +869,9 @@ impl Communicator {
         Ok(())
     }
 
-    /// Runs `call`, an all-reduce, over port channels (setting them up on its first call:
-    /// every rank takes this path at the same call, as they agree on the algorithm).
+    /// Runs `call` (all-reduce, all-gather, reduce-scatter or broadcast) over port channels
+    /// (setting them up on its first call: every rank takes this path at the same call, as
+    /// they agree on the algorithm).
     fn run_over_ports(
         &mut self,
         call: &Call<'_>,
@@ -835,10 +879,11 @@ impl Communicator {
         launch: LaunchConfig,
     ) -> Result<()> {
         let (rank, size) = (self.rank(), self.size());
-        if call.shape.collective != Collective::AllReduce {
+        let collective = call.shape.collective;
+        if !collective.has_port_algorithm() {
             return Err(Error::InvalidUsage(format!(
-                "rank {rank}: {}: only all_reduce runs over port channels",
-                call.shape.collective
+                "rank {rank}: {collective}: only all_reduce, all_gather, reduce_scatter and \
+                 broadcast run over port channels"
             )));
         }
         let mut ctx = self
@@ -856,9 +901,29 @@ impl Communicator {
         args.count = call.count;
         args.dtype = call.dtype as u32;
         args.op = call.op as u32;
-        let per = args.layout.round_bytes / call.dtype.size();
-        let taken = rounds(call.elements, per);
-        all_reduce_ports::collective_all_reduce_ports::launch(stream, launch, args)?;
+        args.root = call.root;
+        let (layout, item) = (args.layout, call.dtype.size());
+        let taken = match collective {
+            Collective::AllReduce => rounds(call.count, layout.all_reduce_round(item)),
+            Collective::ReduceScatter => match layout.reduce_scatter_round(item) {
+                // The set-up refuses rounds under 8 bytes a rank.
+                0 => return Err(Error::Internal("port rounds hold no element a rank".into())),
+                per => rounds(call.count, per),
+            },
+            _ => rounds(call.count * item, layout.copy_round_bytes()),
+        };
+        match collective {
+            Collective::AllGather => {
+                all_gather_ports::collective_all_gather_ports::launch(stream, launch, args)
+            }
+            Collective::ReduceScatter => {
+                reduce_scatter_ports::collective_reduce_scatter_ports::launch(stream, launch, args)
+            }
+            Collective::Broadcast => {
+                broadcast_ports::collective_broadcast_ports::launch(stream, launch, args)
+            }
+            _ => all_reduce_ports::collective_all_reduce_ports::launch(stream, launch, args),
+        }?;
         if let Some(p) = ctx.ports.as_mut() {
             p.sequence += taken;
         }

@@ -13,9 +13,10 @@
 //! reaches only once it has finished reading the half. So calls follow each other with no
 //! host barrier, whatever their sizes.
 //!
-//! **Ports** (all-reduce, ranks without a load/store path to each other):
-//! [`all_reduce_ports`] puts each peer's chunk into its scratch through the proxy, reduces,
-//! and puts the reduced chunk to every peer, round after round ([`PortLayout`]).
+//! **Ports** (ranks without a load/store path to each other): [`all_reduce_ports`] puts each
+//! peer's chunk into its scratch through the proxy, reduces, and puts the reduced chunk to
+//! every peer, round after round ([`PortLayout`]); [`all_gather_ports`],
+//! [`reduce_scatter_ports`] and [`broadcast_ports`] take one exchange a round. Reduce, all-to-all and all-to-all-v have no port algorithm yet.
 //!
 //! **Packets** (all-reduce, small): [`all_reduce_packets`] sends its input to
 //! every peer as LL16 packets; each rank reduces what it received. One pass, no meeting.
@@ -28,6 +29,7 @@
 //! same call with the same `sequence`; see [`CollectiveArgs`].
 
 pub mod all_gather;
+pub mod all_gather_ports;
 pub mod all_reduce;
 pub mod all_reduce_packets;
 pub mod all_reduce_ports;
@@ -36,20 +38,24 @@ pub mod all_to_allv;
 pub mod all_to_allv_counts;
 pub mod barrier;
 pub mod broadcast;
+pub mod broadcast_ports;
 pub mod collective_args;
 mod elementwise;
 mod peer_handshake;
 mod peer_input_reduction;
+pub mod port_collective_args;
+mod port_exchange;
 pub mod port_layout;
 pub mod published_buffers;
 pub mod reduce;
 pub mod reduce_scatter;
+pub mod reduce_scatter_ports;
 mod round_views;
 pub mod rounds;
 pub mod scratch_layout;
 
-pub use all_reduce_ports::PortCollectiveArgs;
 pub use all_to_allv_counts::AllToAllvCounts;
 pub use collective_args::CollectiveArgs;
+pub use port_collective_args::PortCollectiveArgs;
 pub use port_layout::PortLayout;
 pub use scratch_layout::ScratchLayout;

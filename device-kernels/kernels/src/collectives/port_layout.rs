@@ -6,9 +6,9 @@
 //!
 //! | region | size | written by | read by |
 //! |---|---|---|---|
-//! | staged round | `round_bytes` | this rank (its input; then its reduced chunk in place of its own) | the proxy, for puts to peers |
-//! | reduce slots: `n_ranks` senders | `chunk_bytes` each | sender `q`'s proxy (its part of our chunk) | this rank |
-//! | gather slots: `n_ranks` senders | `chunk_bytes` each | sender `q`'s proxy (its reduced chunk) | this rank |
+//! | staged round | `round_bytes` | this rank (its input round: whole, or by peer blocks for reduce-scatter; all-reduce then writes its reduced chunk in place of its own) | the proxy, for puts to peers |
+//! | reduce slots: `n_ranks` senders | `chunk_bytes` each | sender `q`'s proxy (its part of our chunk or block: all-reduce, reduce-scatter) | this rank |
+//! | gather slots: `n_ranks` senders | `chunk_bytes` each | sender `q`'s proxy (its reduced chunk: all-reduce; its round: all-gather, broadcast) | this rank |
 //!
 //! Every region starts on a 64-byte boundary.
 
@@ -73,6 +73,34 @@ impl PortLayout {
         self.reduce_slot(parity, self.n_ranks) + sender as u64 * self.chunk_bytes
     }
 
+    /// Elements of `size` bytes in one round of the all-reduce (the staged round holds
+    /// them; each rank's chunk of them fits a slot).
+    pub const fn all_reduce_round(&self, size: u64) -> u64 {
+        self.round_bytes / if size == 0 { 1 } else { size }
+    }
+
+    /// Bytes in one round of an all-gather or a broadcast: each rank's round is staged
+    /// whole and lands whole in one slot of every peer.
+    pub const fn copy_round_bytes(&self) -> u64 {
+        if self.chunk_bytes < self.round_bytes {
+            self.chunk_bytes
+        } else {
+            self.round_bytes
+        }
+    }
+
+    /// Elements of `size` bytes of each rank's block in one round of a reduce-scatter:
+    /// the staged round holds one block per rank, and each block fits a slot. Zero where
+    /// a round is too small for one element per rank.
+    pub const fn reduce_scatter_round(&self, size: u64) -> u64 {
+        let n = if self.n_ranks == 0 {
+            1
+        } else {
+            self.n_ranks as u64
+        };
+        self.round_bytes / n / if size == 0 { 1 } else { size }
+    }
+
     /// Bytes of the whole scratch.
     pub const fn total_bytes(&self) -> u64 {
         2 * self.set_bytes()
@@ -108,6 +136,13 @@ mod tests {
                         .max()
                         .unwrap_or(0);
                     assert!(widest <= l.chunk_bytes, "n={n} round={round} size={size}");
+                    // Every collective's round fits the staged round and a slot.
+                    assert_eq!(l.all_reduce_round(size), per);
+                    let copy = l.copy_round_bytes();
+                    assert!(copy > 0 && copy <= l.round_bytes && copy <= l.chunk_bytes);
+                    let block = l.reduce_scatter_round(size) * size;
+                    assert!(n as u64 * block <= l.round_bytes && block <= l.chunk_bytes);
+                    assert!(block + size > l.round_bytes / n as u64);
                 }
             }
         }

@@ -1,0 +1,78 @@
+//! The arguments every collective kernel over port channels takes (ranks that reach each
+//! other only through the proxy: another node, or Ethernet asked for).
+
+use super::port_layout::PortLayout;
+use oxccl_device::KernelArg;
+use oxccl_device::channel_set::ChannelSetDeviceHandle;
+use oxccl_device::error::{DeviceError, DeviceOp};
+use oxccl_device::grid_barrier::GridBarrierDeviceHandle;
+use oxccl_device::port_channel::PortChannelDeviceHandle;
+use oxccl_device::reduce::{DataType, ReduceOp};
+use oxccl_device::{DeviceView, DeviceViewMut};
+
+/// Arguments of the port-channel collective kernels
+/// ([`collective_all_reduce_ports()`](super::all_reduce_ports::collective_all_reduce_ports)
+/// and its siblings); the host API fills them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, KernelArg)]
+pub struct PortCollectiveArgs<'a> {
+    /// The port channel to each peer, by peer rank: `dst` the peer's scratch, `src` ours.
+    pub peers: ChannelSetDeviceHandle<'a, PortChannelDeviceHandle<'a>>,
+    /// This rank's grid barrier.
+    pub barrier: GridBarrierDeviceHandle<'a>,
+    /// The input.
+    pub input: DeviceView<'a, u8>,
+    /// The output; may be the input (or, for all-gather and reduce-scatter in place, the
+    /// part of it the collective says).
+    pub output: DeviceViewMut<'a, u8>,
+    /// Our scratch, laid out by `layout` (every channel's `src`).
+    pub scratch: DeviceViewMut<'a, u8>,
+    /// How every rank's scratch is laid out.
+    pub layout: PortLayout,
+    /// Elements (per rank, for all-gather and reduce-scatter: what each rank contributes
+    /// or gets).
+    pub count: u64,
+    /// The call's first round number (the same on every rank; a call takes one per round).
+    pub sequence: u64,
+    /// This rank.
+    pub rank: u32,
+    /// Ranks of the communicator.
+    pub n_ranks: u32,
+    /// Element type ([`DataType`] id).
+    pub dtype: u32,
+    /// Reduction ([`ReduceOp`] id; `Sum` where the collective reduces nothing).
+    pub op: u32,
+    /// The root (broadcast); 0 elsewhere.
+    pub root: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+impl PortCollectiveArgs<'_> {
+    /// The call's type and operation, once the ranks, root and layout are checked.
+    ///
+    /// # Errors
+    /// [`DeviceError::InvalidArgument`] (recorded) for an unknown type or operation, a rank
+    /// or root outside the communicator, or a layout for another number of ranks.
+    #[inline(always)]
+    pub(crate) fn check(&self) -> Result<(DataType, ReduceOp), DeviceError> {
+        match (DataType::from_id(self.dtype), ReduceOp::from_id(self.op)) {
+            (Some(dtype), Some(op))
+                if self.rank < self.n_ranks
+                    && self.root < self.n_ranks
+                    && self.layout.n_ranks == self.n_ranks =>
+            {
+                Ok((dtype, op))
+            }
+            _ => Err(self.invalid([self.dtype as u64, self.op as u64, self.rank as u64])),
+        }
+    }
+
+    /// Records `InvalidArgument` with `detail` on the barrier's policy and returns it.
+    #[inline(always)]
+    pub(crate) fn invalid(&self, detail: [u64; 3]) -> DeviceError {
+        self.barrier
+            .wait_policy()
+            .raise(DeviceError::InvalidArgument, DeviceOp::Kernel, detail)
+    }
+}

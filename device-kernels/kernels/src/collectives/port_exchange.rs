@@ -1,0 +1,92 @@
+//! One exchange of a port-channel collective: every block has written its part of the
+//! staged round; one thread puts to every peer what that peer gets of it, with a signal,
+//! and waits for every peer's signal; then every block proceeds, seeing what arrived.
+//!
+//! Every exchange of a round signals every peer, data or not: a peer's signal of round
+//! `k + 1` comes after it has read everything of round `k` (its slots of the set that
+//! round `k + 2` writes again) and after it has received every put of round `k` (whose
+//! source, our staged round of that set, round `k + 2` overwrites). Kernels that put into
+//! a peer's set at round `k + 2` rely on it: the exchange of round `k + 1` must not be
+//! skipped, on any rank.
+
+use super::port_collective_args::PortCollectiveArgs;
+use oxccl_device::arch;
+use oxccl_device::block::block_signal_and_wait;
+use oxccl_device::coop::contiguous_chunk;
+use oxccl_device::error::DeviceError;
+
+/// What of the staged round an exchange puts to each peer: offsets and lengths in bytes
+/// from the start of the staged round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// The peer's chunk of a round of `len` elements of `size` bytes (all-reduce: to reduce).
+    TheirChunk { len: u64, size: u64 },
+    /// Our own chunk of such a round (all-reduce: reduced).
+    OurChunk { len: u64, size: u64 },
+    /// The first `bytes` bytes, to every peer (all-gather; broadcast from the root).
+    Whole { bytes: u64 },
+    /// Block `p` of `bytes` bytes to peer `p` (reduce-scatter).
+    TheirBlock { bytes: u64 },
+    /// Nothing: a signal alone (broadcast to the root, which only needs to know the peer
+    /// is done with the set).
+    Nothing,
+}
+
+impl Part {
+    /// Offset and length, in bytes, of what peer `p` gets, `rank` being ours.
+    #[inline(always)]
+    fn for_peer(self, p: u32, rank: u32, n_ranks: u32) -> (u64, u64) {
+        let chunk = |owner: u32, len: u64, size: u64| {
+            let c = contiguous_chunk(owner as u64, n_ranks as u64, len);
+            (c.start * size, (c.end - c.start) * size)
+        };
+        match self {
+            Part::TheirChunk { len, size } => chunk(p, len, size),
+            Part::OurChunk { len, size } => chunk(rank, len, size),
+            Part::Whole { bytes } => (0, bytes),
+            Part::TheirBlock { bytes } => (p as u64 * bytes, bytes),
+            Part::Nothing => (0, 0),
+        }
+    }
+}
+
+/// Puts `what` of the round staged at `staged_at` of our scratch into every peer's scratch
+/// at `dst`, with a signal (a signal alone where the part is empty), then waits for every
+/// peer's signal (see the module docs). (Plain values, not a closure: what a closure
+/// borrows lives in local memory on the GPU once the closure is out of line.)
+///
+/// # Errors
+/// The channels' (a peer that does not answer) and the grid barrier's.
+#[inline(always)]
+pub(crate) fn exchange(
+    a: &PortCollectiveArgs<'_>,
+    dst: u64,
+    staged_at: u64,
+    what: Part,
+) -> Result<(), DeviceError> {
+    a.barrier.sync_grid()?;
+    let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
+    if n_ranks > 1 && arch::block_rank() == 0 {
+        block_signal_and_wait(
+            move || {
+                for p in (0..n_ranks).filter(|&p| p != rank) {
+                    let (at, bytes) = what.for_peer(p, rank, n_ranks);
+                    let channel = peers.get(p)?;
+                    if bytes == 0 {
+                        channel.signal()?;
+                    } else {
+                        channel.put_with_signal(dst, staged_at + at, bytes)?;
+                    }
+                }
+                Ok(())
+            },
+            move || {
+                for p in (0..n_ranks).filter(|&p| p != rank) {
+                    peers.get(p)?.wait()?;
+                }
+                Ok(())
+            },
+        )?;
+    }
+    a.barrier.sync_grid()
+}

@@ -1,0 +1,186 @@
+//! All-gather, reduce-scatter and broadcast over port channels, through the proxy: forced
+//! on one node (port channels over host IPC) and chosen by themselves between ranks that
+//! reach each other over Ethernet.
+
+mod common;
+
+use common::assert_same;
+use oxccl::collectives::{Algorithm, AlgorithmChoice, Collective};
+use oxccl::in_process::{self, InProcessConfig};
+use oxccl::{
+    Communicator, DataType, DeviceBuffer, Error, ReduceElement, ReduceOp, Result, TransportChoice,
+    bf16, f16,
+};
+use oxccl_device::launch::LaunchConfig;
+
+/// A job whose collectives take `algorithm` with `blocks` blocks of `threads` threads and
+/// rounds of 256 bytes (so a few thousand elements take many rounds).
+fn job(algorithm: AlgorithmChoice, blocks: u32, threads: u32) -> InProcessConfig {
+    let mut config = common::config();
+    let c = &mut config.communicator.collectives;
+    c.launch = Some(LaunchConfig::grid(blocks).block(threads));
+    c.algorithm = algorithm;
+    c.round_bytes = 256;
+    config
+}
+
+/// Rank `rank`'s element `i` of call `call`: small integers, exact in every type.
+fn value<T: ReduceElement>(rank: u32, i: usize, call: u32) -> T {
+    let v = ((rank as usize * 7 + i * 13 + call as usize * 5) % 23) as f64;
+    let signed = !matches!(T::TYPE, DataType::U8 | DataType::U32 | DataType::U64);
+    T::from_f64(if signed { v - 9.0 } else { v + 1.0 })
+}
+
+fn inputs<T: ReduceElement>(rank: u32, len: usize, call: u32) -> Vec<T> {
+    (0..len).map(|i| value::<T>(rank, i, call)).collect()
+}
+
+/// `data` and a marker after it, on the device: a kernel that writes past the data shows.
+fn marked<T: ReduceElement>(comm: &Communicator, data: &[T]) -> Result<DeviceBuffer<T>> {
+    let mut host = data.to_vec();
+    host.push(T::from_f64(99.0));
+    comm.device().alloc_from(&host)
+}
+
+/// The first `len` elements of `buf`, after checking the marker after them.
+fn read<T: ReduceElement>(what: &str, buf: &DeviceBuffer<T>, len: usize) -> Result<Vec<T>> {
+    let mut got = buf.to_vec()?;
+    assert_eq!(got[len].to_f64(), 99.0, "{what}: wrote past the data");
+    got.truncate(len);
+    Ok(got)
+}
+
+/// All-gather, reduce-scatter (every operation) and broadcast (first and last root) of `T`,
+/// in place and not, for each count, over port channels; every result checked on every
+/// rank.
+fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<()> {
+    for c in [
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+    ] {
+        assert_eq!(comm.collective_algorithm(c, 4096)?, Algorithm::Ports, "{c}");
+    }
+    let (rank, n) = (comm.rank(), comm.size());
+    let nu = n as usize;
+    let stream = comm.device().stream()?;
+    for (call, &count) in counts.iter().enumerate() {
+        let call = call as u32;
+        let what = |c: &str| format!("{c} {:?} n={count} ranks={n}", T::TYPE);
+        let zeros = vec![T::from_f64(0.0); count * nu];
+        // All-gather.
+        let want: Vec<T> = (0..n).flat_map(|p| inputs::<T>(p, count, call)).collect();
+        let send = marked(comm, &inputs::<T>(rank, count, call))?;
+        let mut recv = marked(comm, &zeros)?;
+        comm.all_gather(&send, &mut recv, count, &stream)?;
+        let mut mine = zeros.clone();
+        mine[rank as usize * count..][..count].copy_from_slice(&inputs::<T>(rank, count, call));
+        let mut in_place = marked(comm, &mine)?;
+        comm.all_gather_in_place(&mut in_place, count, &stream)?;
+        comm.synchronize(&stream)?;
+        assert_same(&what("all_gather"), &read("", &recv, count * nu)?, &want);
+        let got = read("all_gather in place", &in_place, count * nu)?;
+        assert_same(&what("all_gather in place"), &got, &want);
+        // Reduce-scatter: block `rank` of every rank's input, reduced in rank order; in
+        // place, the rest of the buffer as it was.
+        for op in [
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Min,
+            ReduceOp::Max,
+            ReduceOp::Avg,
+        ] {
+            let at = rank as usize * count;
+            let want: Vec<T> = (0..count)
+                .map(|i| {
+                    let mut acc = value::<T>(0, at + i, call);
+                    for p in 1..n {
+                        acc = acc.combine(value::<T>(p, at + i, call), op);
+                    }
+                    acc.finish(op, n)
+                })
+                .collect();
+            let whole = inputs::<T>(rank, count * nu, call);
+            let send = marked(comm, &whole)?;
+            let mut recv = marked(comm, &zeros[..count])?;
+            comm.reduce_scatter(&send, &mut recv, count, op, &stream)?;
+            let mut in_place = marked(comm, &whole)?;
+            comm.reduce_scatter_in_place(&mut in_place, count, op, &stream)?;
+            comm.synchronize(&stream)?;
+            let what = what(&format!("reduce_scatter {op:?}"));
+            assert_same(&what, &read(&what, &recv, count)?, &want);
+            let mut want_whole = whole.clone();
+            want_whole[at..][..count].copy_from_slice(&want);
+            let got = read(&what, &in_place, count * nu)?;
+            assert_same(&format!("{what} in place"), &got, &want_whole);
+        }
+        // Broadcast from the first and the last rank.
+        for root in [0, n - 1] {
+            let want = inputs::<T>(root, count, call);
+            let send = marked(comm, &inputs::<T>(rank, count, call))?;
+            let mut recv = marked(comm, &zeros[..count])?;
+            comm.broadcast(&send, &mut recv, count, root, &stream)?;
+            let mut in_place = marked(comm, &inputs::<T>(rank, count, call))?;
+            comm.broadcast_in_place(&mut in_place, count, root, &stream)?;
+            comm.synchronize(&stream)?;
+            let what = what(&format!("broadcast from {root}"));
+            assert_same(&what, &read(&what, &recv, count)?, &want);
+            assert_same(&what, &read(&what, &in_place, count)?, &want);
+        }
+    }
+    Ok(())
+}
+
+/// Guards against a port all-gather, reduce-scatter or broadcast that puts into the wrong
+/// slot, reads a slot before its signal, reuses a set of the scratch before the peers are
+/// done with it (many rounds per call, calls of all three back to back with no host
+/// barrier), reduces out of rank order, writes past its output, or mishandles a type, an
+/// operation, a root or a grid.
+#[test]
+fn port_all_gather_reduce_scatter_broadcast_every_type_and_placement() {
+    let ports = AlgorithmChoice::Use(Algorithm::Ports);
+    for (ranks, blocks, threads) in [(1, 1, 1), (2, 1, 1), (2, 2, 2), (3, 1, 2), (4, 2, 1)] {
+        in_process::run(ranks, job(ports, blocks, threads), |comm| {
+            // Many rounds for two types; every type over a few.
+            case::<f32>(comm, &[1000, 3001])?;
+            case::<i64>(comm, &[333])?;
+            let counts = [1usize, 7, 100];
+            case::<f64>(comm, &counts)?;
+            case::<f16>(comm, &counts)?;
+            case::<bf16>(comm, &counts)?;
+            case::<i8>(comm, &counts)?;
+            case::<u8>(comm, &counts)?;
+            case::<i32>(comm, &counts)?;
+            case::<u32>(comm, &counts)?;
+            case::<u64>(comm, &counts)
+        })
+        .unwrap();
+    }
+}
+
+/// Guards against all-gather, reduce-scatter or broadcast trying memory channels between
+/// ranks that reach each other only over Ethernet: they take ports by themselves and give
+/// the right results; reduce and all-to-all are refused with an error that says why, on
+/// every rank, and nothing hangs.
+#[test]
+fn over_ethernet_the_port_collectives_run_and_the_rest_is_refused() {
+    let mut config = job(AlgorithmChoice::Auto, 1, 1);
+    config.communicator.transport = TransportChoice::Ethernet;
+    in_process::run(3, config, |comm| {
+        case::<i32>(comm, &[1000])?;
+        let stream = comm.device().stream()?;
+        let send = comm.alloc::<i32>(30)?;
+        let mut recv = comm.alloc::<i32>(30)?;
+        let refused = |e: Result<()>, what: &str| match e {
+            Err(Error::InvalidUsage(why)) => assert!(why.contains("proxy"), "{what}: {why}"),
+            other => panic!("{what} over ethernet: {other:?}"),
+        };
+        refused(
+            comm.reduce(&send, &mut recv, 10, ReduceOp::Sum, 0, &stream),
+            "reduce",
+        );
+        refused(comm.all_to_all(&send, &mut recv, 10, &stream), "all_to_all");
+        Ok(())
+    })
+    .unwrap();
+}
