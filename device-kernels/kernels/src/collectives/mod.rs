@@ -16,7 +16,8 @@
 //! **Ports** (ranks without a load/store path to each other): [`all_reduce_ports`] puts each
 //! peer's chunk into its scratch through the proxy, reduces, and puts the reduced chunk to
 //! every peer, round after round ([`PortLayout`]); [`all_gather_ports`],
-//! [`reduce_scatter_ports`] and [`broadcast_ports`] take one exchange a round. Reduce, all-to-all and all-to-all-v have no port algorithm yet.
+//! [`reduce_scatter_ports`] and [`broadcast_ports`] take one exchange a round. Reduce,
+//! all-to-all and all-to-all-v have no port algorithm yet.
 //!
 //! **Packets** (all-reduce, small): [`all_reduce_packets`] sends its input to
 //! every peer as LL16 packets; each rank reduces what it received. One pass, no meeting.
