@@ -5,14 +5,12 @@
 
 mod common;
 
-use common::assert_same;
+use common::{assert_same, small_round_job as job, small_value as value};
 use oxccl::collectives::{Algorithm, AlgorithmChoice};
-use oxccl::in_process::{self, InProcessConfig};
+use oxccl::in_process;
 use oxccl::{
-    Communicator, DataType, DeviceBuffer, Error, ReduceElement, ReduceOp, Result, TransportChoice,
-    bf16, f16,
+    Communicator, DeviceBuffer, Error, ReduceElement, ReduceOp, Result, TransportChoice, bf16, f16,
 };
-use oxccl_device::launch::LaunchConfig;
 
 const OPS: [ReduceOp; 5] = [
     ReduceOp::Sum,
@@ -21,24 +19,6 @@ const OPS: [ReduceOp; 5] = [
     ReduceOp::Max,
     ReduceOp::Avg,
 ];
-
-/// A job whose all-reduces take `algorithm` with `blocks` blocks of `threads` threads and
-/// rounds of 256 bytes (so a few thousand elements take many rounds).
-fn job(algorithm: AlgorithmChoice, blocks: u32, threads: u32) -> InProcessConfig {
-    let mut config = common::config();
-    let c = &mut config.communicator.collectives;
-    c.launch = Some(LaunchConfig::grid(blocks).block(threads));
-    c.algorithm = algorithm;
-    c.round_bytes = 256;
-    config
-}
-
-/// Rank `rank`'s element `i` of call `call`: small integers, exact in every type.
-fn value<T: ReduceElement>(rank: u32, i: usize, call: u32) -> T {
-    let v = ((rank as usize * 7 + i * 13 + call as usize * 5) % 23) as f64;
-    let signed = !matches!(T::TYPE, DataType::U8 | DataType::U32 | DataType::U64);
-    T::from_f64(if signed { v - 9.0 } else { v + 1.0 })
-}
 
 fn reduced<T: ReduceElement>(ranks: u32, op: ReduceOp, i: usize, call: u32) -> T {
     let mut acc = value::<T>(0, i, call);

@@ -32,6 +32,32 @@ pub fn config_with_assist(proxy_assist: bool) -> InProcessConfig {
     }
 }
 
+/// A job whose collectives take `algorithm` with `blocks` blocks of `threads` threads and
+/// rounds of 256 bytes (so a few thousand elements take many rounds).
+pub fn small_round_job(
+    algorithm: oxccl::collectives::AlgorithmChoice,
+    blocks: u32,
+    threads: u32,
+) -> InProcessConfig {
+    let mut config = config();
+    let c = &mut config.communicator.collectives;
+    c.launch = Some(LaunchConfig::grid(blocks).block(threads));
+    c.algorithm = algorithm;
+    c.round_bytes = 256;
+    config
+}
+
+/// Rank `rank`'s element `i` of call `call`: small integers (negative ones too, where the
+/// type has them), exact in every type.
+pub fn small_value<T: ReduceElement>(rank: u32, i: usize, call: u32) -> T {
+    let v = ((rank as usize * 7 + i * 13 + call as usize * 5) % 23) as f64;
+    let signed = !matches!(
+        T::TYPE,
+        oxccl::DataType::U8 | oxccl::DataType::U32 | oxccl::DataType::U64
+    );
+    T::from_f64(if signed { v - 9.0 } else { v + 1.0 })
+}
+
 /// The value rank `rank` puts at element `i` of its own chunk in round `round`.
 pub const fn pattern(rank: u32, i: u64, round: u32) -> u32 {
     rank.wrapping_mul(0x9e37_79b9)

@@ -5,7 +5,7 @@
 //! its output. The data's type does not matter: rounds are bytes.
 
 use super::port_collective_args::PortCollectiveArgs;
-use super::port_exchange::{Part, exchange};
+use super::port_exchange::{Part, exchange_with_peers};
 use super::round_views::{window, window_mut};
 use oxccl_device::coop::Grid;
 use oxccl_device::error::DeviceError;
@@ -36,7 +36,7 @@ pub fn collective_all_gather_ports(args: PortCollectiveArgs<'_>) -> Result<(), D
         let set = seq & 1;
         let staged_at = l.staged(set);
         window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;
-        exchange(
+        exchange_with_peers(
             a,
             l.gather_slot(set, r),
             staged_at,

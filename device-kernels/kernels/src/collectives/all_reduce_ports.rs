@@ -17,7 +17,7 @@
 
 use super::elementwise::reduce_ranks;
 use super::port_collective_args::PortCollectiveArgs;
-use super::port_exchange::{Part, exchange};
+use super::port_exchange::{Part, exchange_with_peers};
 use super::round_views::{typed, typed_mut, window, window_mut};
 use oxccl_device::coop::{Grid, contiguous_chunk};
 use oxccl_device::dispatch_element;
@@ -55,7 +55,7 @@ fn all_reduce<T: ReduceElement>(
         let staged = window_mut(scratch, staged_at / size, len)?;
         staged.copy_from(Grid, window(input, off, len)?)?;
         // Each peer's chunk of our round into its reduce slot of ours.
-        exchange(
+        exchange_with_peers(
             a,
             l.reduce_slot(set, r),
             staged_at,
@@ -75,7 +75,7 @@ fn all_reduce<T: ReduceElement>(
         // element-wise pass split as the reduction was, so each thread copies what it
         // reduced itself.
         window_mut(staged, mine.start, mine_len)?.combine_from(Grid, dst.as_view(), |_, x| x)?;
-        exchange(
+        exchange_with_peers(
             a,
             l.gather_slot(set, r),
             staged_at,

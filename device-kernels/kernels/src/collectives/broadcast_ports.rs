@@ -6,7 +6,7 @@
 //! root's round into its output. The data's type does not matter: rounds are bytes.
 
 use super::port_collective_args::PortCollectiveArgs;
-use super::port_exchange::{Part, exchange};
+use super::port_exchange::{Part, exchange_with_peers};
 use super::round_views::{window, window_mut};
 use oxccl_device::coop::Grid;
 use oxccl_device::error::DeviceError;
@@ -41,14 +41,14 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
         let staged_at = l.staged(set);
         if r == root {
             window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;
-            exchange(
+            exchange_with_peers(
                 a,
                 l.gather_slot(set, r),
                 staged_at,
                 Part::Whole { bytes: len },
             )?;
         } else {
-            exchange(a, l.gather_slot(set, r), staged_at, Part::Nothing)?;
+            exchange_with_peers(a, l.gather_slot(set, r), staged_at, Part::Nothing)?;
             let src = window_mut(a.scratch, l.gather_slot(set, root), len)?;
             window_mut(output, off, len)?.copy_from(Grid, src.as_view())?;
         }

@@ -58,7 +58,7 @@ impl Part {
 /// # Errors
 /// The channels' (a peer that does not answer) and the grid barrier's.
 #[inline(always)]
-pub(crate) fn exchange(
+pub(crate) fn exchange_with_peers(
     a: &PortCollectiveArgs<'_>,
     dst: u64,
     staged_at: u64,

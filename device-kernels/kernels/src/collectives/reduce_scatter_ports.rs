@@ -8,7 +8,7 @@
 
 use super::elementwise::reduce_ranks;
 use super::port_collective_args::PortCollectiveArgs;
-use super::port_exchange::{Part, exchange};
+use super::port_exchange::{Part, exchange_with_peers};
 use super::round_views::{typed, typed_mut, window, window_mut};
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
@@ -55,7 +55,7 @@ fn reduce_scatter<T: ReduceElement>(
                 .copy_from(Grid, window(input, p * c + off, len)?)?;
         }
         let bytes = len * size;
-        exchange(
+        exchange_with_peers(
             a,
             l.reduce_slot(set, r),
             staged_at,
