@@ -21,13 +21,35 @@ pub struct MemoryBaseline {
 }
 
 impl MemoryBaseline {
+    /// Bytes per second, in GB/s, that memory moves while `c = a + b` runs: a store to a
+    /// line not in the cache reads the line first (write-allocate caches), so the pass
+    /// moves four arrays for the three [`Self::gbps`] counts.
+    pub fn moved_gbps(&self) -> f64 {
+        self.gbps * 4.0 / 3.0
+    }
+
     /// The least time, in µs, an all-reduce of `bytes` on `ranks` ranks of this machine can
-    /// take at this rate: it reads every rank's input and writes every rank's output at
-    /// least once, `2 * ranks * bytes` through memory (what a zero-copy all-reduce moves).
-    /// Its bus bandwidth then is `gbps * (ranks - 1) / ranks²`: a quarter of this rate for
-    /// 2 ranks, however good the all-reduce, since `c = a + b` counts three arrays.
-    pub fn all_reduce_floor_us(&self, bytes: u64, ranks: u32) -> f64 {
-        2.0 * f64::from(ranks) * bytes as f64 / (self.gbps * 1e9) * 1e6
+    /// take at the rate memory moved for `c = a + b` ([`Self::moved_gbps`]): it reads every
+    /// rank's input and writes every rank's output at least once, and out of place reads
+    /// each output line before writing it (as `c = a + b` does `c`'s): `3 * ranks * bytes`
+    /// through memory out of place, `2 * ranks * bytes` in place (whose outputs are lines
+    /// it has just read). What a zero-copy all-reduce moves.
+    ///
+    /// Its bus bandwidth (`bytes / time` times `2 (ranks - 1) / ranks`) is then at most
+    /// [`Self::gbps`] times `8 (ranks - 1) / (9 ranks²)` out of place and `4 (ranks - 1) /
+    /// (3 ranks²)` in place: 0.22x and 0.33x on 2 ranks, however good the all-reduce.
+    pub fn all_reduce_floor_us(&self, bytes: u64, ranks: u32, in_place: bool) -> f64 {
+        let passes = if in_place { 2.0 } else { 3.0 };
+        passes * f64::from(ranks) * bytes as f64 / (self.moved_gbps() * 1e9) * 1e6
+    }
+
+    /// The most bus bandwidth an all-reduce on `ranks` ranks can reach, as a share of
+    /// [`Self::gbps`] (see [`Self::all_reduce_floor_us`]).
+    pub fn all_reduce_busbw_ceiling(ranks: u32, in_place: bool) -> f64 {
+        let n = f64::from(ranks.max(1));
+        let passes = if in_place { 2.0 } else { 3.0 };
+        // busbw = bytes / floor * 2 (n - 1) / n, floor = passes * n * bytes / (4/3 gbps).
+        4.0 / 3.0 * 2.0 * (n - 1.0) / (passes * n * n)
     }
 }
 
@@ -82,16 +104,28 @@ mod tests {
     }
 
     /// Guards against a floor that counts other traffic than every input read and every
-    /// output written once.
+    /// output written once (and, out of place, read first), or a ceiling that disagrees
+    /// with it.
     #[test]
     fn all_reduce_floor_counts_each_input_and_output_once() {
         let m = super::MemoryBaseline {
             array_bytes: 1 << 20,
             threads: 2,
-            gbps: 4.0,
+            gbps: 3.0,
         };
-        // 2 ranks x (64 MB read + 64 MB written) at 4 GB/s: 64 ms.
-        assert!((m.all_reduce_floor_us(64_000_000, 2) - 64_000.0).abs() < 1e-6);
-        assert!((m.all_reduce_floor_us(64_000_000, 4) - 128_000.0).abs() < 1e-6);
+        // Memory moves 4 GB/s; 2 ranks x 64 MB: 3 passes out of place, 2 in place.
+        assert!((m.all_reduce_floor_us(64_000_000, 2, false) - 96_000.0).abs() < 1e-6);
+        assert!((m.all_reduce_floor_us(64_000_000, 2, true) - 64_000.0).abs() < 1e-6);
+        assert!((m.all_reduce_floor_us(64_000_000, 4, true) - 128_000.0).abs() < 1e-6);
+        for (ranks, in_place) in [(2, false), (2, true), (3, false), (8, true)] {
+            let floor = m.all_reduce_floor_us(64_000_000, ranks, in_place);
+            let n = f64::from(ranks);
+            let busbw = 64_000.0 / floor * 2.0 * (n - 1.0) / n;
+            let ceiling = super::MemoryBaseline::all_reduce_busbw_ceiling(ranks, in_place);
+            assert!(
+                (busbw / m.gbps - ceiling).abs() < 1e-9,
+                "{ranks} {in_place}"
+            );
+        }
     }
 }

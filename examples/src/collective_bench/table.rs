@@ -3,6 +3,7 @@
 //! `#wrong` out of place and in place, then MPI's fastest variant), and nccl-tests' footer.
 
 use super::collective::Collective;
+use super::memory_bandwidth::MemoryBaseline;
 use super::options::{CheckMode, algo_name};
 use super::report::Report;
 use oxccl::collectives::AlgorithmChoice;
@@ -227,19 +228,25 @@ fn header(r: &Report) -> Vec<String> {
         }
         lines.push(line);
         if let (Some(s), true) = (r.at_memory_size(), plan.collective == Collective::AllReduce) {
-            let floor = m.all_reduce_floor_us(s.bytes, plan.ranks);
+            let floor = |in_place| m.all_reduce_floor_us(s.bytes, plan.ranks, in_place);
+            let ceiling = |in_place| MemoryBaseline::all_reduce_busbw_ceiling(plan.ranks, in_place);
             let mut line = format!(
-                "# memory floor: an all-reduce reads every input and writes every output once at \
-                 least ({} x 2 x {} MiB here), {:.0} us at that rate, so busbw can reach {:.2}x \
-                 that rate at most; oxccl takes {:.2}x the floor out of place",
+                "# memory floor: c = a + b moves {:.2} GB/s (each store reads its line first); \
+                 an all-reduce reads every input and writes every output at least once ({} x \
+                 {} MiB each), out of place reading each output line first: {:.0} us out of \
+                 place, {:.0} us in place at that rate, so busbw reaches at most {:.2}x / \
+                 {:.2}x the c = a + b figure; oxccl takes {:.2}x its floor out of place",
+                m.moved_gbps(),
                 plan.ranks,
                 s.bytes >> 20,
-                floor,
-                f64::from(plan.ranks - 1) / f64::from(plan.ranks * plan.ranks),
-                s.out_of_place.time_us / floor
+                floor(false),
+                floor(true),
+                ceiling(false),
+                ceiling(true),
+                s.out_of_place.time_us / floor(false)
             );
             if let Some(t) = s.in_place {
-                let _ = write!(line, ", {:.2}x in place", t.time_us / floor);
+                let _ = write!(line, ", {:.2}x in place", t.time_us / floor(true));
             }
             lines.push(line);
         }
