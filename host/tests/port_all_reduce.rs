@@ -111,7 +111,13 @@ fn over_ethernet_all_reduce_takes_ports_and_the_rest_is_refused() {
             Err(Error::InvalidUsage(why)) => assert!(why.contains("proxy"), "{what}: {why}"),
             other => panic!("{what} over ethernet: {other:?}"),
         };
-        refused(comm.all_to_all(&send, &mut recv, 10, &stream), "all_to_all");
+        let (counts, displs) = ([3, 3, 3], [0, 3, 6]);
+        refused(
+            comm.all_to_allv(
+                &send, &counts, &displs, &mut recv, &counts, &displs, &stream,
+            ),
+            "all_to_allv",
+        );
         refused(
             comm.register_collective_buffer(&send),
             "register_collective_buffer",

@@ -1,4 +1,5 @@
-//! All-gather, reduce-scatter and broadcast over port channels, through the proxy: forced
+//! All-gather, reduce-scatter, broadcast, reduce and all-to-all over port channels, through
+//! the proxy: forced
 //! on one node (port channels over host IPC) and chosen by themselves between ranks that
 //! reach each other over Ethernet.
 
@@ -30,9 +31,9 @@ fn read<T: ReduceElement>(what: &str, buf: &DeviceBuffer<T>, len: usize) -> Resu
     Ok(got)
 }
 
-/// All-gather, reduce-scatter (every operation) and broadcast (first and last root) of `T`,
-/// in place and not, for each count, over port channels; every result checked on every
-/// rank.
+/// All-gather, reduce-scatter (every operation), all-to-all, reduce and broadcast (first
+/// and last root) of `T`, in place and not, for each count, over port channels; every
+/// result checked on every rank.
 fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<()> {
     for c in [
         Collective::AllGather,
@@ -94,6 +95,50 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
             let got = read(&what, &in_place, count * nu)?;
             assert_same(&format!("{what} in place"), &got, &want_whole);
         }
+        // All-to-all: block `r` of rank `p`'s input lands in block `p` of rank `r`'s output.
+        let want: Vec<T> = (0..n)
+            .flat_map(|p| (0..count).map(move |i| value::<T>(p, rank as usize * count + i, call)))
+            .collect();
+        let send = marked(comm, &inputs::<T>(rank, count * nu, call))?;
+        let mut recv = marked(comm, &zeros)?;
+        comm.all_to_all(&send, &mut recv, count, &stream)?;
+        let mut in_place = marked(comm, &inputs::<T>(rank, count * nu, call))?;
+        comm.all_to_all_in_place(&mut in_place, count, &stream)?;
+        comm.synchronize(&stream)?;
+        assert_same(&what("all_to_all"), &read("", &recv, count * nu)?, &want);
+        let got = read("all_to_all in place", &in_place, count * nu)?;
+        assert_same(&what("all_to_all in place"), &got, &want);
+        // Reduce (sum and max) to the first and the last rank; the others' outputs untouched.
+        for (root, op) in [(0, ReduceOp::Sum), (n - 1, ReduceOp::Max)] {
+            let want: Vec<T> = (0..count)
+                .map(|i| {
+                    let mut acc = value::<T>(0, i, call);
+                    for p in 1..n {
+                        acc = acc.combine(value::<T>(p, i, call), op);
+                    }
+                    acc.finish(op, n)
+                })
+                .collect();
+            let mine = inputs::<T>(rank, count, call);
+            let send = marked(comm, &mine)?;
+            let mut recv = marked(comm, &zeros[..count])?;
+            comm.reduce(&send, &mut recv, count, op, root, &stream)?;
+            let mut in_place = marked(comm, &mine)?;
+            comm.reduce_in_place(&mut in_place, count, op, root, &stream)?;
+            comm.synchronize(&stream)?;
+            let what = what(&format!("reduce {op:?} to {root}"));
+            let (out, kept) = if rank == root {
+                (want.clone(), want)
+            } else {
+                (zeros[..count].to_vec(), mine)
+            };
+            assert_same(&what, &read(&what, &recv, count)?, &out);
+            assert_same(
+                &format!("{what} in place"),
+                &read(&what, &in_place, count)?,
+                &kept,
+            );
+        }
         // Broadcast from the first and the last rank.
         for root in [0, n - 1] {
             let want = inputs::<T>(root, count, call);
@@ -111,13 +156,13 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
     Ok(())
 }
 
-/// Guards against a port all-gather, reduce-scatter or broadcast that puts into the wrong
-/// slot, reads a slot before its signal, reuses a set of the scratch before the peers are
+/// Guards against a port all-gather, reduce-scatter, all-to-all, reduce or broadcast that
+/// puts into the wrong slot, reads a slot before its signal, reuses a set of the scratch before the peers are
 /// done with it (many rounds per call, calls of all three back to back with no host
 /// barrier), reduces out of rank order, writes past its output, or mishandles a type, an
 /// operation, a root or a grid.
 #[test]
-fn port_all_gather_reduce_scatter_broadcast_every_type_and_placement() {
+fn port_collectives_every_type_and_placement() {
     let ports = AlgorithmChoice::Use(Algorithm::Ports);
     for (ranks, blocks, threads) in [(1, 1, 1), (2, 1, 1), (2, 2, 2), (3, 1, 2), (4, 2, 1)] {
         in_process::run(ranks, job(ports, blocks, threads), |comm| {
@@ -138,10 +183,9 @@ fn port_all_gather_reduce_scatter_broadcast_every_type_and_placement() {
     }
 }
 
-/// Guards against all-gather, reduce-scatter or broadcast trying memory channels between
-/// ranks that reach each other only over Ethernet: they take ports by themselves and give
-/// the right results; reduce and all-to-all are refused with an error that says why, on
-/// every rank, and nothing hangs.
+/// Guards against collectives trying memory channels between ranks that reach each other
+/// only over Ethernet: they take ports by themselves and give the right results;
+/// all-to-all-v is refused with an error that says why, on every rank, and nothing hangs.
 #[test]
 fn over_ethernet_the_port_collectives_run_and_the_rest_is_refused() {
     let mut config = job(AlgorithmChoice::Auto, 1, 1);
@@ -151,15 +195,14 @@ fn over_ethernet_the_port_collectives_run_and_the_rest_is_refused() {
         let stream = comm.device().stream()?;
         let send = comm.alloc::<i32>(30)?;
         let mut recv = comm.alloc::<i32>(30)?;
-        let refused = |e: Result<()>, what: &str| match e {
-            Err(Error::InvalidUsage(why)) => assert!(why.contains("proxy"), "{what}: {why}"),
-            other => panic!("{what} over ethernet: {other:?}"),
-        };
-        refused(
-            comm.reduce(&send, &mut recv, 10, ReduceOp::Sum, 0, &stream),
-            "reduce",
-        );
-        refused(comm.all_to_all(&send, &mut recv, 10, &stream), "all_to_all");
+        let counts = [3, 3, 3];
+        let displs = [0, 3, 6];
+        match comm.all_to_allv(
+            &send, &counts, &displs, &mut recv, &counts, &displs, &stream,
+        ) {
+            Err(Error::InvalidUsage(why)) => assert!(why.contains("proxy"), "{why}"),
+            other => panic!("all_to_allv over ethernet: {other:?}"),
+        }
         Ok(())
     })
     .unwrap();

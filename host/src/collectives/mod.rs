@@ -25,10 +25,10 @@
 //! collectives run direct algorithms. Where some rank cannot load and store another's
 //! memory (ranks on several nodes, or `OXCCL_TRANSPORT=ethernet`: the first collective
 //! call asks every rank for its node), all-reduce takes [`Algorithm::Ports`] (two-shot
-//! through the proxy over port channels), and so do all-gather, reduce-scatter and
-//! broadcast (one exchange a round); reduce, all-to-all, all-to-all-v and buffer
-//! registration are refused with an error that says so. Forcing ports (`OXCCL_ALGO=ports`
-//! or [`CollectiveConfig::algorithm`]) sends those four through the proxy on one node too.
+//! through the proxy over port channels), and so do all-gather, reduce-scatter, broadcast,
+//! reduce and all-to-all (one exchange a round); all-to-all-v and buffer registration are
+//! refused with an error that says so. Forcing ports (`OXCCL_ALGO=ports` or
+//! [`CollectiveConfig::algorithm`]) sends those six through the proxy on one node too.
 
 pub mod algorithm;
 mod check;
@@ -54,8 +54,8 @@ use oxccl_device::{DeviceView, DeviceViewMut};
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
 use oxccl_kernels::collectives::{
     AllToAllvCounts, all_gather, all_gather_ports, all_reduce, all_reduce_packets,
-    all_reduce_ports, all_to_all, all_to_allv, barrier, broadcast, broadcast_ports, reduce,
-    reduce_scatter, reduce_scatter_ports,
+    all_reduce_ports, all_to_all, all_to_all_ports, all_to_allv, barrier, broadcast,
+    broadcast_ports, reduce, reduce_ports, reduce_scatter, reduce_scatter_ports,
 };
 use shape::Shape;
 
@@ -869,7 +869,7 @@ impl Communicator {
         Ok(())
     }
 
-    /// Runs `call` (all-reduce, all-gather, reduce-scatter or broadcast) over port channels
+    /// Runs `call` (any collective but all-to-all-v and the barrier) over port channels
     /// (setting them up on its first call: every rank takes this path at the same call, as
     /// they agree on the algorithm).
     fn run_over_ports(
@@ -882,8 +882,7 @@ impl Communicator {
         let collective = call.shape.collective;
         if !collective.has_port_algorithm() {
             return Err(Error::InvalidUsage(format!(
-                "rank {rank}: {collective}: only all_reduce, all_gather, reduce_scatter and \
-                 broadcast run over port channels"
+                "rank {rank}: {collective} has no algorithm over port channels"
             )));
         }
         let mut ctx = self
@@ -903,13 +902,12 @@ impl Communicator {
         args.op = call.op as u32;
         args.root = call.root;
         let (layout, item) = (args.layout, call.dtype.size());
+        // The set-up refuses rounds under 8 bytes a rank, so every round holds an element.
         let taken = match collective {
             Collective::AllReduce => rounds(call.count, layout.all_reduce_round(item)),
-            Collective::ReduceScatter => match layout.reduce_scatter_round(item) {
-                // The set-up refuses rounds under 8 bytes a rank.
-                0 => return Err(Error::Internal("port rounds hold no element a rank".into())),
-                per => rounds(call.count, per),
-            },
+            Collective::ReduceScatter => rounds(call.count, layout.block_round(item).max(1)),
+            Collective::AllToAll => rounds(call.count * item, layout.block_round(1).max(1)),
+            Collective::Reduce => rounds(call.count, layout.copy_round_bytes() / item),
             _ => rounds(call.count * item, layout.copy_round_bytes()),
         };
         match collective {
@@ -921,6 +919,12 @@ impl Communicator {
             }
             Collective::Broadcast => {
                 broadcast_ports::collective_broadcast_ports::launch(stream, launch, args)
+            }
+            Collective::Reduce => {
+                reduce_ports::collective_reduce_ports::launch(stream, launch, args)
+            }
+            Collective::AllToAll => {
+                all_to_all_ports::collective_all_to_all_ports::launch(stream, launch, args)
             }
             _ => all_reduce_ports::collective_all_reduce_ports::launch(stream, launch, args),
         }?;

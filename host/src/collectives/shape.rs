@@ -46,6 +46,8 @@ impl Collective {
                 | Collective::AllGather
                 | Collective::ReduceScatter
                 | Collective::Broadcast
+                | Collective::Reduce
+                | Collective::AllToAll
         )
     }
 

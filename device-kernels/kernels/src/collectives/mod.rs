@@ -16,8 +16,8 @@
 //! **Ports** (ranks without a load/store path to each other): [`all_reduce_ports`] puts each
 //! peer's chunk into its scratch through the proxy, reduces, and puts the reduced chunk to
 //! every peer, round after round ([`PortLayout`]); [`all_gather_ports`],
-//! [`reduce_scatter_ports`] and [`broadcast_ports`] take one exchange a round. Reduce,
-//! all-to-all and all-to-all-v have no port algorithm yet.
+//! [`reduce_scatter_ports`], [`broadcast_ports`], [`reduce_ports`] and
+//! [`all_to_all_ports`] take one exchange a round. All-to-all-v has no port algorithm yet.
 //!
 //! **Packets** (all-reduce, small): [`all_reduce_packets`] sends its input to
 //! every peer as LL16 packets; each rank reduces what it received. One pass, no meeting.
@@ -35,6 +35,7 @@ pub mod all_reduce;
 pub mod all_reduce_packets;
 pub mod all_reduce_ports;
 pub mod all_to_all;
+pub mod all_to_all_ports;
 pub mod all_to_allv;
 pub mod all_to_allv_counts;
 pub mod barrier;
@@ -49,6 +50,7 @@ mod port_exchange;
 pub mod port_layout;
 pub mod published_buffers;
 pub mod reduce;
+pub mod reduce_ports;
 pub mod reduce_scatter;
 pub mod reduce_scatter_ports;
 mod round_views;

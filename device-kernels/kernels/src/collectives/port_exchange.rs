@@ -25,8 +25,11 @@ pub(crate) enum Part {
     OurChunk { len: u64, size: u64 },
     /// The first `bytes` bytes, to every peer (all-gather; broadcast from the root).
     Whole { bytes: u64 },
-    /// Block `p` of `bytes` bytes to peer `p` (reduce-scatter).
+    /// Block `p` of `bytes` bytes to peer `p` (reduce-scatter, all-to-all).
     TheirBlock { bytes: u64 },
+    /// The first `bytes` bytes to peer `to` alone (reduce, to the root), nothing to the
+    /// others.
+    WholeTo { bytes: u64, to: u32 },
     /// Nothing: a signal alone (broadcast to the root, which only needs to know the peer
     /// is done with the set).
     Nothing,
@@ -45,6 +48,8 @@ impl Part {
             Part::OurChunk { len, size } => chunk(rank, len, size),
             Part::Whole { bytes } => (0, bytes),
             Part::TheirBlock { bytes } => (p as u64 * bytes, bytes),
+            Part::WholeTo { bytes, to } if to == p => (0, bytes),
+            Part::WholeTo { .. } => (0, 0),
             Part::Nothing => (0, 0),
         }
     }

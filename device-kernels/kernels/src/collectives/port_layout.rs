@@ -6,8 +6,8 @@
 //!
 //! | region | size | written by | read by |
 //! |---|---|---|---|
-//! | staged round | `round_bytes` | this rank (its input round: whole, or by peer blocks for reduce-scatter; all-reduce then writes its reduced chunk in place of its own) | the proxy, for puts to peers |
-//! | reduce slots: `n_ranks` senders | `chunk_bytes` each | sender `q`'s proxy (its part of our chunk or block: all-reduce, reduce-scatter) | this rank |
+//! | staged round | `round_bytes` | this rank (its input round: whole, or by peer blocks for reduce-scatter and all-to-all; all-reduce then writes its reduced chunk in place of its own) | the proxy, for puts to peers |
+//! | reduce slots: `n_ranks` senders | `chunk_bytes` each | sender `q`'s proxy (its part of our chunk or block: all-reduce, reduce-scatter, all-to-all; its round: reduce, at the root) | this rank |
 //! | gather slots: `n_ranks` senders | `chunk_bytes` each | sender `q`'s proxy (its reduced chunk: all-reduce; its round: all-gather, broadcast) | this rank |
 //!
 //! Every region starts on a 64-byte boundary.
@@ -89,10 +89,11 @@ impl PortLayout {
         }
     }
 
-    /// Elements of `size` bytes of each rank's block in one round of a reduce-scatter:
-    /// the staged round holds one block per rank, and each block fits a slot. Zero where
-    /// a round is too small for one element per rank.
-    pub const fn reduce_scatter_round(&self, size: u64) -> u64 {
+    /// Elements of `size` bytes of each rank's block in one round of a reduce-scatter or
+    /// an all-to-all (whose elements are bytes): the staged round holds one block per
+    /// rank, and each block fits a slot. Zero where a round is too small for one element
+    /// per rank.
+    pub const fn block_round(&self, size: u64) -> u64 {
         let n = if self.n_ranks == 0 {
             1
         } else {
@@ -140,7 +141,7 @@ mod tests {
                     assert_eq!(l.all_reduce_round(size), per);
                     let copy = l.copy_round_bytes();
                     assert!(copy > 0 && copy <= l.round_bytes && copy <= l.chunk_bytes);
-                    let block = l.reduce_scatter_round(size) * size;
+                    let block = l.block_round(size) * size;
                     assert!(n as u64 * block <= l.round_bytes && block <= l.chunk_bytes);
                     assert!(block + size > l.round_bytes / n as u64);
                 }

@@ -1,6 +1,6 @@
 //! Reduce-scatter over port channels, through the proxy (ranks without a load/store path
 //! to each other), in rounds of
-//! [`PortLayout::reduce_scatter_round`](super::PortLayout::reduce_scatter_round) elements of
+//! [`PortLayout::block_round`](super::PortLayout::block_round) elements of
 //! each block: each rank stages the round of every rank's block of its input and puts
 //! peer `p`'s into its reduce slot of `p`, with a signal; once every peer's has come, it
 //! reduces its own block (its staged copy and the peers' slots, in rank order) into its
@@ -39,7 +39,7 @@ fn reduce_scatter<T: ReduceElement>(
     let input = typed::<T>(a.input, 0, c.saturating_mul(nr as u64))?;
     let output = typed_mut::<T>(a.output, 0, c)?;
     let scratch = a.scratch.cast::<T>()?;
-    let per = l.reduce_scatter_round(size);
+    let per = l.block_round(size);
     if per == 0 {
         return Err(a.invalid([l.round_bytes, nr as u64, size]));
     }

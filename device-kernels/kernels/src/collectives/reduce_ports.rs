@@ -1,0 +1,70 @@
+//! Reduce over port channels, through the proxy (ranks without a load/store path to each
+//! other), in rounds of [`PortLayout::copy_round_bytes`](super::PortLayout::copy_round_bytes):
+//! each rank stages its round; every rank but the root puts it into its reduce slot of the
+//! root, with a signal, and signals the others with nothing (which tells the root that
+//! the rank is done with the set of two rounds before); once every peer's signal has come,
+//! the root reduces its staged round and the peers' slots, in rank order, into its output.
+
+use super::elementwise::reduce_ranks;
+use super::port_collective_args::PortCollectiveArgs;
+use super::port_exchange::{Part, exchange_with_peers};
+use super::round_views::{typed, typed_mut, window, window_mut};
+use oxccl_device::DeviceViewMut;
+use oxccl_device::coop::Grid;
+use oxccl_device::dispatch_element;
+use oxccl_device::error::DeviceError;
+use oxccl_device::kernel;
+use oxccl_device::reduce::{ReduceElement, ReduceOp};
+
+/// Reduce over port channels: `count` elements of every rank's `input` reduced by `op`
+/// into the root's `output` (which may be its input); other ranks' outputs are not
+/// touched.
+///
+/// # Errors
+/// Invalid ids, short buffers, channel (a peer that does not answer) and barrier errors.
+#[kernel(cooperative)]
+pub fn collective_reduce_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
+    let (dtype, op) = args.check()?;
+    dispatch_element!(dtype, T => reduce::<T>(&args, op))
+}
+
+#[inline(always)]
+fn reduce<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Result<(), DeviceError> {
+    let (c, r, nr, root, l) = (a.count, a.rank, a.n_ranks, a.root, a.layout);
+    let size = core::mem::size_of::<T>() as u64;
+    let input = typed::<T>(a.input, 0, c)?;
+    let output = if r == root {
+        typed_mut::<T>(a.output, 0, c)?
+    } else {
+        DeviceViewMut::default()
+    };
+    let scratch = a.scratch.cast::<T>()?;
+    let per = l.copy_round_bytes() / size;
+    let (mut off, mut seq) = (0, a.sequence);
+    while off < c {
+        let len = per.min(c - off);
+        let set = seq & 1;
+        let staged_at = l.staged(set);
+        // The root's own round too: in place, the reduction writes its output (its input)
+        // before it reads its own part (a root of rank 2 and up).
+        let staged = window_mut(scratch, staged_at / size, len)?;
+        staged.copy_from(Grid, window(input, off, len)?)?;
+        let what = Part::WholeTo {
+            bytes: len * size,
+            to: root,
+        };
+        exchange_with_peers(a, l.reduce_slot(set, r), staged_at, what)?;
+        if r == root {
+            reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {
+                if p == r {
+                    Ok(staged.as_view())
+                } else {
+                    Ok(window_mut(scratch, l.reduce_slot(set, p) / size, len)?.as_view())
+                }
+            })?;
+        }
+        off += len;
+        seq += 1;
+    }
+    Ok(())
+}
