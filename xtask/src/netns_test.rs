@@ -13,7 +13,9 @@
 //!    Ethernet to the one on the other (the transport `auto` picks);
 //! 3. `put_bw --transport ethernet` on 2 ranks, one per node: its lines are printed;
 //! 4. `allreduce` (every call checked) on 2 ranks, one per node, and on 4 ranks, 2 per
-//!    node: the communicator's all-reduce over port channels, its table printed.
+//!    node: the communicator's all-reduce over port channels, its table printed;
+//! 5. `collectives --collective allgather`, then `reducescatter` (every call checked) on
+//!    4 ranks, 2 per node: those collectives over port channels, their tables printed.
 //!
 //! Needs root (`CAP_SYS_ADMIN` and `CAP_NET_ADMIN`), `ip` (iproute2) and `unshare`
 //! (util-linux); [`unsupported`] says what is missing. The namespaces are deleted on every
@@ -145,12 +147,15 @@ pub fn run_netns_test(ws: &Workspace) -> Result<()> {
         "put_bw",
         "--bin",
         "allreduce",
+        "--bin",
+        "collectives",
     ]);
     run_bounded(&mut build, BUILD_TIME_LIMIT)?;
     let bin = ws.target_dir.join("release");
     let port_ring = bin.join("port_ring");
     let put_bw = bin.join("put_bw");
     let allreduce = bin.join("allreduce");
+    let collectives = bin.join("collectives");
 
     let namespaces = Namespaces::create()?;
     println!(
@@ -212,7 +217,27 @@ pub fn run_netns_test(ws: &Workspace) -> Result<()> {
         ("allreduce, 4 ranks, 2 per node", &[0, 0, 1, 1][..], 29_504),
     ] {
         let outputs = Job { port, ..job }.run(title, placement)?;
-        check_all_reduce(&outputs[0])?;
+        check_over_ports("allreduce", &outputs[0])?;
+    }
+    for (collective, port) in [("allgather", 29_505), ("reducescatter", 29_506)] {
+        let args = [
+            "--collective",
+            collective,
+            "--max-bytes",
+            "1M",
+            "--iters",
+            "3",
+            "--check",
+            "every",
+        ];
+        let job = Job {
+            program: &collectives,
+            args: &args,
+            port,
+        };
+        let title = format!("collectives --collective {collective}, 4 ranks, 2 per node");
+        let outputs = job.run(&title, &[0, 0, 1, 1])?;
+        check_over_ports(collective, &outputs[0])?;
     }
     drop(namespaces);
     println!("netns-test: ok (namespaces deleted)");
@@ -295,9 +320,10 @@ impl Job<'_> {
     }
 }
 
-/// Checks rank 0's `allreduce` table: every size ran the port algorithm (the ranks share
-/// no node), and no element was wrong; prints its rows.
-fn check_all_reduce(out: &str) -> Result<()> {
+/// Checks rank 0's table of `program` (`allreduce`, or the collective `collectives` ran):
+/// every size ran the port algorithm (the ranks share no node), and no element was wrong;
+/// prints its rows.
+fn check_over_ports(program: &str, out: &str) -> Result<()> {
     let rows: Vec<&str> = out
         .lines()
         .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
@@ -309,7 +335,7 @@ fn check_all_reduce(out: &str) -> Result<()> {
         .iter()
         .all(|r| r.split_whitespace().nth(5) == Some("ports"));
     if rows.is_empty() || !all_ports || !out.contains("# Out of bounds values : 0 OK") {
-        bail!("allreduce: expected every size over ports and no wrong element:\n{out}");
+        bail!("{program}: expected every size over ports and no wrong element:\n{out}");
     }
     Ok(())
 }
@@ -462,10 +488,10 @@ mod tests {
         let good = "# oxccl all-reduce\n        1024          256    float    sum    -1    ports     \
                     44.80    0.00    0.00      0     43.44    0.00    0.00      0\n\
                     # Out of bounds values : 0 OK\n";
-        assert!(super::check_all_reduce(good).is_ok());
-        assert!(super::check_all_reduce(&good.replace("ports", "direct")).is_err());
-        assert!(super::check_all_reduce(&good.replace("0 OK", "3 FAILED")).is_err());
-        assert!(super::check_all_reduce("# nothing\n").is_err());
+        assert!(super::check_over_ports("allreduce", good).is_ok());
+        assert!(super::check_over_ports("allreduce", &good.replace("ports", "direct")).is_err());
+        assert!(super::check_over_ports("allreduce", &good.replace("0 OK", "3 FAILED")).is_err());
+        assert!(super::check_over_ports("allreduce", "# nothing\n").is_err());
     }
 
     /// Guards against a 4-rank check that accepts a transport the placement does not call
