@@ -1,6 +1,6 @@
 //! All-reduce over port channels, through the proxy: for ranks that have no load/store path
 //! to each other (another node, or Ethernet asked for). Two-shot, in rounds that fit the
-//! scratch ([`PortLayout`]):
+//! scratch ([`PortLayout`](super::PortLayout)):
 //!
 //! 1. each rank stages the round of its input in its scratch and puts peer `p`'s chunk of
 //!    it into `p`'s reduce slot of this rank, with a signal;

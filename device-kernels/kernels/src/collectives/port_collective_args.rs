@@ -11,7 +11,7 @@ use oxccl_device::reduce::{DataType, ReduceOp};
 use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// Arguments of the port-channel collective kernels
-/// ([`collective_all_reduce_ports()`](super::all_reduce_ports::collective_all_reduce_ports)
+/// ([`collective_all_reduce_ports()`](super::all_reduce_ports::collective_all_reduce_ports())
 /// and its siblings); the host API fills them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, KernelArg)]
