@@ -161,6 +161,7 @@ mod tests {
                     iters: 1,
                     warmup: 0,
                     check: CheckMode::First,
+                    blocking: false,
                     register: true,
                 },
                 ranks_are: "threads".into(),

@@ -4,7 +4,8 @@
 //! Every rank makes the same calls in the same order. The time of a size is this rank's
 //! mean over the timed calls; the report takes the slowest rank's. With
 //! [`CheckMode::First`] the timed calls run back to back after one checked call (in place,
-//! each works on the previous one's result, as in nccl-tests); with [`CheckMode::Every`]
+//! each works on the previous one's result, as in nccl-tests), each synchronized before the
+//! next if the plan is blocking; with [`CheckMode::Every`]
 //! each timed call starts from fresh buffers after a host barrier, is synchronized alone
 //! and then checked, and only the call and its synchronization are timed.
 
@@ -156,6 +157,9 @@ fn timed_calls<T: ReduceElement>(
             let start = Instant::now();
             for _ in 0..iters {
                 case.call(comm, bufs, stream)?;
+                if plan.blocking {
+                    comm.synchronize(stream)?;
+                }
             }
             comm.synchronize(stream)?;
             start.elapsed().as_secs_f64()

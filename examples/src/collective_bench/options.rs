@@ -83,6 +83,11 @@ pub struct BenchArgs {
     /// Check the first call of each size (`first`) or every timed call (`every`).
     #[arg(long, value_enum, default_value_t = CheckMode::First)]
     pub check: CheckMode,
+    /// With `--check first`, synchronize the stream after every timed call (nccl-tests'
+    /// `-z 1`): the time a caller that waits for each call sees, launch to completion, where
+    /// back-to-back calls overlap one's launch with the previous one's run.
+    #[arg(long)]
+    pub blocking: bool,
     /// Register each size's buffers for zero-copy collectives (`on`), or not (`off`).
     #[arg(long, value_enum, default_value_t = Register::On)]
     pub register: Register,

@@ -27,6 +27,8 @@ pub struct Plan {
     pub warmup: u32,
     /// How results are checked.
     pub check: CheckMode,
+    /// Whether each timed call is synchronized before the next (see `BenchArgs::blocking`).
+    pub blocking: bool,
     /// Whether each size's buffers are registered for the collectives.
     pub register: bool,
 }
@@ -78,6 +80,7 @@ impl Plan {
             iters: args.iters,
             warmup: args.warmup,
             check: args.check,
+            blocking: args.blocking,
             register: args.register == Register::On,
         })
     }

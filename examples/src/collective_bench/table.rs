@@ -172,8 +172,14 @@ fn header(r: &Report) -> Vec<String> {
     };
     let check = match plan.check {
         CheckMode::First => format!(
-            "first call of each size checked, then {} warm-up and {} timed calls back to back",
-            plan.warmup, plan.iters
+            "first call of each size checked, then {} warm-up and {} timed calls {}",
+            plan.warmup,
+            plan.iters,
+            if plan.blocking {
+                "each synchronized before the next (blocking)"
+            } else {
+                "back to back"
+            }
         ),
         CheckMode::Every => format!(
             "every timed call checked: {} warm-up calls, then {} calls each from fresh buffers, \
