@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_all_reduce_sums, exchange_over_both_rings};
+use common::{assert_all_reduce_sums, assert_registered_all_reduce_sums, exchange_over_both_rings};
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Backend, CommunicatorConfig, Device, Error};
 use oxccl_device::launch::LaunchConfig;
@@ -73,7 +73,8 @@ fn auto_backend_falls_back_to_cpu() {
 /// where there is one, as on the GPU bundle's machine): registration, port channels (each
 /// rank's proxy polls a FIFO in mapped host memory and copies through a CUDA IPC
 /// connection's stream), memory channels (the peer's memory at its own address), and the
-/// communicator's all-reduce, each rank finding what the other sent. The same job runs on
+/// communicator's all-reduce, staged and zero-copy (the peers' registered buffers read and
+/// written in place), each rank finding what the other sent. The same job runs on
 /// the emulator first, so both backends answer the same checks.
 #[test]
 fn communicator_of_two_ranks_in_one_process() {
@@ -103,12 +104,13 @@ fn communicator_of_two_ranks_in_one_process() {
 
             let value = |r: u32, i: usize| ((i * 7 + r as usize * 13) % 101) as f32;
             assert_all_reduce_sums(comm, &stream, 10_007, value, "all-reduce")?;
+            assert_registered_all_reduce_sums(comm, &stream, 10_007, value, "zero-copy")?;
             comm.barrier()
         })
         .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
         println!(
-            "communicator of two ranks in one process on {backend:?}: port ring, memory ring \
-             and all-reduce in {:?}",
+            "communicator of two ranks in one process on {backend:?}: port ring, memory ring, \
+             all-reduce and zero-copy all-reduce in {:?}",
             started.elapsed()
         );
     }

@@ -127,13 +127,51 @@ pub fn assert_all_reduce_sums(
     value: impl Fn(u32, usize) -> f32,
     what: &str,
 ) -> Result<()> {
-    let (rank, ranks) = (comm.rank(), comm.size());
+    let rank = comm.rank();
     let mine: Vec<f32> = (0..count).map(|i| value(rank, i)).collect();
     let send = comm.device().alloc_from(&mine)?;
     let mut recv = comm.alloc::<f32>(count)?;
     comm.all_reduce(&send, &mut recv, count, oxccl::ReduceOp::Sum, stream)?;
     comm.synchronize(stream)?;
-    for (i, &have) in recv.to_vec()?.iter().enumerate() {
+    check_sums(comm, &recv, count, &value, what)
+}
+
+/// As [`assert_all_reduce_sums`], on buffers registered for zero-copy collectives (each
+/// rank reads the peers' inputs and writes the peers' outputs in place), out of place and
+/// then in place.
+pub fn assert_registered_all_reduce_sums(
+    comm: &mut Communicator,
+    stream: &Stream,
+    count: usize,
+    value: impl Fn(u32, usize) -> f32,
+    what: &str,
+) -> Result<()> {
+    let rank = comm.rank();
+    let mine: Vec<f32> = (0..count).map(|i| value(rank, i)).collect();
+    let mut send = comm.device().alloc_from(&mine)?;
+    let mut recv = comm.alloc::<f32>(count)?;
+    comm.register_collective_buffer(&send)?;
+    comm.register_collective_buffer(&recv)?;
+    comm.all_reduce(&send, &mut recv, count, oxccl::ReduceOp::Sum, stream)?;
+    comm.all_reduce_in_place(&mut send, count, oxccl::ReduceOp::Sum, stream)?;
+    comm.synchronize(stream)?;
+    check_sums(comm, &recv, count, &value, &format!("{what}, out of place"))?;
+    check_sums(comm, &send, count, &value, &format!("{what}, in place"))?;
+    comm.deregister_collective_buffer(&send, stream)?;
+    comm.deregister_collective_buffer(&recv, stream)
+}
+
+/// Checks that `buf` holds, at each element `i < count`, the sum over every rank `r` of
+/// `value(r, i)`.
+fn check_sums(
+    comm: &Communicator,
+    buf: &DeviceBuffer<f32>,
+    count: usize,
+    value: &impl Fn(u32, usize) -> f32,
+    what: &str,
+) -> Result<()> {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    for (i, &have) in buf.to_vec()?.iter().take(count).enumerate() {
         let want: f32 = (0..ranks).map(|r| value(r, i)).sum();
         assert_eq!(have, want, "{what}: rank {rank} element {i}");
     }
