@@ -1,7 +1,7 @@
 //! The all-reduce over port channels (`Algorithm::Ports`), which runs where ranks cannot
 //! load and store each other's memory: forced on one node (port channels over host IPC),
-//! and chosen by itself when the ranks reach each other over Ethernet, where the other
-//! collectives without a port algorithm and buffer registration refuse with a clear error.
+//! and chosen by itself when the ranks reach each other over Ethernet, where collectives
+//! without a port algorithm and buffer registration refuse with a clear error.
 
 mod common;
 
@@ -88,8 +88,8 @@ fn port_all_reduce_every_type_op_and_placement() {
 
 /// Guards against collectives that try memory channels between ranks that reach each
 /// other only over Ethernet: all-reduce picks the port algorithm by itself, at every size
-/// (and says so); collectives without a port algorithm and buffer registration are refused with an error
-/// that says why, on every rank, and nothing hangs.
+/// (and says so); collectives without a port algorithm and buffer registration are
+/// refused with an error that says why, on every rank, and nothing hangs.
 #[test]
 fn over_ethernet_all_reduce_takes_ports_and_the_rest_is_refused() {
     let mut config = job(AlgorithmChoice::Auto, 1, 1);

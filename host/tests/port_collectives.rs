@@ -157,10 +157,10 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
 }
 
 /// Guards against a port all-gather, reduce-scatter, all-to-all, reduce or broadcast that
-/// puts into the wrong slot, reads a slot before its signal, reuses a set of the scratch before the peers are
-/// done with it (many rounds per call, calls of all three back to back with no host
-/// barrier), reduces out of rank order, writes past its output, or mishandles a type, an
-/// operation, a root or a grid.
+/// puts into the wrong slot, reads a slot before its signal, reuses a set of the scratch
+/// before the peers are done with it (many rounds per call, calls of all five back to back
+/// with no host barrier), reduces out of rank order, writes past its output, or mishandles
+/// a type, an operation, a root or a grid.
 #[test]
 fn port_collectives_every_type_and_placement() {
     let ports = AlgorithmChoice::Use(Algorithm::Ports);

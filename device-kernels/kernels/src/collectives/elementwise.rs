@@ -36,8 +36,9 @@ where
 ///
 /// `sources` is called at one place only: a closure called from several places may stay
 /// out of line on the GPU, and whatever it borrows (the kernel's arguments) then lives in
-/// local memory (see [`RankSources`]). The operation is matched once per pass, so that each pass's loop is the
-/// operation alone (a sum of `f32`s becomes vector additions), not a branch per element.
+/// local memory (see [`RankSources`]). The operation is matched once per pass, so that
+/// each pass's loop is the operation alone (a sum of `f32`s becomes vector additions), not
+/// a branch per element.
 ///
 /// # Errors
 /// A source shorter than `dst` ([`DeviceError::OutOfRange`]), or `sources`' error.
