@@ -192,6 +192,17 @@ macro_rules! common_impls {
                 self.addr
             }
 
+            /// Whether this view's bytes and `other`'s overlap (an in-place call whose
+            /// output is its input, or holds it).
+            pub const fn overlaps<U>(&self, other: DeviceView<'_, U>) -> bool {
+                let (bytes, other_bytes) = (
+                    self.len * core::mem::size_of::<T>() as u64,
+                    other.len * core::mem::size_of::<U>() as u64,
+                );
+                self.addr < other.addr.saturating_add(other_bytes)
+                    && other.addr < self.addr.saturating_add(bytes)
+            }
+
             /// Reads element `i` (one weak load; see the module docs).
             ///
             /// # Errors

@@ -7,7 +7,6 @@ use super::peer_handshake::all_peers_meet;
 use super::published_buffers::{self, EXTRA, Path, Reads};
 use super::round_views::{my_half, peer_half, per_round, window, window_mut};
 use super::scratch_layout::parity;
-use core::mem::size_of;
 use oxccl_device::DeviceView;
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
@@ -46,9 +45,7 @@ fn all_to_allv<T: ReduceElement>(
     // Where our input holds what we send each rank: a peer reading our input in place
     // finds its part there.
     published_buffers::publish_extra(a, k.send_displs.iter().take(nr as usize).copied())?;
-    let overlap = output.addr() < input.addr() + input.len() * size_of::<T>() as u64
-        && input.addr() < output.addr() + output.len() * size_of::<T>() as u64;
-    let offer = !overlap;
+    let offer = !output.overlaps(input);
     let mine = published_buffers::publish(a, Reads::Inputs, offer)?;
     if !mine {
         stage(a, k, input, per, 0, a.sequence)?;

@@ -6,7 +6,6 @@ use super::collective_args::CollectiveArgs;
 use super::elementwise::{RankSources, reduce_ranks};
 use super::published_buffers;
 use super::round_views::{my_half, per_round, window, window_mut};
-use core::mem::size_of;
 use oxccl_device::coop::Grid;
 use oxccl_device::error::DeviceError;
 use oxccl_device::reduce::{ReduceElement, ReduceOp};
@@ -37,9 +36,7 @@ pub(crate) fn reduce_from_peer_inputs<T: ReduceElement>(
     // result: our own elements may be that destination only as the first or second source
     // (rank 0 or 1). In place on a later rank, the chunk is reduced piece by piece in our
     // scratch (which no peer reads in this call) and copied out.
-    let overlap = dst.addr() < ours.addr() + ours.len() * size_of::<T>() as u64
-        && ours.addr() < dst.addr() + len * size_of::<T>() as u64;
-    if overlap && a.rank >= 2 && len > 0 {
+    if dst.overlaps(ours) && a.rank >= 2 && len > 0 {
         let per = per_round::<T>(a, 1)?;
         let (_, half) = my_half::<T>(a, a.sequence)?;
         let mut done = 0;

@@ -38,39 +38,17 @@ fn reduce_scatter<T: ReduceElement>(
     // very block (in place) and we are not among the first two sources: the reduction
     // writes the output from the first pass on, and would read our block after it changed.
     let own_block = window(input, r as u64 * c, c)?;
-    let aliased = own_block.addr()
-        < output
-            .addr()
-            .saturating_add(output.len() * size_of::<T>() as u64)
-        && output.addr()
-            < own_block
-                .addr()
-                .saturating_add(own_block.len() * size_of::<T>() as u64);
-    let own_direct = r < 2 || !aliased;
+    let own_direct = r < 2 || !output.overlaps(own_block);
     let skip = own_direct.then_some(r);
     let mine = published_buffers::publish(a, Reads::Inputs, true)?;
     if !mine {
-        stage_blocks(
-            my_half::<T>(a, a.sequence)?.1,
-            input,
-            nr,
-            c,
-            0,
-            per.min(c),
-            skip,
-        )?;
+        let (_, first_half) = my_half::<T>(a, a.sequence)?;
+        stage_blocks(first_half, input, nr, c, 0, per.min(c), skip)?;
     }
     let path = published_buffers::survey(a, Reads::Inputs, true, mine)?;
     if path == Path::StageFirst {
-        stage_blocks(
-            my_half::<T>(a, a.sequence)?.1,
-            input,
-            nr,
-            c,
-            0,
-            per.min(c),
-            skip,
-        )?;
+        let (_, first_half) = my_half::<T>(a, a.sequence)?;
+        stage_blocks(first_half, input, nr, c, 0, per.min(c), skip)?;
     }
     if path == Path::InPlace {
         // Every rank's input is registered: reduce our block straight from theirs, then
