@@ -87,24 +87,21 @@ impl<'a> CollectiveArgs<'a> {
     /// ids that name none, a rank outside the communicator or a layout of another size.
     #[inline(always)]
     pub(crate) fn check(&self) -> Result<(DataType, ReduceOp), DeviceError> {
-        match (DataType::from_id(self.dtype), ReduceOp::from_id(self.op)) {
-            (Some(dtype), Some(op))
-                if self.rank < self.n_ranks
-                    && self.layout.n_ranks == self.n_ranks
-                    && self.root < self.n_ranks =>
-            {
-                Ok((dtype, op))
-            }
-            _ => Err(self.invalid([self.dtype as u64, self.op as u64, self.rank as u64])),
-        }
+        let ids = CallIds {
+            dtype: self.dtype,
+            op: self.op,
+            rank: self.rank,
+            root: self.root,
+            n_ranks: self.n_ranks,
+            layout_ranks: self.layout.n_ranks,
+        };
+        ids.check(&self.barrier)
     }
 
     /// Records `InvalidArgument` with `detail` on the barrier's policy and returns it.
     #[inline(always)]
     pub(crate) fn invalid(&self, detail: [u64; 3]) -> DeviceError {
-        self.barrier
-            .wait_policy()
-            .raise(DeviceError::InvalidArgument, DeviceOp::Kernel, detail)
+        invalid_argument(&self.barrier, detail)
     }
 
     /// The channel to `peer`.
@@ -112,4 +109,57 @@ impl<'a> CollectiveArgs<'a> {
     pub(crate) fn peer(&self, peer: u32) -> Result<&'a MemoryChannelDeviceHandle<'a>, DeviceError> {
         self.peers.get(peer)
     }
+}
+
+/// The ids and ranks of a call, as every collective kernel checks them before it runs (the
+/// memory-channel ones and the port-channel ones alike).
+pub(crate) struct CallIds {
+    /// Element type ([`DataType`] id).
+    pub(crate) dtype: u32,
+    /// Reduction ([`ReduceOp`] id).
+    pub(crate) op: u32,
+    /// This rank.
+    pub(crate) rank: u32,
+    /// The root.
+    pub(crate) root: u32,
+    /// Ranks of the communicator.
+    pub(crate) n_ranks: u32,
+    /// Ranks the scratch's layout is for.
+    pub(crate) layout_ranks: u32,
+}
+
+impl CallIds {
+    /// The element type and operation, or [`DeviceError::InvalidArgument`] (recorded on
+    /// `barrier`'s policy) for ids that name none, a rank or root outside the communicator,
+    /// or a layout for another number of ranks.
+    #[inline(always)]
+    pub(crate) fn check(
+        &self,
+        barrier: &GridBarrierDeviceHandle<'_>,
+    ) -> Result<(DataType, ReduceOp), DeviceError> {
+        match (DataType::from_id(self.dtype), ReduceOp::from_id(self.op)) {
+            (Some(dtype), Some(op))
+                if self.rank < self.n_ranks
+                    && self.layout_ranks == self.n_ranks
+                    && self.root < self.n_ranks =>
+            {
+                Ok((dtype, op))
+            }
+            _ => Err(invalid_argument(
+                barrier,
+                [self.dtype as u64, self.op as u64, self.rank as u64],
+            )),
+        }
+    }
+}
+
+/// Records `InvalidArgument` with `detail` on `barrier`'s policy and returns it.
+#[inline(always)]
+pub(crate) fn invalid_argument(
+    barrier: &GridBarrierDeviceHandle<'_>,
+    detail: [u64; 3],
+) -> DeviceError {
+    barrier
+        .wait_policy()
+        .raise(DeviceError::InvalidArgument, DeviceOp::Kernel, detail)
 }

@@ -1,10 +1,11 @@
 //! The arguments every collective kernel over port channels takes (ranks that reach each
 //! other only through the proxy: another node, or Ethernet asked for).
 
+use super::collective_args::{CallIds, invalid_argument};
 use super::port_layout::PortLayout;
 use oxccl_device::KernelArg;
 use oxccl_device::channel_set::ChannelSetDeviceHandle;
-use oxccl_device::error::{DeviceError, DeviceOp};
+use oxccl_device::error::DeviceError;
 use oxccl_device::grid_barrier::GridBarrierDeviceHandle;
 use oxccl_device::port_channel::PortChannelDeviceHandle;
 use oxccl_device::reduce::{DataType, ReduceOp};
@@ -56,23 +57,20 @@ impl PortCollectiveArgs<'_> {
     /// or root outside the communicator, or a layout for another number of ranks.
     #[inline(always)]
     pub(crate) fn check(&self) -> Result<(DataType, ReduceOp), DeviceError> {
-        match (DataType::from_id(self.dtype), ReduceOp::from_id(self.op)) {
-            (Some(dtype), Some(op))
-                if self.rank < self.n_ranks
-                    && self.root < self.n_ranks
-                    && self.layout.n_ranks == self.n_ranks =>
-            {
-                Ok((dtype, op))
-            }
-            _ => Err(self.invalid([self.dtype as u64, self.op as u64, self.rank as u64])),
-        }
+        let ids = CallIds {
+            dtype: self.dtype,
+            op: self.op,
+            rank: self.rank,
+            root: self.root,
+            n_ranks: self.n_ranks,
+            layout_ranks: self.layout.n_ranks,
+        };
+        ids.check(&self.barrier)
     }
 
     /// Records `InvalidArgument` with `detail` on the barrier's policy and returns it.
     #[inline(always)]
     pub(crate) fn invalid(&self, detail: [u64; 3]) -> DeviceError {
-        self.barrier
-            .wait_policy()
-            .raise(DeviceError::InvalidArgument, DeviceOp::Kernel, detail)
+        invalid_argument(&self.barrier, detail)
     }
 }
