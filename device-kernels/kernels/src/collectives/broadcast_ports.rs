@@ -39,16 +39,14 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
         let len = per.min(bytes - off);
         let set = seq & 1;
         let staged_at = l.staged(set);
-        if r == root {
+        let what = if r == root {
             window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;
-            exchange_with_peers(
-                a,
-                l.gather_slot(set, r),
-                staged_at,
-                Part::Whole { bytes: len },
-            )?;
+            Part::Whole { bytes: len }
         } else {
-            exchange_with_peers(a, l.gather_slot(set, r), staged_at, Part::Nothing)?;
+            Part::Nothing
+        };
+        exchange_with_peers(a, l.gather_slot(set, r), staged_at, what)?;
+        if r != root {
             let src = window_mut(a.scratch, l.gather_slot(set, root), len)?;
             window_mut(output, off, len)?.copy_from(Grid, src.as_view())?;
         }
