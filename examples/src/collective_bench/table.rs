@@ -3,7 +3,6 @@
 //! `#wrong` out of place and in place, then MPI's fastest variant), and nccl-tests' footer.
 
 use super::collective::Collective;
-use super::memory_bandwidth::MemoryBaseline;
 use super::options::{CheckMode, algo_name};
 use super::report::Report;
 use oxccl::collectives::AlgorithmChoice;
@@ -235,7 +234,8 @@ fn header(r: &Report) -> Vec<String> {
         lines.push(line);
         if let (Some(s), true) = (r.at_memory_size(), plan.collective == Collective::AllReduce) {
             let floor = |in_place| m.all_reduce_floor_us(s.bytes, plan.ranks, in_place);
-            let ceiling = |in_place| MemoryBaseline::all_reduce_busbw_ceiling(plan.ranks, in_place);
+            // The bus bandwidth of a call that takes its floor, as a share of the baseline.
+            let ceiling = |in_place| r.bandwidth(s.bytes, floor(in_place)).busbw / m.gbps;
             let mut line = format!(
                 "# memory floor: c = a + b moves {:.2} GB/s (each store reads its line first); \
                  an all-reduce reads every input and writes every output at least once ({} x \
