@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_all_reduce_sums, assert_registered_all_reduce_sums, exchange_over_both_rings};
+use common::{assert_all_reduce_sums, exchange_over_both_rings};
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Backend, CommunicatorConfig, Device, Error};
 use oxccl_device::launch::LaunchConfig;
@@ -103,8 +103,8 @@ fn communicator_of_two_ranks_in_one_process() {
             exchange_over_both_rings(comm, &stream, 4099, 32)?;
 
             let value = |r: u32, i: usize| ((i * 7 + r as usize * 13) % 101) as f32;
-            assert_all_reduce_sums(comm, &stream, 10_007, value, "all-reduce")?;
-            assert_registered_all_reduce_sums(comm, &stream, 10_007, value, "zero-copy")?;
+            assert_all_reduce_sums(comm, &stream, 10_007, value, "all-reduce", false)?;
+            assert_all_reduce_sums(comm, &stream, 10_007, value, "zero-copy", true)?;
             comm.barrier()
         })
         .unwrap_or_else(|e| panic!("{backend:?}: {e}"));

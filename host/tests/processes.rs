@@ -135,6 +135,7 @@ fn run_rank_over_ethernet() -> Result<u32> {
         200_003,
         value,
         "all-reduce over Ethernet",
+        false,
     )?;
     comm.barrier()?;
     Ok(rank)

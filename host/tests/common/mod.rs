@@ -117,48 +117,37 @@ pub fn exchange_over_both_rings(
     Ok(())
 }
 
-/// The communicator's out-of-place all-reduce (f32 sum) of `count` elements, rank `r`
-/// contributing `value(r, i)` at element `i`, checked on the host against the sum over
-/// every rank; `what` names it in a failure.
+/// The communicator's all-reduce (f32 sum) of `count` elements, out of place and then in
+/// place, rank `r` contributing `value(r, i)` at element `i`, checked on the host against
+/// the sum over every rank; `what` names it in a failure. With `registered`, on buffers
+/// registered for zero-copy collectives (each rank reads the peers' inputs and writes the
+/// peers' outputs in place).
 pub fn assert_all_reduce_sums(
     comm: &mut Communicator,
     stream: &Stream,
     count: usize,
     value: impl Fn(u32, usize) -> f32,
     what: &str,
-) -> Result<()> {
-    let rank = comm.rank();
-    let mine: Vec<f32> = (0..count).map(|i| value(rank, i)).collect();
-    let send = comm.device().alloc_from(&mine)?;
-    let mut recv = comm.alloc::<f32>(count)?;
-    comm.all_reduce(&send, &mut recv, count, oxccl::ReduceOp::Sum, stream)?;
-    comm.synchronize(stream)?;
-    check_sums(comm, &recv, count, &value, what)
-}
-
-/// As [`assert_all_reduce_sums`], on buffers registered for zero-copy collectives (each
-/// rank reads the peers' inputs and writes the peers' outputs in place), out of place and
-/// then in place.
-pub fn assert_registered_all_reduce_sums(
-    comm: &mut Communicator,
-    stream: &Stream,
-    count: usize,
-    value: impl Fn(u32, usize) -> f32,
-    what: &str,
+    registered: bool,
 ) -> Result<()> {
     let rank = comm.rank();
     let mine: Vec<f32> = (0..count).map(|i| value(rank, i)).collect();
     let mut send = comm.device().alloc_from(&mine)?;
     let mut recv = comm.alloc::<f32>(count)?;
-    comm.register_collective_buffer(&send)?;
-    comm.register_collective_buffer(&recv)?;
+    if registered {
+        comm.register_collective_buffer(&send)?;
+        comm.register_collective_buffer(&recv)?;
+    }
     comm.all_reduce(&send, &mut recv, count, oxccl::ReduceOp::Sum, stream)?;
     comm.all_reduce_in_place(&mut send, count, oxccl::ReduceOp::Sum, stream)?;
     comm.synchronize(stream)?;
     check_sums(comm, &recv, count, &value, &format!("{what}, out of place"))?;
     check_sums(comm, &send, count, &value, &format!("{what}, in place"))?;
-    comm.deregister_collective_buffer(&send, stream)?;
-    comm.deregister_collective_buffer(&recv, stream)
+    if registered {
+        comm.deregister_collective_buffer(&send, stream)?;
+        comm.deregister_collective_buffer(&recv, stream)?;
+    }
+    Ok(())
 }
 
 /// Checks that `buf` holds, at each element `i < count`, the sum over every rank `r` of
