@@ -6,10 +6,13 @@
 //! (in the same order relative to their other channels to each other), and the two swap
 //! semaphore addresses through the exchange. Every failure names rank, peer and channel.
 //!
-//! Port channels run over host IPC (CUDA IPC on a GPU) or Ethernet, as
-//! [`CommunicatorConfig::transport`] chooses (logged at creation); both ends of a channel
-//! must choose the same, which the setup checks. Over Ethernet a peer's memory is named by the id its owner gave it, and the
-//! owner's receiver checks every write against its own table (see [`crate::ethernet`]).
+//! Port channels run over host IPC (CUDA IPC on a GPU), InfiniBand / RoCE (feature `ib`)
+//! or Ethernet, as [`CommunicatorConfig::transport`] chooses (logged at creation); both ends
+//! of a channel must choose the same, which the setup checks. Over Ethernet a peer's memory
+//! is named by the id its owner gave it, and the owner's receiver checks every write
+//! against its own table (see [`crate::ethernet`]). Over InfiniBand / RoCE it is written by
+//! the owner's address and the remote key its RDMA device gave the registration, and that
+//! device refuses anything outside the registration (see `ib_connection.rs`).
 //!
 //! Memory of another rank reached over host IPC is always reached through a mapping of its
 //! shared object, made here after checking the handle (see [`crate::host_ipc`]) and kept as
@@ -48,6 +51,7 @@ use crate::ethernet_registry::EthernetRegistry;
 use crate::grid_barrier::{GRID_BARRIER_SITE, GridBarrier};
 use crate::host_ipc::node_name;
 use crate::host_ipc_connection::HostIpcConnection;
+use crate::ib_transport::{IbTransport, reach_over_ib};
 use crate::memory_channel::MemoryChannel;
 use crate::out_of_band::{BootstrapExchange, OutOfBand};
 use crate::peer_watch::PeerWatch;
@@ -62,7 +66,7 @@ use oxccl_device::error::DeviceOp;
 use oxccl_device::port_channel::PortChannelIds;
 use oxccl_proxy::{
     Connection, FIFO_SITE, HostCell, INBOUND_SITE, IdlePolicy, MemoryId, MemoryRegion, ProxyConfig,
-    ProxyService,
+    ProxyService, RdmaKey,
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -86,6 +90,8 @@ const TAG_CHANNEL_SETUP: u64 = 1 << 56;
 const TAG_SETUP_DONE: u64 = 3 << 56;
 /// Tag of an Ethernet connection setup (listener address and token).
 const TAG_ETHERNET_SETUP: u64 = 4 << 56;
+/// Tag of an InfiniBand / RoCE connection setup (the queue pair's endpoint).
+const TAG_IB_SETUP: u64 = 5 << 56;
 
 /// Longest Ethernet setup message a peer may send.
 const MAX_ETHERNET_SETUP_BYTES: usize = 256;
@@ -164,15 +170,19 @@ impl RankStopper {
     }
 }
 
+/// What names a memory for the proxy: owner rank, address here, size, Ethernet id, RDMA key
+/// (the fields [`MemoryRegion`]'s equality compares).
+type MemoryKey = (u32, u64, u64, Option<u32>, Option<RdmaKey>);
+
 /// One rank of a job.
 pub struct Communicator {
     oob: Arc<dyn OutOfBand>,
     device: Device,
     proxy: ProxyService,
     config: CommunicatorConfig,
-    /// Proxy memory ids by (owner rank, address, size, Ethernet id): a peer's memories
-    /// reached over Ethernet all have address 0 here.
-    memory_ids: HashMap<(u32, u64, u64, Option<u32>), MemoryId>,
+    /// Proxy memory ids by (owner rank, address, size, Ethernet id, RDMA key): a peer's
+    /// memories reached over Ethernet or InfiniBand all have address 0 here.
+    memory_ids: HashMap<MemoryKey, MemoryId>,
     /// Setups done with each peer, so both sides pair their messages.
     setups: HashMap<u32, u64>,
     /// Every channel's abort record, by site.
@@ -187,6 +197,9 @@ pub struct Communicator {
     ethernet: Option<EthernetEndpoint>,
     /// The connection this rank's proxy writes each peer's memory over, by peer.
     ethernet_connections: HashMap<u32, Arc<EthernetConnection>>,
+    /// The RDMA device and its connections, where port channels may run over InfiniBand /
+    /// RoCE (opened at creation).
+    ib: Option<IbTransport>,
     /// The processes of peers whose memory is mapped here, watched for a death mid-run.
     peer_watch: PeerWatch,
     /// Memory of other ranks mapped here, by (node, pid, inode): shared with every region
@@ -242,6 +255,19 @@ impl Communicator {
             cpus: None,
         })?;
         proxy.start()?;
+        let ib = match config.transport {
+            TransportChoice::Ib => Some(IbTransport::open(oob.rank())?),
+            TransportChoice::Auto if !oob.single_node() && cfg!(feature = "ib") => {
+                match IbTransport::open(oob.rank()) {
+                    Ok(ib) => Some(ib),
+                    Err(why) => {
+                        tracing::info!(rank = oob.rank(), %why, "no InfiniBand / RoCE");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         tracing::info!(
             rank = oob.rank(),
             transport = %config.transport,
@@ -249,9 +275,13 @@ impl Communicator {
             "port channels: {}",
             match config.transport {
                 TransportChoice::Auto if oob.single_node() => "host IPC (auto, one node)",
+                TransportChoice::Auto if ib.is_some() => {
+                    "host IPC on this node, InfiniBand / RoCE to other nodes (auto)"
+                }
                 TransportChoice::Auto => "host IPC on this node, Ethernet to other nodes (auto)",
                 TransportChoice::HostIpc => "host IPC",
                 TransportChoice::Ethernet => "Ethernet",
+                TransportChoice::Ib => "InfiniBand / RoCE",
             }
         );
         let peer_watch = PeerWatch::new(oob.rank(), oob.clone(), proxy.failure_sink());
@@ -268,6 +298,7 @@ impl Communicator {
             ethernet_registry: Arc::new(EthernetRegistry::new()),
             ethernet: None,
             ethernet_connections: HashMap::new(),
+            ib,
             peer_watch,
             mappings: HashMap::new(),
             cuda_mappings: HashMap::new(),
@@ -350,7 +381,9 @@ impl Communicator {
     ///
     /// When port channels may run over Ethernet (see [`CommunicatorConfig::transport`]),
     /// the registration also gets an id in this rank's Ethernet table, which then keeps the
-    /// memory allocated as long as the communicator.
+    /// memory allocated as long as the communicator. When they may run over InfiniBand /
+    /// RoCE, the memory is registered with the RDMA device (which keeps it as long as the
+    /// communicator too) and carries its remote key.
     ///
     /// A buffer of a CUDA device is registered with its CUDA IPC handle (for ranks in
     /// other processes; ranks of this process reach it at its own address).
@@ -359,7 +392,7 @@ impl Communicator {
     /// A buffer of another device's backend than the communicator's; the driver refused to
     /// export a CUDA buffer; a CUDA buffer where port channels may run over Ethernet (the
     /// staging through pinned host memory that needs is not built); too many Ethernet
-    /// registrations.
+    /// registrations; the RDMA device refused the memory.
     pub fn register<T: bytemuck::Pod>(&self, buffer: &DeviceBuffer<T>) -> Result<RegisteredMemory> {
         let memory = buffer.memory().clone();
         let rank = self.rank();
@@ -379,6 +412,9 @@ impl Communicator {
         )?;
         if self.ethernet_possible() {
             self.make_ethernet_reachable(&mut registered)?;
+        }
+        if let Some(ib) = &self.ib {
+            ib.register(&mut registered, false)?;
         }
         Ok(registered)
     }
@@ -403,8 +439,8 @@ impl Communicator {
     /// Whether port channels of this communicator may run over Ethernet.
     fn ethernet_possible(&self) -> bool {
         match self.config.transport {
-            TransportChoice::Auto => !self.oob.single_node(),
-            TransportChoice::HostIpc => false,
+            TransportChoice::Auto => !self.oob.single_node() && self.ib.is_none(),
+            TransportChoice::HostIpc | TransportChoice::Ib => false,
             TransportChoice::Ethernet => true,
         }
     }
@@ -509,6 +545,9 @@ impl Communicator {
         if transport == Transport::Ethernet {
             self.make_ethernet_reachable(&mut mine)?;
         }
+        if let (Transport::Ib(_), Some(ib)) = (transport, &self.ib) {
+            ib.register(&mut mine, true)?;
+        }
         let code = channel_kind_code(kind) | transport_code(transport) << 8;
         let mut message = Vec::with_capacity(64);
         message.extend_from_slice(&code.to_le_bytes());
@@ -550,14 +589,16 @@ impl Communicator {
         if theirs.rank() != peer
             || theirs.size() < 8
             || (transport == Transport::Ethernet) != theirs.ethernet_id().is_some()
+            || matches!(transport, Transport::Ib(_)) != theirs.ib_rkey().is_some()
         {
             return Err(Error::InvalidUsage(format!(
                 "rank {}: peer {peer} answered a {transport} channel setup with a semaphore of \
-                 rank {} ({} bytes, Ethernet id {:?})",
+                 rank {} ({} bytes, Ethernet id {:?}, RDMA key {:?})",
                 self.rank(),
                 theirs.rank(),
                 theirs.size(),
-                theirs.ethernet_id()
+                theirs.ethernet_id(),
+                theirs.ib_rkey()
             )));
         }
         Ok(theirs)
@@ -708,8 +749,37 @@ impl Communicator {
             TransportChoice::HostIpc => self.node_transport(),
             TransportChoice::Ethernet => Transport::Ethernet,
             TransportChoice::Auto if dst.node() == node_name() => self.node_transport(),
-            TransportChoice::Auto => Transport::Ethernet,
+            TransportChoice::Auto | TransportChoice::Ib => self.network_transport(),
         }
+    }
+
+    /// The transport to other nodes: InfiniBand / RoCE where this rank opened an RDMA
+    /// device, else Ethernet.
+    fn network_transport(&self) -> Transport {
+        match &self.ib {
+            Some(ib) => Transport::Ib(ib.device_index()),
+            None => Transport::Ethernet,
+        }
+    }
+
+    /// The connection this rank's proxy writes `peer`'s memory over through the RDMA
+    /// device, made on first use. Pairwise: the peer makes its own to us at the same point,
+    /// through the exchange.
+    fn ib_connection(&mut self, peer: u32) -> Result<Arc<dyn Connection>> {
+        let Some(mut ib) = self.ib.take() else {
+            return Err(Error::Internal(format!(
+                "rank {}: an InfiniBand / RoCE channel without an RDMA device",
+                self.rank()
+            )));
+        };
+        let timeout = self.config.wait_timeout;
+        let connection = ib.connection(peer, timeout, |mine| {
+            let tag = self.next_tag(peer, TAG_IB_SETUP);
+            self.oob.send(peer, tag, mine)?;
+            self.oob.recv(peer, tag)
+        });
+        self.ib = Some(ib);
+        connection
     }
 
     /// A peer's `memory` as the proxy names it over Ethernet: its owner's id, no address.
@@ -806,6 +876,7 @@ impl Communicator {
             region.addr,
             region.size,
             region.registration_id,
+            region.rdma,
         );
         if let Some(&id) = self.memory_ids.get(&key) {
             return Ok(id);
@@ -901,6 +972,11 @@ impl Communicator {
                 self.reach_over_ethernet(&remote_inbound)?,
                 self.reach_over_ethernet(dst)?,
             ),
+            Transport::Ib(_) => (
+                self.ib_connection(peer)?,
+                reach_over_ib(self.rank(), &remote_inbound)?,
+                reach_over_ib(self.rank(), dst)?,
+            ),
             Transport::CudaIpc => (
                 Arc::new(CudaIpcConnection::new(
                     &self.device,
@@ -981,13 +1057,13 @@ impl Communicator {
                 remote.rank()
             )));
         }
-        if self.config.transport == TransportChoice::Ethernet
+        if self.config.transport.network_only()
             || (self.config.transport == TransportChoice::Auto && remote.node() != node_name())
         {
             return Err(Error::InvalidUsage(format!(
                 "rank {}: a memory channel to peer {peer} needs load/store access to its memory, \
-                 which Ethernet does not give (transport {}, peer on node {:?}): use a port \
-                 channel, or the host-ipc transport between ranks of one node",
+                 which a network transport does not give (transport {}, peer on node {:?}): use \
+                 a port channel, or the host-ipc transport between ranks of one node",
                 self.rank(),
                 self.config.transport,
                 remote.node()
@@ -1272,6 +1348,7 @@ impl Communicator {
 fn transport_code(transport: Transport) -> u64 {
     match transport {
         Transport::Ethernet => 1,
+        Transport::Ib(_) => 2,
         _ => 0,
     }
 }
@@ -1281,6 +1358,7 @@ fn transport_name(code: u64) -> String {
     match code {
         0 => "host-ipc".into(),
         1 => "ethernet".into(),
+        2 => "ib".into(),
         other => format!("an unknown transport ({other})"),
     }
 }

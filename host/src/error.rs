@@ -62,6 +62,16 @@ pub enum Error {
     /// The requested backend cannot be used on this machine.
     #[error("backend unavailable: {0}")]
     BackendUnavailable(String),
+    /// An RDMA verbs call failed (the InfiniBand / RoCE transport).
+    #[error("{context}: {call} failed: {detail}")]
+    Verbs {
+        /// What was being done, with rank, peer and device.
+        context: String,
+        /// The verbs function (`ibv_reg_mr`).
+        call: &'static str,
+        /// What the library said (errno and its description, or a completion status).
+        detail: String,
+    },
     /// A CUDA driver call failed.
     #[error("{context}: {call} failed: {code}")]
     Cuda {
@@ -130,9 +140,10 @@ impl Error {
                 oxccl_proxy::ProxyError::FifoStalled { .. } => ErrorKind::Aborted,
                 _ => ErrorKind::Remote,
             },
-            Error::BackendUnavailable(_) | Error::System { .. } | Error::Cuda { .. } => {
-                ErrorKind::System
-            }
+            Error::BackendUnavailable(_)
+            | Error::System { .. }
+            | Error::Cuda { .. }
+            | Error::Verbs { .. } => ErrorKind::System,
             Error::Ranks(failures) => failures
                 .first()
                 .map_or(ErrorKind::Internal, |f| f.error.kind()),

@@ -22,6 +22,12 @@ pub mod ethernet_wire;
 pub mod grid_barrier;
 pub mod host_ipc;
 pub mod host_ipc_connection;
+#[cfg(feature = "ib")]
+pub mod ib_connection;
+#[cfg(feature = "ib")]
+pub mod ib_device;
+mod ib_transport;
+pub mod ib_wire;
 pub mod in_process;
 pub mod memory_channel;
 pub mod out_of_band;

@@ -59,6 +59,10 @@ pub struct RegisteredMemory {
     /// ([`EthernetRegistry`](crate::ethernet_registry::EthernetRegistry)), for peers that
     /// reach it over Ethernet: they name it by this id, never by its address.
     ethernet_id: Option<u32>,
+    /// The remote key of the memory's registration with the owner's RDMA device, for peers
+    /// that write it over InfiniBand / RoCE (at [`Self::addr`], within [`Self::size`]: the
+    /// device itself refuses anything outside).
+    ib_rkey: Option<u32>,
     /// A share of the memory, for a registration made in this process.
     #[serde(skip)]
     owner: Option<BufferMemory>,
@@ -100,6 +104,7 @@ impl RegisteredMemory {
             cuda_ipc,
             cuda_share,
             ethernet_id: None,
+            ib_rkey: None,
             owner: Some(memory),
         })
     }
@@ -148,6 +153,31 @@ impl RegisteredMemory {
         if !self.transports.contains(&Transport::Ethernet) {
             self.transports.push(Transport::Ethernet);
         }
+    }
+
+    /// The remote key peers write the memory with over InfiniBand / RoCE, if it is
+    /// reachable so.
+    pub fn ib_rkey(&self) -> Option<u32> {
+        self.ib_rkey
+    }
+
+    /// Makes a local registration reachable over InfiniBand / RoCE through RDMA device
+    /// `device` (its index), whose registration of the memory has remote key `rkey`.
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
+    pub(crate) fn set_ib_rkey(&mut self, device: u8, rkey: u32) {
+        self.ib_rkey = Some(rkey);
+        if !self.transports.contains(&Transport::Ib(device)) {
+            self.transports.push(Transport::Ib(device));
+        }
+    }
+
+    /// The RDMA device of the owner that reaches the memory, if it is reachable over
+    /// InfiniBand / RoCE.
+    pub fn ib_device(&self) -> Option<u8> {
+        self.transports.iter().find_map(|t| match t {
+            Transport::Ib(device) => Some(*device),
+            _ => None,
+        })
     }
 
     /// Rank that owns the memory.
@@ -289,13 +319,38 @@ impl RegisteredMemory {
             self.ethernet_id,
         ) {
             (true, None) => {
-                refuse("it names the Ethernet transport but carries no Ethernet id".into())
+                return refuse("it names the Ethernet transport but carries no Ethernet id".into());
             }
             (false, Some(_)) => {
-                refuse("it carries an Ethernet id but not the Ethernet transport".into())
+                return refuse("it carries an Ethernet id but not the Ethernet transport".into());
             }
-            _ => Ok(()),
+            _ => {}
         }
+        let ib_devices = self
+            .transports
+            .iter()
+            .filter(|t| matches!(t, Transport::Ib(_)))
+            .count();
+        match (ib_devices, self.ib_rkey) {
+            (0, None) => {}
+            (1, Some(_)) if self.addr.checked_add(self.size).is_some() => {}
+            (1, Some(_)) => {
+                return refuse(format!(
+                    "{} bytes at {:#x} run past the end of the address space",
+                    self.size, self.addr
+                ));
+            }
+            (0, Some(_)) => {
+                return refuse("it carries an RDMA key but not the ib transport".into());
+            }
+            (1, None) => {
+                return refuse("it names the ib transport but carries no RDMA key".into());
+            }
+            (n, _) => {
+                return refuse(format!("it names the ib transport {n} times"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -313,6 +368,7 @@ impl PartialEq for RegisteredMemory {
             &self.cuda_ipc,
             &self.cuda_share,
             self.ethernet_id,
+            self.ib_rkey,
         ) == (
             other.rank,
             other.addr,
@@ -324,6 +380,7 @@ impl PartialEq for RegisteredMemory {
             &other.cuda_ipc,
             &other.cuda_share,
             other.ethernet_id,
+            other.ib_rkey,
         )
     }
 }
@@ -342,6 +399,7 @@ impl fmt::Debug for RegisteredMemory {
             .field("host_ipc", &self.host_ipc)
             .field("cuda_ipc", &self.cuda_ipc)
             .field("ethernet_id", &self.ethernet_id)
+            .field("ib_rkey", &self.ib_rkey)
             .field("local", &self.is_local())
             .finish()
     }
@@ -372,6 +430,30 @@ mod tests {
         let back = RegisteredMemory::from_bytes(&m.to_bytes().unwrap()).unwrap();
         assert_eq!(back, m);
         assert!(m.is_local() && !back.is_local());
+    }
+
+    /// Guards against a peer's registration with an RDMA key whose transports name two
+    /// devices, or whose range wraps around the address space (a key alone, or the ib
+    /// transport alone, is in `tests/registered_memory.rs`).
+    #[test]
+    fn rdma_keys_name_one_device_and_a_range_that_fits() {
+        let mut m = sample();
+        m.set_ib_rkey(1, 0x5eed);
+        let back = RegisteredMemory::from_bytes(&m.to_bytes().unwrap()).unwrap();
+        assert_eq!((back.ib_rkey(), back.ib_device()), (Some(0x5eed), Some(1)));
+        let refused = |m: &RegisteredMemory, why: &str| {
+            let err = RegisteredMemory::from_bytes(&m.to_bytes().unwrap()).unwrap_err();
+            assert!(
+                matches!(&err, Error::InvalidUsage(m) if m.contains(why)),
+                "{err}"
+            );
+        };
+        let mut two_devices = m.clone();
+        two_devices.transports.push(Transport::Ib(2));
+        refused(&two_devices, "names the ib transport 2 times");
+        let mut wrapping = m;
+        wrapping.addr = u64::MAX - 16;
+        refused(&wrapping, "past the end of the address space");
     }
 
     /// Guards against garbage from a peer being accepted as memory to write into.

@@ -40,14 +40,16 @@ impl std::fmt::Display for Transport {
     }
 }
 
-/// Environment variable that chooses the transport of port channels: `auto`, `host-ipc`
-/// or `ethernet` (see [`TransportChoice`]).
+/// Environment variable that chooses the transport of port channels: `auto`, `host-ipc`,
+/// `ethernet` or `ib` (see [`TransportChoice`]).
 pub const TRANSPORT_ENV: &str = "OXCCL_TRANSPORT";
 
 /// Which transport a communicator's port channels use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum TransportChoice {
-    /// Host IPC to a peer on the same node whose memory can be mapped here, else Ethernet.
+    /// Host IPC to a peer on the same node whose memory can be mapped here; to a peer on
+    /// another node InfiniBand / RoCE where oxccl is built with the `ib` feature and an
+    /// RDMA device with an active port is present, else Ethernet.
     #[default]
     Auto,
     /// Host IPC only (a peer on another node is an error).
@@ -55,6 +57,10 @@ pub enum TransportChoice {
     /// Ethernet (TCP) for every port channel, even on one node. Memory channels, which
     /// need load/store access to the peer's memory, are refused.
     Ethernet,
+    /// InfiniBand / RoCE (RDMA writes and atomics) for every port channel, even on one
+    /// node: an error where oxccl is built without the `ib` feature or no RDMA device with
+    /// an active port is present. Memory channels are refused, as over Ethernet.
+    Ib,
 }
 
 impl TransportChoice {
@@ -68,8 +74,9 @@ impl TransportChoice {
             "auto" | "" => Ok(TransportChoice::Auto),
             "host-ipc" | "hostipc" => Ok(TransportChoice::HostIpc),
             "ethernet" | "tcp" => Ok(TransportChoice::Ethernet),
+            "ib" | "rdma" | "infiniband" | "roce" => Ok(TransportChoice::Ib),
             _ => Err(format!(
-                "{TRANSPORT_ENV}={name:?} is not a transport: use auto, host-ipc or ethernet"
+                "{TRANSPORT_ENV}={name:?} is not a transport: use auto, host-ipc, ethernet or ib"
             )),
         }
     }
@@ -94,7 +101,14 @@ impl TransportChoice {
             TransportChoice::Auto => "auto",
             TransportChoice::HostIpc => "host-ipc",
             TransportChoice::Ethernet => "ethernet",
+            TransportChoice::Ib => "ib",
         }
+    }
+
+    /// Whether every port channel goes through a network transport, even between ranks of
+    /// one node, so that no rank loads or stores another's memory (no memory channels).
+    pub fn network_only(self) -> bool {
+        matches!(self, TransportChoice::Ethernet | TransportChoice::Ib)
     }
 }
 
@@ -121,10 +135,19 @@ mod tests {
             TransportChoice::parse("ethernet"),
             Ok(TransportChoice::Ethernet)
         );
+        assert_eq!(TransportChoice::parse("IB"), Ok(TransportChoice::Ib));
         assert!(
-            TransportChoice::parse("infiniband")
+            TransportChoice::parse("infiniband-ish")
                 .unwrap_err()
                 .contains("auto, host-ipc")
         );
+        for choice in [
+            TransportChoice::Auto,
+            TransportChoice::HostIpc,
+            TransportChoice::Ethernet,
+            TransportChoice::Ib,
+        ] {
+            assert_eq!(TransportChoice::parse(choice.name()), Ok(choice));
+        }
     }
 }

@@ -202,6 +202,7 @@ struct Wire {
     cuda_ipc: Option<()>,
     cuda_share: Option<()>,
     ethernet_id: Option<u32>,
+    ib_rkey: Option<u32>,
 }
 
 /// Guards against a receiver that trusts the sender's view of its memory: rank 1 claims

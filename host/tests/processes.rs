@@ -253,6 +253,6 @@ fn misspelt_transport_is_refused() {
     run_job_as(
         1,
         "child_rank_bad_transport_role",
-        &[("OXCCL_TRANSPORT", "infiniband")],
+        &[("OXCCL_TRANSPORT", "ethernett")],
     );
 }

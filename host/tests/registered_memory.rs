@@ -25,6 +25,7 @@ struct Wire {
     cuda_ipc: Option<CudaWire>,
     cuda_share: Option<[u8; 16]>,
     ethernet_id: Option<u32>,
+    ib_rkey: Option<u32>,
 }
 
 /// A CUDA IPC handle on the wire: the driver's 64 bytes (in two halves), the allocation's
@@ -66,7 +67,8 @@ fn encode(version: u32, wire: &Wire) -> Vec<u8> {
 /// that does not fit the object, a misaligned offset, another layout version, a handle
 /// without its transport, an Ethernet id without its transport or the other way round, a
 /// CUDA IPC handle without its transport or the other way round, a zero or mis-sized one,
-/// and a well-formed one offered to a rank of the emulator. Each is refused with an error
+/// a well-formed one offered to a rank of the emulator, and an RDMA key without the ib
+/// transport or the other way round. Each is refused with an error
 /// saying why, and nothing is mapped.
 #[test]
 fn registered_memory_rejects_bad_handle() {
@@ -205,6 +207,17 @@ fn registered_memory_rejects_bad_handle() {
                         }),
                     ),
                     "without a registration token",
+                ),
+                (
+                    encode(version, &forge(&|w| w.ib_rkey = Some(0x5eed))),
+                    "carries an RDMA key but not the ib transport",
+                ),
+                (
+                    encode(
+                        version,
+                        &forge(&|w| w.transports = vec![Transport::HostIpc, Transport::Ib(0)]),
+                    ),
+                    "names the ib transport but carries no RDMA key",
                 ),
                 (b"\x01garbage".to_vec(), "malformed"),
             ];

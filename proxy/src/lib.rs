@@ -25,7 +25,7 @@ pub use error::{ProxyError, Refusal, Side};
 pub use fifo::{Fifo, MappedFifoCells};
 pub use host_cell::HostCell;
 pub use idle_policy::{IdlePolicy, PollSchedule};
-pub use memory_region::MemoryRegion;
+pub use memory_region::{MemoryRegion, RdmaKey};
 #[cfg(not(oxccl_loom))]
 pub use proxy_service::{
     FIFO_SITE, FailureSink, INBOUND_SITE, MemoryId, ProxyConfig, ProxyService, ProxyWaker,

@@ -6,6 +6,17 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
+/// A peer's memory as an RDMA device writes it: the address in the owner's address space
+/// and the remote key the owner's device gave its registration. The owner's device refuses
+/// any access outside that registration (or without the key), whatever the writer sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RdmaKey {
+    /// Address of the region's first byte in its owner's address space.
+    pub addr: u64,
+    /// The registration's remote key.
+    pub rkey: u32,
+}
+
 /// A registered memory as the proxy sees it.
 ///
 /// A region may hold a share of whatever owns its memory ([`Self::with_keep_alive`]): the
@@ -26,6 +37,9 @@ pub struct MemoryRegion {
     /// address (Ethernet): the owner resolves (id, offset, length) against its own table, so
     /// no address of one rank is ever trusted by another.
     pub registration_id: Option<u32>,
+    /// Where an RDMA transport writes the memory, for a peer's memory reached over
+    /// InfiniBand / RoCE (whose address here is 0): see [`RdmaKey`].
+    pub rdma: Option<RdmaKey>,
     /// A share of the owner of the memory at `addr`, if the region keeps it alive.
     keep_alive: Option<Arc<dyn Any + Send + Sync>>,
 }
@@ -38,6 +52,7 @@ impl MemoryRegion {
             addr,
             size,
             registration_id: None,
+            rdma: None,
             keep_alive: None,
         }
     }
@@ -46,6 +61,12 @@ impl MemoryRegion {
     /// [`Self::registration_id`]).
     pub fn with_registration_id(mut self, id: u32) -> Self {
         self.registration_id = Some(id);
+        self
+    }
+
+    /// The same region, written through an RDMA device at `key` (see [`Self::rdma`]).
+    pub fn with_rdma_key(mut self, key: RdmaKey) -> Self {
+        self.rdma = Some(key);
         self
     }
 
@@ -104,13 +125,19 @@ impl MemoryRegion {
 impl PartialEq for MemoryRegion {
     /// Regions are equal when they name the same bytes of the same rank, whoever keeps them.
     fn eq(&self, other: &Self) -> bool {
-        (self.owner_rank, self.addr, self.size, self.registration_id)
-            == (
-                other.owner_rank,
-                other.addr,
-                other.size,
-                other.registration_id,
-            )
+        (
+            self.owner_rank,
+            self.addr,
+            self.size,
+            self.registration_id,
+            self.rdma,
+        ) == (
+            other.owner_rank,
+            other.addr,
+            other.size,
+            other.registration_id,
+            other.rdma,
+        )
     }
 }
 
@@ -123,6 +150,7 @@ impl fmt::Debug for MemoryRegion {
             .field("addr", &format_args!("{:#x}", self.addr))
             .field("size", &self.size)
             .field("registration_id", &self.registration_id)
+            .field("rdma", &self.rdma)
             .field("keeps_alive", &self.keeps_alive())
             .finish()
     }

@@ -9,20 +9,24 @@
 //! 3. `doc`: `cargo doc --workspace --no-deps` with rustdoc warnings denied (a broken or
 //!    private intra-doc link fails), within [`STEP_TIME_LIMIT`]
 //! 4. `test`: `cargo test --workspace`, within [`STEP_TIME_LIMIT`]
-//! 5. `netns`: `cargo xtask netns-test` ([`crate::netns_test`]): port channels between two
+//! 5. `ib`: the InfiniBand / RoCE transport, built with the `ib` feature (off by default):
+//!    clippy on the crates that have it ([`IB_CLIPPY`]), then its tests and oxccl's unit
+//!    tests in that build ([`IB_TEST`]), each within [`STEP_TIME_LIMIT`]. No RDMA device is
+//!    needed: the tests check the transport's encodings and its errors without one
+//! 6. `netns`: `cargo xtask netns-test` ([`crate::netns_test`]): port channels between two
 //!    nodes emulated by network namespaces, each job within
 //!    [`crate::netns_test::JOB_TIME_LIMIT`]. Where the machine cannot run it (not root, no
 //!    `ip` or `unshare`), the step passes and says why it skipped
-//! 6. `loom`: the loom models of the FIFO and semaphore protocols ([`run_loom`]), within
+//! 7. `loom`: the loom models of the FIFO and semaphore protocols ([`run_loom`]), within
 //!    [`STEP_TIME_LIMIT`]; fails if a crate's models ran no test
-//! 7. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90, where each build,
+//! 8. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90, where each build,
 //!    each ptxas run and the installation of ptxas has its own limit
 //!    ([`oxccl_build::ptx::BUILD_TIME_LIMIT`], [`oxccl_build::ptxas`]); then the ignored
 //!    end-to-end test of oxccl-build that builds a kernel crate outside this workspace to
 //!    PTX, as a user builds theirs ([`USER_KERNELS_TEST`], within [`STEP_TIME_LIMIT`]; it
 //!    builds `core` for nvptx64 once more, in a target directory of its own, about half a
 //!    minute on two cores); fails if it ran no test
-//! 8. `gpu-bundle`: builds `target/gpu-bundle/` from the PTX of step 7 (compile only: no
+//! 9. `gpu-bundle`: builds `target/gpu-bundle/` from the PTX of step 7 (compile only: no
 //!    GPU here), so what runs on a GPU machine cannot rot ([`crate::gpu_bundle`])
 //!
 //! Every command runs under a deadline (see [`oxccl_build::bounded`]): one that hangs fails its
@@ -67,6 +71,35 @@ pub const USER_KERNELS_TEST: &[&str] = &[
     "--ignored",
 ];
 
+/// The `cargo clippy` arguments of the `ib` step: the crates with the `ib` feature, built
+/// with it.
+pub const IB_CLIPPY: &[&str] = &[
+    "clippy",
+    "-p",
+    "oxccl",
+    "-p",
+    "oxccl-examples",
+    "--features",
+    "oxccl/ib",
+    "--all-targets",
+    "--",
+    "-D",
+    "warnings",
+];
+
+/// The `cargo test` arguments of the `ib` step: oxccl's unit tests and the transport's
+/// integration test, built with the `ib` feature.
+pub const IB_TEST: &[&str] = &[
+    "test",
+    "-p",
+    "oxccl",
+    "--features",
+    "ib",
+    "--lib",
+    "--test",
+    "ib_transport",
+];
+
 /// Options of `cargo xtask ci`.
 #[derive(Debug, Clone, Default)]
 pub struct CiOptions {
@@ -108,6 +141,10 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
         .env("RUSTDOCFLAGS", "-D warnings");
     let mut test = cargo();
     test.args(["test", "--workspace"]);
+    let mut ib_clippy = cargo();
+    ib_clippy.args(IB_CLIPPY);
+    let mut ib_test = cargo();
+    ib_test.args(IB_TEST);
     let mut user_kernels = cargo();
     user_kernels.args(USER_KERNELS_TEST);
     let ptx_opts = build_ptx::Options {
@@ -138,6 +175,15 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
             "test",
             show(&test),
             Box::new(move || Ok(run_bounded(&mut test, STEP_TIME_LIMIT)?)),
+        ),
+        (
+            "ib",
+            format!("{}, then {}", show(&ib_clippy), show(&ib_test)),
+            Box::new(move || {
+                run_bounded(&mut ib_clippy, STEP_TIME_LIMIT)?;
+                let stdout = run_bounded_tee(&mut ib_test, STEP_TIME_LIMIT)?;
+                check_ran("the ib build's tests", &libtest::summaries(&stdout))
+            }),
         ),
         (
             "netns",

@@ -89,7 +89,7 @@ enum Task {
     /// node over Ethernet; two per node, host IPC within and Ethernet between), and put_bw
     /// over the veth pair that joins them. Needs root, `ip` and `unshare`.
     NetnsTest,
-    /// Run every CI step: fmt, clippy, tests, netns (where root), loom, build-ptx --check,
+    /// Run every CI step: fmt, clippy, tests, ib, netns (where root), loom, build-ptx --check,
     /// gpu-bundle.
     Ci {
         /// Report register spills in kernels as warnings instead of failing.

@@ -6,7 +6,6 @@
 use super::collective_config::CollectiveConfig;
 use super::registered_buffers::RegisteredBuffers;
 use super::shape::Shape;
-use crate::TransportChoice;
 use crate::channel_set::ChannelSet;
 use crate::communicator::Communicator;
 use crate::device_buffer::DeviceBuffer;
@@ -78,8 +77,8 @@ impl CollectiveContext {
         let nodes = comm
             .out_of_band()
             .all_gather(crate::host_ipc::node_name().as_bytes().to_vec())?;
-        let load_store = comm.config().transport != TransportChoice::Ethernet
-            && nodes.iter().all(|n| *n == nodes[0]);
+        let load_store =
+            !comm.config().transport.network_only() && nodes.iter().all(|n| *n == nodes[0]);
         let memory = match load_store {
             true => Some(MemoryPath::new(comm, &config)?),
             false => None,

@@ -41,7 +41,6 @@ pub use algorithm::{ALGO_ENV, Algorithm, AlgorithmChoice};
 pub use collective_config::CollectiveConfig;
 pub use shape::Collective;
 
-use crate::TransportChoice;
 use crate::communicator::Communicator;
 use crate::device_buffer::DeviceBuffer;
 use crate::error::{Error, Result};
@@ -221,10 +220,7 @@ impl Communicator {
     fn load_store(&self) -> bool {
         match self.collectives.as_deref() {
             Some(ctx) => ctx.memory.is_some(),
-            None => {
-                self.config().transport != TransportChoice::Ethernet
-                    && self.out_of_band().single_node()
-            }
+            None => !self.config().transport.network_only() && self.out_of_band().single_node(),
         }
     }
 

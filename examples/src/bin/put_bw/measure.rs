@@ -96,7 +96,9 @@ fn rank_body(comm: &mut Communicator, args: &Args) -> Result<()> {
     let transport = chan.transport().name();
     let baseline = match args.transport {
         TransportChoice::HostIpc => Baseline::Memcpy,
-        TransportChoice::Ethernet => Baseline::Tcp,
+        // A stream between the two nodes, as for Ethernet: what the network carries without
+        // RDMA.
+        TransportChoice::Ethernet | TransportChoice::Ib => Baseline::Tcp,
         TransportChoice::Auto if comm.out_of_band().single_node() => Baseline::Memcpy,
         TransportChoice::Auto => Baseline::Tcp,
     };
