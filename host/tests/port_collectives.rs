@@ -1,5 +1,5 @@
-//! All-gather, reduce-scatter, broadcast, reduce and all-to-all over port channels, through
-//! the proxy: forced
+//! All-gather, reduce-scatter, broadcast, reduce, all-to-all and all-to-all-v over port
+//! channels, through the proxy: forced
 //! on one node (port channels over host IPC) and chosen by themselves between ranks that
 //! reach each other over Ethernet.
 
@@ -9,7 +9,7 @@ use common::{assert_same, small_round_job as job, small_value as value};
 use oxccl::collectives::{Algorithm, AlgorithmChoice, Collective};
 use oxccl::in_process;
 use oxccl::{
-    Communicator, DeviceBuffer, Error, ReduceElement, ReduceOp, Result, TransportChoice, bf16, f16,
+    Communicator, DeviceBuffer, ReduceElement, ReduceOp, Result, TransportChoice, bf16, f16,
 };
 
 fn inputs<T: ReduceElement>(rank: u32, len: usize, call: u32) -> Vec<T> {
@@ -31,14 +31,82 @@ fn read<T: ReduceElement>(what: &str, buf: &DeviceBuffer<T>, len: usize) -> Resu
     Ok(got)
 }
 
-/// All-gather, reduce-scatter (every operation), all-to-all, reduce and broadcast (first
-/// and last root) of `T`, in place and not, for each count, over port channels; every
-/// result checked on every rank.
+/// Elements rank `from` sends rank `to` in an all-to-all-v of about `count` each: half,
+/// once or one and a half times `count` by the pair, none for some pairs.
+fn v_count(from: u32, to: u32, count: usize) -> usize {
+    if (from + to) % 4 == 3 {
+        return 0;
+    }
+    count * (1 + (from + 2 * to) as usize % 3) / 2
+}
+
+/// Displacements of `counts` laid out in order with `gap` elements between them, and the
+/// length of it all.
+fn v_displs(counts: &[usize], gap: usize) -> (Vec<usize>, usize) {
+    let mut at = 0;
+    let displs = counts
+        .iter()
+        .map(|&c| {
+            let here = at;
+            at += c + gap;
+            here
+        })
+        .collect();
+    (displs, at)
+}
+
+/// All-to-all-v of `T` with uneven and zero counts and gaps between the parts: every part
+/// lands where its receiver said, and nothing of the output outside them is written.
+fn all_to_allv_case<T: ReduceElement>(
+    comm: &mut Communicator,
+    count: usize,
+    call: u32,
+) -> Result<()> {
+    let (rank, n) = (comm.rank(), comm.size());
+    let stream = comm.device().stream()?;
+    let sends = |from: u32| {
+        (0..n)
+            .map(|to| v_count(from, to, count))
+            .collect::<Vec<_>>()
+    };
+    let send_counts = sends(rank);
+    let (send_displs, send_len) = v_displs(&send_counts, 1);
+    let recv_counts: Vec<usize> = (0..n).map(|from| v_count(from, rank, count)).collect();
+    let (recv_displs, recv_len) = v_displs(&recv_counts, 2);
+    let mut want = vec![T::from_f64(0.0); recv_len];
+    for from in 0..n {
+        let (their_displs, _) = v_displs(&sends(from), 1);
+        for j in 0..recv_counts[from as usize] {
+            let i = their_displs[rank as usize] + j;
+            want[recv_displs[from as usize] + j] = value::<T>(from, i, call);
+        }
+    }
+    let send = marked(comm, &inputs::<T>(rank, send_len, call))?;
+    let mut recv = marked(comm, &vec![T::from_f64(0.0); recv_len])?;
+    comm.all_to_allv(
+        &send,
+        &send_counts,
+        &send_displs,
+        &mut recv,
+        &recv_counts,
+        &recv_displs,
+        &stream,
+    )?;
+    comm.synchronize(&stream)?;
+    let what = format!("all_to_allv {:?} n={count} ranks={n}", T::TYPE);
+    assert_same(&what, &read(&what, &recv, recv_len)?, &want);
+    Ok(())
+}
+
+/// All-gather, reduce-scatter (every operation), all-to-all, all-to-all-v, reduce and
+/// broadcast (first and last root) of `T`, in place and not (all-to-all-v: not), for each
+/// count, over port channels; every result checked on every rank.
 fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<()> {
     for c in [
         Collective::AllGather,
         Collective::ReduceScatter,
         Collective::Broadcast,
+        Collective::AllToAllV,
     ] {
         assert_eq!(comm.collective_algorithm(c, 4096)?, Algorithm::Ports, "{c}");
     }
@@ -108,6 +176,7 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
         assert_same(&what("all_to_all"), &read("", &recv, count * nu)?, &want);
         let got = read("all_to_all in place", &in_place, count * nu)?;
         assert_same(&what("all_to_all in place"), &got, &want);
+        all_to_allv_case::<T>(comm, count, call)?;
         // Reduce (sum and max) to the first and the last rank; the others' outputs untouched.
         for (root, op) in [(0, ReduceOp::Sum), (n - 1, ReduceOp::Max)] {
             let want: Vec<T> = (0..count)
@@ -156,11 +225,12 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
     Ok(())
 }
 
-/// Guards against a port all-gather, reduce-scatter, all-to-all, reduce or broadcast that
-/// puts into the wrong slot, reads a slot before its signal, reuses a set of the scratch
-/// before the peers are done with it (many rounds per call, calls of all five back to back
-/// with no host barrier), reduces out of rank order, writes past its output, or mishandles
-/// a type, an operation, a root or a grid.
+/// Guards against a port all-gather, reduce-scatter, all-to-all, all-to-all-v, reduce or
+/// broadcast that puts into the wrong slot, reads a slot before its signal, reuses a set of
+/// the scratch before the peers are done with it (many rounds per call, calls of all six
+/// back to back with no host barrier), reduces out of rank order, writes past its output or
+/// between the parts of an all-to-all-v, or mishandles a type, an operation, a root, a
+/// count of zero or a grid.
 #[test]
 fn port_collectives_every_type_and_placement() {
     let ports = AlgorithmChoice::Use(Algorithm::Ports);
@@ -184,24 +254,47 @@ fn port_collectives_every_type_and_placement() {
 }
 
 /// Guards against collectives trying memory channels between ranks that reach each other
-/// only over Ethernet: they take ports by themselves and give the right results;
-/// all-to-all-v is refused with an error that says why, on every rank, and nothing hangs.
+/// only over Ethernet: every one of them takes ports by itself and gives the right results.
 #[test]
-fn over_ethernet_the_port_collectives_run_and_the_rest_is_refused() {
+fn over_ethernet_every_collective_runs_over_ports() {
     let mut config = job(AlgorithmChoice::Auto, 1, 1);
     config.communicator.transport = TransportChoice::Ethernet;
+    in_process::run(3, config, |comm| case::<i32>(comm, &[1000])).unwrap();
+}
+
+/// Guards against a device barrier over port channels that lets a rank's kernels after it
+/// start before every rank's kernel has reached it: the last rank reaches it late, and the
+/// others' streams must not get past it before then.
+#[test]
+fn port_barrier_waits_for_the_last_rank() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static LAST_ARRIVED: AtomicBool = AtomicBool::new(false);
+    let mut config = job(AlgorithmChoice::Auto, 2, 1);
+    config.communicator.transport = TransportChoice::Ethernet;
     in_process::run(3, config, |comm| {
-        case::<i32>(comm, &[1000])?;
+        assert_eq!(
+            comm.collective_algorithm(Collective::Barrier, 0)?,
+            Algorithm::Ports
+        );
         let stream = comm.device().stream()?;
-        let send = comm.alloc::<i32>(30)?;
-        let mut recv = comm.alloc::<i32>(30)?;
-        let counts = [3, 3, 3];
-        let displs = [0, 3, 6];
-        match comm.all_to_allv(
-            &send, &counts, &displs, &mut recv, &counts, &displs, &stream,
-        ) {
-            Err(Error::InvalidUsage(why)) => assert!(why.contains("proxy"), "{why}"),
-            other => panic!("all_to_allv over ethernet: {other:?}"),
+        let last = comm.rank() == comm.size() - 1;
+        for round in 0..3 {
+            comm.barrier()?;
+            if last {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                LAST_ARRIVED.store(true, Ordering::SeqCst);
+            }
+            comm.barrier_on(&stream)?;
+            comm.synchronize(&stream)?;
+            assert!(
+                LAST_ARRIVED.load(Ordering::SeqCst),
+                "round {round}: rank {} got past the barrier before the last rank reached it",
+                comm.rank()
+            );
+            comm.barrier()?;
+            if last {
+                LAST_ARRIVED.store(false, Ordering::SeqCst);
+            }
         }
         Ok(())
     })

@@ -178,7 +178,7 @@ fn no_load_store(rank: u32, what: &str) -> Error {
     Error::InvalidUsage(format!(
         "rank {rank}: {what} needs every rank to load and store every other's memory (ranks \
          of one node, transport not ethernet); these ranks reach each other only through the \
-         proxy (port channels, where every collective but all_to_allv runs)"
+         proxy (port channels, where every collective runs, but not on registered buffers)"
     ))
 }
 

@@ -26,9 +26,10 @@
 //! memory (ranks on several nodes, or `OXCCL_TRANSPORT=ethernet`: the first collective
 //! call asks every rank for its node), all-reduce takes [`Algorithm::Ports`] (two-shot
 //! through the proxy over port channels), and so do all-gather, reduce-scatter, broadcast,
-//! reduce and all-to-all (one exchange a round); all-to-all-v and buffer registration are
-//! refused with an error that says so. Forcing ports (`OXCCL_ALGO=ports` or
-//! [`CollectiveConfig::algorithm`]) sends those six through the proxy on one node too.
+//! reduce, all-to-all, all-to-all-v (one exchange a round) and the device barrier; buffer
+//! registration is refused with an error that says so. Forcing ports (`OXCCL_ALGO=ports`
+//! or [`CollectiveConfig::algorithm`]) sends every collective through the proxy on one
+//! node too.
 
 pub mod algorithm;
 mod check;
@@ -53,8 +54,9 @@ use oxccl_device::{DeviceView, DeviceViewMut};
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
 use oxccl_kernels::collectives::{
     AllToAllvCounts, all_gather, all_gather_ports, all_reduce, all_reduce_packets,
-    all_reduce_ports, all_to_all, all_to_all_ports, all_to_allv, barrier, broadcast,
-    broadcast_ports, reduce, reduce_ports, reduce_scatter, reduce_scatter_ports,
+    all_reduce_ports, all_to_all, all_to_all_ports, all_to_allv, all_to_allv_ports, barrier,
+    barrier_ports, broadcast, broadcast_ports, reduce, reduce_ports, reduce_scatter,
+    reduce_scatter_ports,
 };
 use shape::Shape;
 
@@ -207,7 +209,7 @@ impl Communicator {
         if collective == Collective::AllReduce {
             return self.all_reduce_algorithm(bytes);
         }
-        if collective.has_port_algorithm() && self.ports_chosen()? {
+        if self.ports_chosen()? {
             Ok(Algorithm::Ports)
         } else {
             Ok(Algorithm::Direct)
@@ -224,8 +226,8 @@ impl Communicator {
         }
     }
 
-    /// Whether the collectives that have a port algorithm take it: where the ranks cannot
-    /// load and store each other's memory, or where ports are asked for (as for
+    /// Whether the collectives other than all-reduce take their port algorithms: where the
+    /// ranks cannot load and store each other's memory, or where ports are asked for (as for
     /// all-reduce: [`CollectiveConfig::algorithm`], then `OXCCL_ALGO`).
     fn ports_chosen(&self) -> Result<bool> {
         let algo = self.config().collectives.algorithm.resolve(
@@ -800,7 +802,7 @@ impl Communicator {
         }
         let over_ports = match algo {
             Some(algo) => algo == Algorithm::Ports,
-            None => call.shape.collective.has_port_algorithm() && self.ports_chosen()?,
+            None => self.ports_chosen()?,
         };
         if over_ports {
             return self.run_over_ports(&call, stream, direct);
@@ -865,7 +867,7 @@ impl Communicator {
         Ok(())
     }
 
-    /// Runs `call` (any collective but all-to-all-v and the barrier) over port channels
+    /// Runs `call` over port channels
     /// (setting them up on its first call: every rank takes this path at the same call, as
     /// they agree on the algorithm).
     fn run_over_ports(
@@ -876,11 +878,6 @@ impl Communicator {
     ) -> Result<()> {
         let (rank, size) = (self.rank(), self.size());
         let collective = call.shape.collective;
-        if !collective.has_port_algorithm() {
-            return Err(Error::InvalidUsage(format!(
-                "rank {rank}: {collective} has no algorithm over port channels"
-            )));
-        }
         let mut ctx = self
             .collectives
             .take()
@@ -902,7 +899,10 @@ impl Communicator {
         let taken = match collective {
             Collective::AllReduce => rounds(call.count, layout.all_reduce_round(item)),
             Collective::ReduceScatter => rounds(call.count, layout.block_round(item).max(1)),
-            Collective::AllToAll => rounds(call.count * item, layout.block_round(1).max(1)),
+            Collective::AllToAll | Collective::AllToAllV => {
+                rounds(call.count * item, layout.block_round(1).max(1))
+            }
+            Collective::Barrier => 1,
             Collective::Reduce => rounds(call.count, layout.copy_round_bytes() / item),
             _ => rounds(call.count * item, layout.copy_round_bytes()),
         };
@@ -922,6 +922,15 @@ impl Communicator {
             Collective::AllToAll => {
                 all_to_all_ports::collective_all_to_all_ports::launch(stream, launch, args)
             }
+            Collective::Barrier => {
+                barrier_ports::collective_barrier_ports::launch(stream, launch, args)
+            }
+            Collective::AllToAllV => all_to_allv_ports::collective_all_to_allv_ports::launch(
+                stream,
+                launch,
+                args,
+                call.counts.unwrap_or_default(),
+            ),
             _ => all_reduce_ports::collective_all_reduce_ports::launch(stream, launch, args),
         }?;
         if let Some(p) = ctx.ports.as_mut() {

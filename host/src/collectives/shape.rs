@@ -37,20 +37,6 @@ pub enum Collective {
 }
 
 impl Collective {
-    /// Whether it runs over port channels, through the proxy (ranks that cannot load and
-    /// store each other's memory).
-    pub fn has_port_algorithm(self) -> bool {
-        matches!(
-            self,
-            Collective::AllReduce
-                | Collective::AllGather
-                | Collective::ReduceScatter
-                | Collective::Broadcast
-                | Collective::Reduce
-                | Collective::AllToAll
-        )
-    }
-
     /// The method's name.
     pub fn name(self) -> &'static str {
         match self {

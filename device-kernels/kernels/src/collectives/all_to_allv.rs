@@ -99,9 +99,10 @@ fn all_to_allv<T: ReduceElement>(
     }
 }
 
-/// Of a peer's `count`, what the round from `off` on moves, at `per` elements a round.
+/// Of a peer's `count`, what the round from `off` on moves, at `per` elements (or bytes) a
+/// round.
 #[inline(always)]
-fn share(count: u64, off: u64, per: u64) -> u64 {
+pub(super) fn share(count: u64, off: u64, per: u64) -> u64 {
     count.saturating_sub(off).min(per)
 }
 

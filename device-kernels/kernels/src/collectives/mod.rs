@@ -17,7 +17,8 @@
 //! peer's chunk into its scratch through the proxy, reduces, and puts the reduced chunk to
 //! every peer, round after round ([`PortLayout`]); [`all_gather_ports`],
 //! [`reduce_scatter_ports`], [`broadcast_ports`], [`reduce_ports`] and
-//! [`all_to_all_ports`] take one exchange a round. All-to-all-v has no port algorithm yet.
+//! [`all_to_all_ports`] and [`all_to_allv_ports`] take one exchange a round, and
+//! [`barrier_ports`] one exchange with nothing in it.
 //!
 //! **Packets** (all-reduce, small): [`all_reduce_packets`] sends its input to
 //! every peer as LL16 packets; each rank reduces what it received. One pass, no meeting.
@@ -38,7 +39,9 @@ pub mod all_to_all;
 pub mod all_to_all_ports;
 pub mod all_to_allv;
 pub mod all_to_allv_counts;
+pub mod all_to_allv_ports;
 pub mod barrier;
+pub mod barrier_ports;
 pub mod broadcast;
 pub mod broadcast_ports;
 pub mod collective_args;

@@ -9,6 +9,8 @@
 //! a peer's set at round `k + 2` rely on it: the exchange of round `k + 1` must not be
 //! skipped, on any rank.
 
+use super::all_to_allv::share;
+use super::all_to_allv_counts::AllToAllvCounts;
 use super::port_collective_args::PortCollectiveArgs;
 use oxccl_device::arch;
 use oxccl_device::block::block_signal_and_wait;
@@ -18,7 +20,7 @@ use oxccl_device::error::DeviceError;
 /// What of the staged round an exchange puts to each peer: offsets and lengths in bytes
 /// from the start of the staged round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Part {
+pub(crate) enum Part<'k> {
     /// The peer's chunk of a round of `len` elements of `size` bytes (all-reduce: to reduce).
     TheirChunk { len: u64, size: u64 },
     /// Our own chunk of such a round (all-reduce: reduced).
@@ -30,12 +32,20 @@ pub(crate) enum Part {
     /// The first `bytes` bytes to peer `to` alone (reduce, to the root), nothing to the
     /// others.
     WholeTo { bytes: u64, to: u32 },
+    /// Of the `counts[p]` elements of `size` bytes each we send peer `p`, the bytes from
+    /// `off` on, at most `per`, from block `p` of `per` bytes (all-to-all-v).
+    TheirShare {
+        per: u64,
+        off: u64,
+        size: u64,
+        counts: &'k [u64; AllToAllvCounts::MAX_RANKS],
+    },
     /// Nothing: a signal alone (broadcast to the root, which only needs to know the peer
     /// is done with the set).
     Nothing,
 }
 
-impl Part {
+impl Part<'_> {
     /// Offset and length, in bytes, of what peer `p` gets, `rank` being ours.
     #[inline(always)]
     fn for_peer(self, p: u32, rank: u32, n_ranks: u32) -> (u64, u64) {
@@ -50,6 +60,15 @@ impl Part {
             Part::TheirBlock { bytes } => (p as u64 * bytes, bytes),
             Part::WholeTo { bytes, to } if to == p => (0, bytes),
             Part::WholeTo { .. } => (0, 0),
+            Part::TheirShare {
+                per,
+                off,
+                size,
+                counts,
+            } => {
+                let count = counts.get(p as usize).copied().unwrap_or(0);
+                (p as u64 * per, share(count.saturating_mul(size), off, per))
+            }
             Part::Nothing => (0, 0),
         }
     }
@@ -67,7 +86,7 @@ pub(crate) fn exchange_with_peers(
     a: &PortCollectiveArgs<'_>,
     dst: u64,
     staged_at: u64,
-    what: Part,
+    what: Part<'_>,
 ) -> Result<(), DeviceError> {
     a.barrier.sync_grid()?;
     let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
