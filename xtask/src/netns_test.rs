@@ -14,8 +14,9 @@
 //! 3. `put_bw --transport ethernet` on 2 ranks, one per node: its lines are printed;
 //! 4. `allreduce` (every call checked) on 2 ranks, one per node, and on 4 ranks, 2 per
 //!    node: the communicator's all-reduce over port channels, its table printed;
-//! 5. `collectives --collective allgather`, then `reducescatter` (every call checked) on
-//!    4 ranks, 2 per node: those collectives over port channels, their tables printed.
+//! 5. `collectives --collective allgather`, `reducescatter`, then `alltoallv` (every call
+//!    checked) on 4 ranks, 2 per node: those collectives over port channels, their tables
+//!    printed.
 //!
 //! Needs root (`CAP_SYS_ADMIN` and `CAP_NET_ADMIN`), `ip` (iproute2) and `unshare`
 //! (util-linux); [`unsupported`] says what is missing. The namespaces are deleted on every
@@ -219,7 +220,11 @@ pub fn run_netns_test(ws: &Workspace) -> Result<()> {
         let outputs = Job { port, ..job }.run(title, placement)?;
         check_over_ports("allreduce", &outputs[0])?;
     }
-    for (collective, port) in [("allgather", 29_505), ("reducescatter", 29_506)] {
+    for (collective, port) in [
+        ("allgather", 29_505),
+        ("reducescatter", 29_506),
+        ("alltoallv", 29_507),
+    ] {
         let args = [
             "--collective",
             collective,

@@ -74,6 +74,10 @@ pub struct BenchArgs {
     /// under `--algo packets`, at least `--max-bytes`).
     #[arg(long, value_parser = parse_bytes)]
     pub packet_limit: Option<u64>,
+    /// Bytes one round of a collective stages per rank (default: the library's); larger
+    /// messages take several rounds.
+    #[arg(long, value_parser = parse_bytes)]
+    pub round_bytes: Option<u64>,
     /// Blocks of every collective kernel (default: the library's choice).
     #[arg(long)]
     pub blocks: Option<u32>,
@@ -152,6 +156,7 @@ impl BenchArgs {
         CommunicatorConfig {
             collectives: CollectiveConfig {
                 packet_limit,
+                round_bytes: self.round_bytes.unwrap_or(default.round_bytes),
                 launch: self.launch(),
                 algorithm: self.algo,
                 ..default
