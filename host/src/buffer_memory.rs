@@ -34,14 +34,6 @@ impl BufferMemory {
         }
     }
 
-    /// The emulator memory, if that is what this is.
-    pub(crate) fn cpu(&self) -> Option<&Arc<DeviceMemory>> {
-        match self {
-            BufferMemory::Cpu(m) => Some(m),
-            BufferMemory::Cuda(_) => None,
-        }
-    }
-
     /// Copies `src` to bytes `offset..offset + src.len()`, synchronously.
     ///
     /// # Safety

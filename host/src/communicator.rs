@@ -28,8 +28,9 @@
 //! registered). The proxy's
 //! FIFO is in mapped host memory and polled, abort records and the stop word are in mapped
 //! host memory too ([`Device::host_cell`]), semaphores in device memory, and port channels
-//! copy through [`CudaIpcConnection`]s. Ethernet from GPU memory (pinned staging) is not
-//! built: registering a GPU buffer where port channels may run over Ethernet is an error.
+//! copy through [`CudaIpcConnection`]s on one node. Over Ethernet a GPU's memory is staged
+//! through pinned host buffers (`ethernet_staging.rs`, `cuda::cuda_staging`); over
+//! InfiniBand / RoCE it is registered with the RDMA device as is (GPUDirect RDMA).
 
 use crate::backend::Backend;
 use crate::buffer_memory::BufferMemory;
@@ -39,6 +40,7 @@ use crate::collectives::collective_context::CollectiveContext;
 use crate::cpu::CpuDevice;
 use crate::cpu::memory::PeerMapping;
 use crate::cuda::cuda_ipc::CudaIpcMapping;
+use crate::cuda::cuda_staging::CudaStaging;
 use crate::cuda::registered_shares;
 use crate::cuda_ipc_connection::CudaIpcConnection;
 use crate::device::Device;
@@ -48,6 +50,7 @@ use crate::error::{ChannelError, ChannelFailure, ChannelKind, ChannelRef, Error,
 use crate::ethernet::{EthernetEndpoint, new_token};
 use crate::ethernet_connection::EthernetConnection;
 use crate::ethernet_registry::EthernetRegistry;
+use crate::ethernet_staging::{HostStaging, Staging};
 use crate::grid_barrier::{GRID_BARRIER_SITE, GridBarrier};
 use crate::host_ipc::node_name;
 use crate::host_ipc_connection::HostIpcConnection;
@@ -121,6 +124,11 @@ pub struct CommunicatorConfig {
     /// else [`TransportChoice::Auto`] (a misspelt variable is reported by
     /// [`Communicator::new`]). Every rank of a job must choose the same.
     pub transport: TransportChoice,
+    /// Over Ethernet, stage the emulator's memory through a host buffer as a GPU's memory
+    /// is (copied out before a write is sent, copied in after it is received, signals
+    /// stored behind the copies): runs that path, which a GPU takes, without one. One more
+    /// copy each way; off by default. (A GPU's memory is always staged.)
+    pub ethernet_staging: bool,
 }
 
 impl Default for CommunicatorConfig {
@@ -135,6 +143,7 @@ impl Default for CommunicatorConfig {
                 .ok()
                 .flatten()
                 .unwrap_or_default(),
+            ethernet_staging: false,
         }
     }
 }
@@ -197,6 +206,9 @@ pub struct Communicator {
     ethernet: Option<EthernetEndpoint>,
     /// The connection this rank's proxy writes each peer's memory over, by peer.
     ethernet_connections: HashMap<u32, Arc<EthernetConnection>>,
+    /// How the Ethernet transport reaches this rank's memory where the host cannot at its
+    /// address (a GPU's), made by the first Ethernet connection or endpoint.
+    ethernet_staging: Option<Option<Arc<dyn Staging>>>,
     /// The RDMA device and its connections, where port channels may run over InfiniBand /
     /// RoCE (opened at creation).
     ib: Option<IbTransport>,
@@ -298,6 +310,7 @@ impl Communicator {
             ethernet_registry: Arc::new(EthernetRegistry::new()),
             ethernet: None,
             ethernet_connections: HashMap::new(),
+            ethernet_staging: None,
             ib,
             peer_watch,
             mappings: HashMap::new(),
@@ -390,9 +403,8 @@ impl Communicator {
     ///
     /// # Errors
     /// A buffer of another device's backend than the communicator's; the driver refused to
-    /// export a CUDA buffer; a CUDA buffer where port channels may run over Ethernet (the
-    /// staging through pinned host memory that needs is not built); too many Ethernet
-    /// registrations; the RDMA device refused the memory.
+    /// export a CUDA buffer; too many Ethernet registrations; the RDMA device refused the
+    /// memory.
     pub fn register<T: bytemuck::Pod>(&self, buffer: &DeviceBuffer<T>) -> Result<RegisteredMemory> {
         let memory = buffer.memory().clone();
         let rank = self.rank();
@@ -445,27 +457,49 @@ impl Communicator {
         }
     }
 
-    /// Gives a local registration an id in this rank's Ethernet table.
+    /// Gives a local registration an id in this rank's Ethernet table (memory of a GPU
+    /// too: its receivers then stage it, see `ethernet_staging.rs`).
     fn make_ethernet_reachable(&self, memory: &mut RegisteredMemory) -> Result<()> {
         let Some(owner) = memory.owner() else {
             return Err(Error::Internal(
                 "only a registration made here can be made reachable over Ethernet".into(),
             ));
         };
-        let Some(owner) = owner.cpu() else {
-            return Err(Error::BackendUnavailable(format!(
-                "rank {}: memory of a CUDA device cannot be reached over Ethernet yet (the \
-                 staging through pinned host memory that needs is not built); use the \
-                 host-ipc transport (OXCCL_TRANSPORT=host-ipc) between ranks of one node",
-                self.rank()
-            )));
-        };
         let id = self
             .ethernet_registry
-            .add(memory.addr(), memory.size(), owner.clone())
+            .add(memory.addr(), memory.size(), owner.share())
             .map_err(|e| Error::InvalidUsage(format!("rank {}: {e}", self.rank())))?;
         memory.set_ethernet_id(id);
         Ok(())
+    }
+
+    /// How the Ethernet transport reaches this rank's memory, if not at its address: a
+    /// GPU's through pinned buffers and the device's copies; the emulator's through plain
+    /// copies where [`CommunicatorConfig::ethernet_staging`] asks. Made once.
+    ///
+    /// # Errors
+    /// The GPU cannot write counters from a stream.
+    fn ethernet_staging(&mut self) -> Result<Option<Arc<dyn Staging>>> {
+        if let Some(staging) = &self.ethernet_staging {
+            return Ok(staging.clone());
+        }
+        let staging: Option<Arc<dyn Staging>> = match self.device.kind() {
+            DeviceKind::Cuda(device) => Some(Arc::new(CudaStaging::new(
+                device,
+                self.config.wait_timeout,
+            )?)),
+            DeviceKind::Cpu(_) if self.config.ethernet_staging => Some(Arc::new(HostStaging)),
+            DeviceKind::Cpu(_) => None,
+        };
+        if let Some(staging) = &staging {
+            tracing::info!(
+                rank = self.rank(),
+                staging = staging.name(),
+                "Ethernet stages memory"
+            );
+        }
+        self.ethernet_staging = Some(staging.clone());
+        Ok(staging)
     }
 
     /// Every rank's registered memory, indexed by rank (a collective call). Our own entry is
@@ -816,13 +850,17 @@ impl Communicator {
                 .oob
                 .local_ip()
                 .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-            self.ethernet = Some(EthernetEndpoint::bind(
-                self.rank(),
-                ip,
-                self.ethernet_registry.clone(),
-                self.proxy.failure_sink(),
-                self.config.wait_timeout,
-            )?);
+            let staging = self.ethernet_staging()?;
+            self.ethernet = Some(
+                EthernetEndpoint::bind(
+                    self.rank(),
+                    ip,
+                    self.ethernet_registry.clone(),
+                    self.proxy.failure_sink(),
+                    self.config.wait_timeout,
+                )?
+                .staged(staging),
+            );
         }
         self.ethernet
             .as_ref()
@@ -855,13 +893,15 @@ impl Communicator {
             })?;
         // Connecting does not wait for the peer to accept (the listener's backlog does), so
         // both ranks connect first and then admit each other's connection.
+        let stager = self.ethernet_staging()?.map(|s| s.stager()).transpose()?;
         let connection = EthernetConnection::connect(
             rank,
             peer,
             theirs.addr,
             theirs.token,
             self.config.wait_timeout,
-        )?;
+        )?
+        .staged(stager);
         self.ethernet_endpoint()?.accept(peer, &token)?;
         connection.wait_welcome()?;
         tracing::info!(rank, peer, to = %theirs.addr, "Ethernet connection up");

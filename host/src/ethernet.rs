@@ -17,6 +17,7 @@
 use crate::error::{Error, Result};
 use crate::ethernet_receiver::{Receiver, ReceiverContext};
 use crate::ethernet_registry::EthernetRegistry;
+use crate::ethernet_staging::Staging;
 use crate::ethernet_wire::{Message, ReadOutcome, TOKEN_BYTES, read_header, send_frame};
 use oxccl_proxy::FailureSink;
 use parking_lot::Mutex;
@@ -91,9 +92,17 @@ impl EthernetEndpoint {
                 registry,
                 failures,
                 frame_timeout: timeout,
+                staging: None,
             },
             receivers: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The same endpoint, whose receivers reach this rank's memory through `staging` (a
+    /// GPU's memory; see `ethernet_staging.rs`).
+    pub(crate) fn staged(mut self, staging: Option<Arc<dyn Staging>>) -> Self {
+        self.context.staging = staging;
+        self
     }
 
     /// The address peers connect to.

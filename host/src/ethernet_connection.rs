@@ -9,10 +9,15 @@
 //! waits, at most the communicator's wait limit, for its acknowledgement, which the peer
 //! sends once everything before it is applied. Every send waits at most that limit too.
 //!
+//! Where this rank's memory is a GPU's, each chunk of a write is first copied out of the
+//! device into the connection's stager's pinned buffer, then sent from there (see
+//! `ethernet_staging.rs`).
+//!
 //! The first failure breaks the connection for good (a frame may be half sent): every
 //! later call returns it.
 
 use crate::error::{Error, Result};
+use crate::ethernet_staging::Stager;
 use crate::ethernet_wire::{
     MAX_CHUNK_BYTES, Message, ReadOutcome, TOKEN_BYTES, read_header, send_frame,
 };
@@ -44,6 +49,15 @@ struct State {
     flushes: u64,
     /// Why the connection is unusable, once it is.
     broken: Option<String>,
+    /// Where the source of a write is copied to before it is sent, if the host cannot read
+    /// it at its address.
+    stager: Option<Box<dyn Stager>>,
+}
+
+impl std::fmt::Debug for dyn Stager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stager")
+    }
 }
 
 impl EthernetConnection {
@@ -115,8 +129,16 @@ impl EthernetConnection {
                 stream,
                 flushes: 0,
                 broken: None,
+                stager: None,
             }),
         })
+    }
+
+    /// The same connection, sending writes through `stager` (the source is a GPU's memory;
+    /// see `ethernet_staging.rs`).
+    pub(crate) fn staged(self, stager: Option<Box<dyn Stager>>) -> Self {
+        self.state.lock().stager = stager;
+        self
     }
 
     /// Waits (at most the connection's limit) for the peer to admit the connection.
@@ -228,19 +250,30 @@ impl Connection for EthernetConnection {
         let mut done = 0;
         while done < bytes {
             let len = (bytes - done).min(MAX_CHUNK_BYTES as u64);
-            // SAFETY: the proxy checked `src_off..src_off + bytes` against the source's
-            // registered size; registered memory stays allocated while channels using it
-            // exist (the region holds a share). Kernels leave a put's source alone until
-            // it is flushed (the channel's contract).
-            let payload = unsafe {
-                std::slice::from_raw_parts((from + done) as usize as *const u8, len as usize)
-            };
             let header = Message::Write {
                 id,
                 offset: dst_off + done,
                 len: len as u32,
             };
-            self.send(&mut state, &header, payload)?;
+            if let Some(mut stager) = state.stager.take() {
+                // SAFETY: as below; `len` is at most a chunk.
+                let copied = unsafe { stager.copy_out(from + done, len as usize) };
+                let sent = match copied {
+                    Ok(()) => self.send(&mut state, &header, &stager.buffer()[..len as usize]),
+                    Err(e) => Err(self.breaks(&mut state, format!("staging a write: {e}"))),
+                };
+                state.stager = Some(stager);
+                sent?;
+            } else {
+                // SAFETY: the proxy checked `src_off..src_off + bytes` against the
+                // source's registered size; registered memory stays allocated while
+                // channels using it exist (the region holds a share). Kernels leave a
+                // put's source alone until it is flushed (the channel's contract).
+                let payload = unsafe {
+                    std::slice::from_raw_parts((from + done) as usize as *const u8, len as usize)
+                };
+                self.send(&mut state, &header, payload)?;
+            }
             done += len;
         }
         Ok(())

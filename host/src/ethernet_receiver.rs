@@ -6,7 +6,9 @@
 //! whole into a buffer of one chunk (at most [`MAX_CHUNK_BYTES`]) and copied only once it
 //! has arrived, so a frame cut short writes nothing. A signal is a release store, after
 //! every earlier write (frames are applied in the order TCP delivers them); a flush is
-//! acknowledged once every frame before it is applied.
+//! acknowledged once every frame before it is applied. Where the rank's memory is a GPU's,
+//! the buffer is a stager's pinned chunk, and the copy and the signal's store are the
+//! stager's, in order (see `ethernet_staging.rs`).
 //!
 //! A connection that ends without the peer's [`Message::Goodbye`] (its process was killed
 //! mid-run) is recorded the same way, naming the peer, so this rank's waits for it end at
@@ -20,6 +22,7 @@
 
 use crate::error::{Error, Result};
 use crate::ethernet_registry::EthernetRegistry;
+use crate::ethernet_staging::{Stager, Staging};
 use crate::ethernet_wire::{
     MAX_CHUNK_BYTES, Message, ReadOutcome, WireError, read_exact_by, read_header, send_frame,
 };
@@ -53,6 +56,8 @@ pub(crate) struct ReceiverContext {
     pub failures: FailureSink,
     /// How long a frame may take to arrive once begun, and a reply to be taken.
     pub frame_timeout: Duration,
+    /// How the rank's memory is reached, where the host cannot at its address.
+    pub staging: Option<Arc<dyn Staging>>,
 }
 
 /// A running receiver thread; dropping it closes the connection and waits (bounded) for
@@ -138,8 +143,13 @@ fn receive(stream: TcpStream, peer: u32, context: &ReceiverContext, stop: &Atomi
         return refuse(&stream, peer, context, "cannot clone the socket".into());
     };
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
-    // One chunk at most, grown as writes need it: the connection's whole buffer.
+    // One chunk at most, grown as writes need it: the connection's whole buffer (the
+    // stager's, where there is one).
     let mut chunk: Vec<u8> = Vec::new();
+    let mut stager = match context.staging.as_ref().map(|s| s.stager()).transpose() {
+        Ok(stager) => stager,
+        Err(e) => return refuse(&stream, peer, context, format!("no staging buffer: {e}")),
+    };
     loop {
         let timeout = context.frame_timeout;
         let next = read_header(
@@ -174,7 +184,11 @@ fn receive(stream: TcpStream, peer: u32, context: &ReceiverContext, stop: &Atomi
             Err(_) if stop.load(Ordering::Relaxed) => return,
             Err(e) => return refuse(&stream, peer, context, e.to_string()),
         };
-        if let Err(why) = apply(&message, &mut reader, &mut chunk, &stream, context) {
+        let buffer = Buffer {
+            chunk: &mut chunk,
+            stager: stager.as_deref_mut(),
+        };
+        if let Err(why) = apply(&message, &mut reader, buffer, &stream, context) {
             if stop.load(Ordering::Relaxed) {
                 return;
             }
@@ -183,11 +197,17 @@ fn receive(stream: TcpStream, peer: u32, context: &ReceiverContext, stop: &Atomi
     }
 }
 
+/// Where a receiver reads payloads: its own chunk, or its stager's.
+struct Buffer<'a> {
+    chunk: &'a mut Vec<u8>,
+    stager: Option<&'a mut (dyn Stager + 'static)>,
+}
+
 /// Applies one frame (reading a write's payload first).
 fn apply(
     message: &Message,
     reader: &mut BufReader<TcpStream>,
-    chunk: &mut Vec<u8>,
+    buffer: Buffer<'_>,
     stream: &TcpStream,
     context: &ReceiverContext,
 ) -> Result<(), String> {
@@ -203,10 +223,20 @@ fn apply(
                 .registry
                 .resolve(id, offset, len as u64)
                 .map_err(|e| e.to_string())?;
+            let deadline = Instant::now() + context.frame_timeout;
+            if let Some(stager) = buffer.stager {
+                read_exact_by(reader, &mut stager.buffer()[..len], deadline, "payload")
+                    .map_err(|e| e.to_string())?;
+                // SAFETY: `addr..addr + len` lies inside a registration of this rank
+                // (resolved above), kept allocated by the registry; `len` is at most a
+                // chunk (checked above).
+                return unsafe { stager.copy_in(addr, len) }
+                    .map_err(|e| format!("copying into memory: {e}"));
+            }
+            let chunk = buffer.chunk;
             if chunk.len() < len {
                 chunk.resize(len, 0);
             }
-            let deadline = Instant::now() + context.frame_timeout;
             read_exact_by(reader, &mut chunk[..len], deadline, "payload")
                 .map_err(|e| e.to_string())?;
             if len > 0 {
@@ -225,6 +255,14 @@ fn apply(
                 .registry
                 .resolve_semaphore(id, offset)
                 .map_err(|e| e.to_string())?;
+            if let Some(stager) = buffer.stager {
+                // SAFETY: an aligned u64 inside a registration of this rank, kept allocated
+                // by the registry (resolved and checked above), a semaphore cell only
+                // accessed atomically; the stager writes it after its copies of the writes
+                // before this frame.
+                return unsafe { stager.store_counter(addr, value) }
+                    .map_err(|e| format!("raising the semaphore: {e}"));
+            }
             // SAFETY: an aligned u64 inside a registration of this rank, kept allocated by
             // the registry (resolved and checked above); semaphore cells are only accessed
             // atomically.

@@ -18,6 +18,7 @@ pub mod ethernet;
 pub mod ethernet_connection;
 mod ethernet_receiver;
 pub mod ethernet_registry;
+mod ethernet_staging;
 pub mod ethernet_wire;
 pub mod grid_barrier;
 pub mod host_ipc;

@@ -4,11 +4,12 @@
 
 mod common;
 
-use common::{assert_all_reduce_sums, exchange_over_both_rings};
+use common::{assert_all_gathered, assert_all_reduce_sums, exchange_over_both_rings, ring_buffer};
 use oxccl::in_process::{self, InProcessConfig};
-use oxccl::{Backend, CommunicatorConfig, Device, Error};
+use oxccl::{Backend, CommunicatorConfig, Device, Error, TransportChoice};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_kernels::device_check::fill_sequence;
+use oxccl_kernels::ring_exchange::port_ring_exchange;
 use std::time::{Duration, Instant};
 
 /// The reason the CUDA backend cannot be used here, or `None` if it can.
@@ -111,6 +112,70 @@ fn communicator_of_two_ranks_in_one_process() {
         println!(
             "communicator of two ranks in one process on {backend:?}: port ring, memory ring, \
              all-reduce and zero-copy all-reduce in {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// Guards the Ethernet transport from a GPU's memory (two ranks as threads sharing GPU 0
+/// where there is one): every put is copied out of the device into a pinned buffer before
+/// it is sent, copied into the peer's device after it arrived, and the signal written
+/// behind it on the receiver's stream. A port ring (puts larger than a chunk) and an
+/// all-reduce over port channels, each rank checking what the other sent. On the emulator
+/// first, its memory staged the same way (`ethernet_staging`), so both backends answer the
+/// same checks.
+#[test]
+fn ethernet_from_device_memory_is_staged() {
+    let mut backends = vec![Backend::Cpu];
+    match no_cuda() {
+        None => backends.push(Backend::Cuda),
+        Some(why) => {
+            println!("ethernet_from_device_memory_is_staged: the cuda part is skipped: {why}")
+        }
+    }
+    for backend in backends {
+        let config = InProcessConfig {
+            communicator: CommunicatorConfig {
+                wait_timeout: Duration::from_secs(20),
+                transport: TransportChoice::Ethernet,
+                ethernet_staging: true,
+                ..Default::default()
+            },
+            exchange_timeout: Duration::from_secs(20),
+            backend,
+        };
+        let started = Instant::now();
+        in_process::run(2, config, |comm| {
+            let stream = comm.device().stream()?;
+            let chunk = 70_001;
+            let (buf, all) = ring_buffer(comm, chunk)?;
+            let mine = all[comm.rank() as usize].clone();
+            let (next, prev) = comm.ring_port_channels(&all, &mine)?;
+            port_ring_exchange::launch(
+                &stream,
+                LaunchConfig::grid(1),
+                next.device_handle(),
+                prev.device_handle(),
+                comm.rank(),
+                comm.size(),
+                (chunk * 4) as u64,
+            )?;
+            comm.synchronize(&stream)?;
+            assert_all_gathered(comm, &buf, chunk, 0);
+            let value = |r: u32, i: usize| ((i * 7 + r as usize * 13) % 101) as f32;
+            assert_all_reduce_sums(
+                comm,
+                &stream,
+                100_003,
+                value,
+                "all-reduce over ports",
+                false,
+            )?;
+            comm.barrier()
+        })
+        .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        println!(
+            "Ethernet from {backend:?} memory, staged: port ring and all-reduce in {:?}",
             started.elapsed()
         );
     }

@@ -61,11 +61,15 @@ fn byte(rank: u32, i: u64) -> u8 {
 
 /// Guards against an Ethernet port channel losing, reordering or misplacing bytes: several
 /// puts back to back, a put larger than a chunk, a signal that must arrive after them, a
-/// flush that must wait for them; both ways triggers get executed (proxy thread, assist).
+/// flush that must wait for them; both ways triggers get executed (proxy thread, assist),
+/// and with memory staged through host buffers as a GPU's is (copied out before sending,
+/// in after receiving, the signal behind the copies).
 #[test]
 fn ethernet_port_channel_puts_signal_flush() {
-    for assist in [false, true] {
-        in_process::run(2, ethernet(assist), |comm| {
+    for (assist, staging) in [(false, false), (true, false), (false, true), (true, true)] {
+        let mut config = ethernet(assist);
+        config.communicator.ethernet_staging = staging;
+        in_process::run(2, config, |comm| {
             let (rank, peer) = (comm.rank(), 1 - comm.rank());
             let mut host = vec![0xee_u8; 2 * HALF as usize];
             let mine = rank as u64 * HALF;
@@ -478,10 +482,19 @@ fn raw_client(comm: &Communicator, cases: &[Case]) -> oxccl::Result<()> {
 /// that overflows, into an unknown id; a frame cut short; an oversized length; another
 /// version; a signal out of range or misaligned; a stranger's token. Each is refused with an
 /// error saying why, to the client and to the host (`check`), nothing is written, and the
-/// connection is closed; a good write afterwards still lands.
+/// connection is closed; a good write afterwards still lands. The same with the receiver
+/// staging memory as a GPU's (the payload still arrives whole before it is copied).
 #[test]
 fn ethernet_rejects_out_of_bounds_write() {
-    in_process::run(2, ethernet(false), |comm| {
+    for staging in [false, true] {
+        let mut config = ethernet(false);
+        config.communicator.ethernet_staging = staging;
+        rejects_out_of_bounds_write(config);
+    }
+}
+
+fn rejects_out_of_bounds_write(config: InProcessConfig) {
+    in_process::run(2, config, |comm| {
         if comm.rank() == 1 {
             let cases = cases(0);
             return raw_client(comm, &cases);

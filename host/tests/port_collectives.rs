@@ -254,12 +254,16 @@ fn port_collectives_every_type_and_placement() {
 }
 
 /// Guards against collectives trying memory channels between ranks that reach each other
-/// only over Ethernet: every one of them takes ports by itself and gives the right results.
+/// only over Ethernet: every one of them takes ports by itself and gives the right results,
+/// also with memory staged through host buffers as a GPU's is.
 #[test]
 fn over_ethernet_every_collective_runs_over_ports() {
-    let mut config = job(AlgorithmChoice::Auto, 1, 1);
-    config.communicator.transport = TransportChoice::Ethernet;
-    in_process::run(3, config, |comm| case::<i32>(comm, &[1000])).unwrap();
+    for staging in [false, true] {
+        let mut config = job(AlgorithmChoice::Auto, 1, 1);
+        config.communicator.transport = TransportChoice::Ethernet;
+        config.communicator.ethernet_staging = staging;
+        in_process::run(3, config, |comm| case::<i32>(comm, &[1000])).unwrap();
+    }
 }
 
 /// Guards against a device barrier over port channels that lets a rank's kernels after it

@@ -12,12 +12,15 @@
 //! (`oxccl::cuda_ipc_connection`: copies and semaphore writes on a stream), and registered
 //! memory that travels as a CUDA IPC handle ([`cuda_ipc`]), opened by ranks of other
 //! processes and reached at its own address by ranks of this one (with peer access enabled
-//! between two GPUs of the process). Not yet: Ethernet or InfiniBand from GPU memory.
+//! between two GPUs of the process), Ethernet from GPU memory through pinned staging
+//! ([`cuda_staging`]), InfiniBand from GPU memory where the RDMA device can register it
+//! (GPUDirect RDMA).
 
 pub(crate) mod cuda_device;
 pub(crate) mod cuda_fifo_memory;
 pub(crate) mod cuda_ipc;
 pub(crate) mod cuda_memory;
+pub(crate) mod cuda_staging;
 pub(crate) mod cuda_stream;
 pub(crate) mod driver;
 pub(crate) mod gpu_address_ranges;
