@@ -4,7 +4,8 @@
 //! pinned buffer's host address under unified addressing), waited for, bounded, before the
 //! buffer is sent or reused; a counter is written by `cuStreamWriteValue64` on the same
 //! stream, so it lands after the copies before it, behind the driver's fence (as the CUDA
-//! IPC connection's signals).
+//! IPC connection's signals), and waited for too, so a flush the receiver acknowledges
+//! afterwards covers it.
 
 use super::cuda_device::CudaDevice;
 use super::cuda_stream::CudaStream;
@@ -124,6 +125,8 @@ impl Stager for CudaStager {
                 .context
                 .stream_write_u64(self.stream.raw(), dst, value)
         }
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+        // Landed before the receiver goes on: a flush it acknowledges next covers it.
+        self.wait()
     }
 }
