@@ -4,12 +4,11 @@
 
 mod common;
 
-use common::{assert_all_gathered, assert_all_reduce_sums, exchange_over_both_rings, ring_buffer};
+use common::{assert_all_reduce_sums, exchange_over_both_rings, exchange_over_port_ring};
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Backend, CommunicatorConfig, Device, Error, TransportChoice};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_kernels::device_check::fill_sequence;
-use oxccl_kernels::ring_exchange::port_ring_exchange;
 use std::time::{Duration, Instant};
 
 /// The reason the CUDA backend cannot be used here, or `None` if it can.
@@ -147,21 +146,7 @@ fn ethernet_from_device_memory_is_staged() {
         let started = Instant::now();
         in_process::run(2, config, |comm| {
             let stream = comm.device().stream()?;
-            let chunk = 70_001;
-            let (buf, all) = ring_buffer(comm, chunk)?;
-            let mine = all[comm.rank() as usize].clone();
-            let (next, prev) = comm.ring_port_channels(&all, &mine)?;
-            port_ring_exchange::launch(
-                &stream,
-                LaunchConfig::grid(1),
-                next.device_handle(),
-                prev.device_handle(),
-                comm.rank(),
-                comm.size(),
-                (chunk * 4) as u64,
-            )?;
-            comm.synchronize(&stream)?;
-            assert_all_gathered(comm, &buf, chunk, 0);
+            exchange_over_port_ring(comm, &stream, 70_001)?;
             let value = |r: u32, i: usize| ((i * 7 + r as usize * 13) % 101) as f32;
             assert_all_reduce_sums(
                 comm,

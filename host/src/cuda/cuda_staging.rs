@@ -67,6 +67,28 @@ struct CudaStager {
 }
 
 impl CudaStager {
+    /// Copies `len` bytes from `src` to `dst` on the stager's stream, one of them our pinned
+    /// buffer, and waits for the copy.
+    ///
+    /// # Safety
+    /// The other is device memory of this rank that stays allocated for the call.
+    unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> std::result::Result<(), String> {
+        if len > MAX_CHUNK_BYTES as usize {
+            return Err("longer than a chunk".into());
+        }
+        // SAFETY: the stream is ours; one range lies in our pinned buffer (`len` fits it,
+        // checked above), the other in device memory kept allocated for the call (the
+        // caller's contract), so they do not overlap; we wait for the copy before
+        // returning, so the buffer is neither reused nor freed under it.
+        unsafe {
+            self.device
+                .context
+                .copy_device_async(dst, src, len, self.stream.raw())
+        }
+        .map_err(|e| e.to_string())?;
+        self.wait()
+    }
+
     /// Waits, bounded, for everything enqueued on the stager's stream.
     fn wait(&self) -> std::result::Result<(), String> {
         self.stream
@@ -85,35 +107,15 @@ impl Stager for CudaStager {
     }
 
     unsafe fn copy_out(&mut self, src: u64, len: usize) -> std::result::Result<(), String> {
-        if len > MAX_CHUNK_BYTES as usize {
-            return Err("longer than a chunk".into());
-        }
-        let dst = self.buffer.host() as usize as u64;
-        // SAFETY: the stream is ours; `src..src + len` is device memory of this rank kept
-        // allocated for the call (the caller's contract), `dst..dst + len` lies in our
-        // pinned buffer, which cannot overlap it; we wait for the copy before returning.
-        unsafe {
-            self.device
-                .context
-                .copy_device_async(dst, src, len, self.stream.raw())
-        }
-        .map_err(|e| e.to_string())?;
-        self.wait()
+        let buffer = self.buffer.host() as usize as u64;
+        // SAFETY: forwarded contract: `src..src + len` is device memory of this rank.
+        unsafe { self.copy(buffer, src, len) }
     }
 
     unsafe fn copy_in(&mut self, dst: u64, len: usize) -> std::result::Result<(), String> {
-        if len > MAX_CHUNK_BYTES as usize {
-            return Err("longer than a chunk".into());
-        }
-        let src = self.buffer.host() as usize as u64;
-        // SAFETY: as in `copy_out`, the other way.
-        unsafe {
-            self.device
-                .context
-                .copy_device_async(dst, src, len, self.stream.raw())
-        }
-        .map_err(|e| e.to_string())?;
-        self.wait()
+        let buffer = self.buffer.host() as usize as u64;
+        // SAFETY: forwarded contract: `dst..dst + len` is device memory of this rank.
+        unsafe { self.copy(dst, buffer, len) }
     }
 
     unsafe fn store_counter(&mut self, dst: u64, value: u64) -> std::result::Result<(), String> {

@@ -98,20 +98,31 @@ pub fn exchange_over_both_rings(
     chunk: usize,
     memory_threads: u32,
 ) -> Result<()> {
+    exchange_over_port_ring(comm, stream, chunk)?;
+    let (rank, ranks, bytes) = (comm.rank(), comm.size(), (chunk * 4) as u64);
+    let (buf, all) = ring_buffer(comm, chunk)?;
+    let (to_next, from_prev) = comm.ring_memory_channels(&all, &all[rank as usize], None)?;
+    let (next, prev) = (to_next.device_handle(), from_prev.device_handle());
+    let block = LaunchConfig::grid(1).block(memory_threads);
+    memory_ring_exchange::launch(stream, block, next, prev, rank, ranks, bytes)?;
+    comm.synchronize(stream)?;
+    assert_all_gathered(comm, &buf, chunk, 0);
+    Ok(())
+}
+
+/// The ring all-gather over port channels alone (see [`exchange_over_both_rings`]): what
+/// ranks that reach each other only through the proxy can run.
+pub fn exchange_over_port_ring(
+    comm: &mut Communicator,
+    stream: &Stream,
+    chunk: usize,
+) -> Result<()> {
     let (rank, ranks, bytes) = (comm.rank(), comm.size(), (chunk * 4) as u64);
     let (buf, all) = ring_buffer(comm, chunk)?;
     let (to_next, to_prev) = comm.ring_port_channels(&all, &all[rank as usize])?;
     let (next, prev) = (to_next.device_handle(), to_prev.device_handle());
     let one = LaunchConfig::grid(1).block(1);
     port_ring_exchange::launch(stream, one, next, prev, rank, ranks, bytes)?;
-    comm.synchronize(stream)?;
-    assert_all_gathered(comm, &buf, chunk, 0);
-
-    let (buf, all) = ring_buffer(comm, chunk)?;
-    let (to_next, from_prev) = comm.ring_memory_channels(&all, &all[rank as usize], None)?;
-    let (next, prev) = (to_next.device_handle(), from_prev.device_handle());
-    let block = LaunchConfig::grid(1).block(memory_threads);
-    memory_ring_exchange::launch(stream, block, next, prev, rank, ranks, bytes)?;
     comm.synchronize(stream)?;
     assert_all_gathered(comm, &buf, chunk, 0);
     Ok(())
