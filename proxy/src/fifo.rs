@@ -61,8 +61,9 @@ unsafe impl Sync for FifoCells {}
 
 /// What keeps the cells' memory alive.
 enum Storage {
-    /// The CPU backend's cells, boxed so that their addresses do not move.
-    Heap(Box<HeapCells>),
+    /// The CPU backend's cells, boxed so that their addresses do not move. (The loom
+    /// models reach them only through the cell pointers.)
+    Heap(#[cfg_attr(oxccl_loom, allow(dead_code))] Box<HeapCells>),
     /// Memory a backend placed, held until the cells are dropped.
     Mapped(#[allow(dead_code)] Box<dyn Send + Sync>),
 }

@@ -62,7 +62,9 @@ impl PollSchedule {
         }
     }
 
-    /// Where the naps start, for a proxy that has just found work.
+    /// Where the naps start, for a proxy that has just found work. (The proxy thread, which
+    /// the loom models leave out, is its only user.)
+    #[cfg_attr(oxccl_loom, allow(dead_code))]
     pub(crate) fn start(&self) -> PollState {
         PollState {
             last_work: Instant::now(),
@@ -73,11 +75,13 @@ impl PollSchedule {
 
 /// Where a polling proxy is in its [`PollSchedule`].
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(oxccl_loom, allow(dead_code))]
 pub(crate) struct PollState {
     last_work: Instant,
     nap: Duration,
 }
 
+#[cfg_attr(oxccl_loom, allow(dead_code))]
 impl PollState {
     /// Work was found: hot again, naps from the start.
     pub(crate) fn work_found(&mut self, schedule: &PollSchedule) {
