@@ -168,7 +168,7 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
         ),
         (
             "doc",
-            format!("RUSTDOCFLAGS='-D warnings' {}", show(&doc)),
+            show(&doc),
             Box::new(move || Ok(run_bounded(&mut doc, STEP_TIME_LIMIT)?)),
         ),
         (
