@@ -106,7 +106,7 @@ impl IbTransport {
             if let Some(connection) = self.connections.get(&peer) {
                 return Ok(connection.clone());
             }
-            let connection = Arc::new(IbConnection::connect(
+            let connection = Arc::new(crate::ib_connection::connect(
                 self.device.clone(),
                 peer,
                 timeout,

@@ -35,6 +35,7 @@ pub mod out_of_band;
 mod peer_watch;
 pub mod port_channel;
 pub mod ptx;
+pub mod rdma_connection;
 pub mod registered_memory;
 pub mod semaphore;
 pub mod stream;
