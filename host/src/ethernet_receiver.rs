@@ -227,6 +227,9 @@ fn apply(
             if let Some(stager) = buffer.stager {
                 read_exact_by(reader, &mut stager.buffer()[..len], deadline, "payload")
                     .map_err(|e| e.to_string())?;
+                if len == 0 {
+                    return Ok(());
+                }
                 // SAFETY: `addr..addr + len` lies inside a registration of this rank
                 // (resolved above), kept allocated by the registry; `len` is at most a
                 // chunk (checked above).
