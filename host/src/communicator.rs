@@ -30,7 +30,8 @@
 //! host memory too ([`Device::host_cell`]), semaphores in device memory, and port channels
 //! copy through [`CudaIpcConnection`]s on one node. Over Ethernet a GPU's memory is staged
 //! through pinned host buffers (`ethernet_staging.rs`, `cuda::cuda_staging`); over
-//! InfiniBand / RoCE it is registered with the RDMA device as is (GPUDirect RDMA).
+//! InfiniBand / RoCE it is registered with the RDMA device through a dma-buf, or as is
+//! (GPUDirect RDMA through `nvidia-peermem`).
 
 use crate::backend::Backend;
 use crate::buffer_memory::BufferMemory;

@@ -303,6 +303,62 @@ impl IbDevice {
         Ok(rkey)
     }
 
+    /// Registers `len` bytes of GPU memory at device address `addr` through the dma-buf
+    /// `fd` exported for them (`offset` is where `addr` lies in the dma-buf), as
+    /// [`Self::register`] does host memory: no kernel module of NVIDIA's needed, where the
+    /// RDMA device and its driver take dma-bufs.
+    ///
+    /// # Errors
+    /// As [`Self::register`].
+    pub fn register_dma_buf(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        addr: u64,
+        len: u64,
+        atomics: bool,
+        keep_alive: Arc<dyn Any + Send + Sync>,
+    ) -> Result<u32> {
+        let what = || {
+            format!(
+                "registering {len} bytes of GPU memory at {addr:#x} with {} (dma-buf)",
+                self.name
+            )
+        };
+        let bytes = usize::try_from(len)
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or_else(|| {
+                Error::InvalidUsage(format!("rank {}: {}: an empty range", self.rank, what()))
+            })?;
+        let mut access = AccessFlags::LocalWrite | AccessFlags::RemoteWrite;
+        if atomics {
+            access |= AccessFlags::RemoteAtomic;
+        }
+        // SAFETY: `fd` is a live dma-buf the driver exported for memory holding
+        // `offset..offset + len`, which `keep_alive` keeps allocated as long as the
+        // registration (dropped only with the device); the registration takes its own
+        // reference to the dma-buf, so `fd` may be closed afterwards.
+        let region = unsafe {
+            self.pd.reg_dmabuf_mr(
+                offset,
+                bytes,
+                addr,
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                access,
+            )
+        }
+        .map_err(|e| verbs_error(self.rank, &what(), "ibv_reg_dmabuf_mr", &e))?;
+        let rkey = region.rkey();
+        self.registrations.lock().push(Registration {
+            addr,
+            len,
+            region,
+            _keep_alive: keep_alive,
+        });
+        Ok(rkey)
+    }
+
     /// The local key of the registration holding `len` bytes at `addr`, if one does.
     pub fn local_key(&self, addr: u64, len: u64) -> Option<u32> {
         self.registrations

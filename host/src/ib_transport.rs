@@ -76,9 +76,15 @@ impl IbTransport {
                     "only a registration made here can be registered with an RDMA device".into(),
                 ));
             };
-            let rkey =
-                self.device
-                    .register(memory.addr(), memory.size(), atomics, owner.share())?;
+            let (addr, size) = (memory.addr(), memory.size());
+            let rkey = match owner {
+                crate::buffer_memory::BufferMemory::Cuda(gpu) => {
+                    register_gpu_memory(&self.device, gpu, addr, size, atomics, owner.share())?
+                }
+                crate::buffer_memory::BufferMemory::Cpu(_) => {
+                    self.device.register(addr, size, atomics, owner.share())?
+                }
+            };
             memory.set_ib_rkey(self.device.index(), rkey);
             Ok(())
         }
@@ -145,4 +151,56 @@ pub(crate) fn reach_over_ib(rank: u32, memory: &RegisteredMemory) -> Result<Memo
             memory.rank()
         ))),
     }
+}
+
+/// Registers GPU memory with the RDMA device: through a dma-buf of the pages holding it
+/// where the GPU's driver exports one (page-aligned around the range, as NCCL does), else
+/// as is, which needs NVIDIA's peer-memory kernel module (`nvidia-peermem`).
+///
+/// # Errors
+/// Neither way worked: the error of the last, with the dma-buf's if it was tried.
+#[cfg(feature = "ib")]
+fn register_gpu_memory(
+    device: &IbDevice,
+    gpu: &crate::cuda::cuda_memory::CudaMemory,
+    addr: u64,
+    size: u64,
+    atomics: bool,
+    keep_alive: Arc<dyn std::any::Any + Send + Sync>,
+) -> Result<u32> {
+    let page = rustix::param::page_size() as u64;
+    let start = addr - addr % page;
+    let end = addr.saturating_add(size).next_multiple_of(page);
+    let exported = usize::try_from(end - start)
+        .map_err(|_| Error::InvalidUsage(format!("{size} bytes at {addr:#x} do not fit")))
+        .and_then(|bytes| gpu.device().context.dma_buf(start, bytes));
+    let dma_buf_failure = match exported {
+        Ok(Some(fd)) => {
+            use std::os::fd::AsFd;
+            match device.register_dma_buf(
+                fd.as_fd(),
+                addr - start,
+                addr,
+                size,
+                atomics,
+                keep_alive.clone(),
+            ) {
+                Ok(rkey) => return Ok(rkey),
+                Err(e) => Some(e.to_string()),
+            }
+        }
+        Ok(None) => None,
+        Err(e) => Some(e.to_string()),
+    };
+    device
+        .register(addr, size, atomics, keep_alive)
+        .map_err(|e| match dma_buf_failure {
+            Some(first) => Error::BackendUnavailable(format!(
+                "rank {}: GPU memory cannot be registered with RDMA device {}: as a dma-buf: \
+                 {first}; as is (GPUDirect RDMA through nvidia-peermem): {e}",
+                device.rank(),
+                device.name()
+            )),
+            None => e,
+        })
 }

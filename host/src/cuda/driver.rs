@@ -715,6 +715,70 @@ impl Context {
     }
 }
 
+/// What an RDMA device registers GPU memory through (`ib` transport).
+impl Context {
+    /// A dma-buf file descriptor for `size` bytes of device memory at `base`
+    /// (`cuMemGetHandleForAddressRange` with `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`), which
+    /// an RDMA device registers without a kernel module of NVIDIA's (`ibv_reg_dmabuf_mr`).
+    /// `None` where the device or driver cannot export one
+    /// (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED` is 0, or the driver predates the call, which
+    /// cudarc would panic on instead of returning an error).
+    ///
+    /// # Errors
+    /// The driver refused the range (it must be page-aligned and inside one allocation).
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
+    pub(crate) fn dma_buf(
+        &self,
+        base: sys::CUdeviceptr,
+        size: usize,
+    ) -> Result<Option<std::os::fd::OwnedFd>> {
+        // SAFETY: the library is loaded (this context exists); the symbol is only looked up.
+        let present = unsafe {
+            sys::culib()
+                .get::<unsafe extern "C" fn()>(b"cuMemGetHandleForAddressRange")
+                .is_ok()
+        };
+        // SAFETY: a valid device handle and attribute; an older driver answers an error,
+        // read as "not supported".
+        let supported = present
+            && unsafe {
+                result::device::get_attribute(
+                    self.device,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
+                )
+            }
+            .is_ok_and(|v| v != 0);
+        if !supported {
+            return Ok(None);
+        }
+        self.bind()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: the context is current, `fd` is a live local the driver fills, and the
+        // driver checks the range.
+        let status = unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                base,
+                size,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        };
+        check(status.result(), "cuMemGetHandleForAddressRange", || {
+            format!("exporting {size} bytes of device memory at {base:#x} as a dma-buf")
+        })?;
+        if fd < 0 {
+            return Err(Error::Internal(format!(
+                "cuMemGetHandleForAddressRange succeeded but gave descriptor {fd}"
+            )));
+        }
+        // SAFETY: the driver just opened `fd` for us; nothing else owns it.
+        Ok(Some(unsafe {
+            <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
+        }))
+    }
+}
+
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: `open` retained the device's primary context once; this releases it once.

@@ -13,8 +13,8 @@
 //! memory that travels as a CUDA IPC handle ([`cuda_ipc`]), opened by ranks of other
 //! processes and reached at its own address by ranks of this one (with peer access enabled
 //! between two GPUs of the process), Ethernet from GPU memory through pinned staging
-//! ([`cuda_staging`]), InfiniBand from GPU memory where the RDMA device can register it
-//! (GPUDirect RDMA).
+//! ([`cuda_staging`]), InfiniBand from GPU memory registered with the RDMA device through
+//! a dma-buf (`Context::dma_buf`) or as is (GPUDirect RDMA).
 
 pub(crate) mod cuda_device;
 pub(crate) mod cuda_fifo_memory;
