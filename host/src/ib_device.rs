@@ -18,7 +18,9 @@ use parking_lot::Mutex;
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use sideway::ibverbs::device_context::{DeviceContext, LinkLayer, Mtu, PortState};
-use sideway::ibverbs::memory_region::MemoryRegion as VerbsRegion;
+use sideway::ibverbs::memory_region::{
+    MemoryRegion as VerbsRegion, RegisterMemoryRegionError as RegisterError,
+};
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use std::any::Any;
 use std::sync::Arc;
@@ -277,30 +279,22 @@ impl IbDevice {
         atomics: bool,
         keep_alive: Arc<dyn Any + Send + Sync>,
     ) -> Result<u32> {
-        let what = || format!("registering {len} bytes at {addr:#x} with {}", self.name);
-        let bytes = usize::try_from(len)
-            .ok()
-            .filter(|&b| b > 0 && addr != 0)
-            .ok_or_else(|| {
-                Error::InvalidUsage(format!("rank {}: {}: an empty range", self.rank, what()))
-            })?;
-        let mut access = AccessFlags::LocalWrite | AccessFlags::RemoteWrite;
-        if atomics {
-            access |= AccessFlags::RemoteAtomic;
-        }
-        // SAFETY: `addr..addr + len` is memory of this process (a registration made here),
-        // and `keep_alive` holds its owner for as long as the registration exists: the
-        // registration is dropped only with the device, after every queue pair using it.
-        let region = unsafe { self.pd.reg_mr(addr as usize, bytes, access) }
-            .map_err(|e| verbs_error(self.rank, &what(), "ibv_reg_mr", &e))?;
-        let rkey = region.rkey();
-        self.registrations.lock().push(Registration {
+        let what = format!("registering {len} bytes at {addr:#x} with {}", self.name);
+        self.keep_registered(
+            &what,
+            "ibv_reg_mr",
             addr,
             len,
-            region,
-            _keep_alive: keep_alive,
-        });
-        Ok(rkey)
+            atomics,
+            keep_alive,
+            |bytes, access| {
+                // SAFETY: `addr..addr + len` is memory of this process (a registration made
+                // here), and `keep_alive` holds its owner for as long as the registration
+                // exists: the registration is dropped only with the device, after every queue
+                // pair using it.
+                unsafe { self.pd.reg_mr(addr as usize, bytes, access) }
+            },
+        )
     }
 
     /// Registers `len` bytes of GPU memory at device address `addr` through the dma-buf
@@ -319,36 +313,55 @@ impl IbDevice {
         atomics: bool,
         keep_alive: Arc<dyn Any + Send + Sync>,
     ) -> Result<u32> {
-        let what = || {
-            format!(
-                "registering {len} bytes of GPU memory at {addr:#x} with {} (dma-buf)",
-                self.name
-            )
-        };
+        let what = format!(
+            "registering {len} bytes of GPU memory at {addr:#x} with {} (dma-buf)",
+            self.name
+        );
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        let call = "ibv_reg_dmabuf_mr";
+        self.keep_registered(
+            &what,
+            call,
+            addr,
+            len,
+            atomics,
+            keep_alive,
+            |bytes, access| {
+                // SAFETY: `fd` is a live dma-buf the driver exported for memory holding
+                // `offset..offset + len`, which `keep_alive` keeps allocated as long as the
+                // registration (dropped only with the device); the registration takes its own
+                // reference to the dma-buf, so `fd` may be closed afterwards.
+                unsafe { self.pd.reg_dmabuf_mr(offset, bytes, addr, fd, access) }
+            },
+        )
+    }
+
+    /// Registers `len` bytes at `addr` with `reg` (given the byte count and the access
+    /// peers get: writes, and atomics if `atomics`), keeps the registration with
+    /// `keep_alive` until the device is dropped, and returns its remote key; `what` and
+    /// `call` name the attempt in errors.
+    #[allow(clippy::too_many_arguments)]
+    fn keep_registered(
+        &self,
+        what: &str,
+        call: &'static str,
+        addr: u64,
+        len: u64,
+        atomics: bool,
+        keep_alive: Arc<dyn Any + Send + Sync>,
+        reg: impl FnOnce(usize, AccessFlags) -> std::result::Result<Arc<VerbsRegion>, RegisterError>,
+    ) -> Result<u32> {
         let bytes = usize::try_from(len)
             .ok()
-            .filter(|&b| b > 0)
+            .filter(|&b| b > 0 && addr != 0)
             .ok_or_else(|| {
-                Error::InvalidUsage(format!("rank {}: {}: an empty range", self.rank, what()))
+                Error::InvalidUsage(format!("rank {}: {what}: an empty range", self.rank))
             })?;
         let mut access = AccessFlags::LocalWrite | AccessFlags::RemoteWrite;
         if atomics {
             access |= AccessFlags::RemoteAtomic;
         }
-        // SAFETY: `fd` is a live dma-buf the driver exported for memory holding
-        // `offset..offset + len`, which `keep_alive` keeps allocated as long as the
-        // registration (dropped only with the device); the registration takes its own
-        // reference to the dma-buf, so `fd` may be closed afterwards.
-        let region = unsafe {
-            self.pd.reg_dmabuf_mr(
-                offset,
-                bytes,
-                addr,
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                access,
-            )
-        }
-        .map_err(|e| verbs_error(self.rank, &what(), "ibv_reg_dmabuf_mr", &e))?;
+        let region = reg(bytes, access).map_err(|e| verbs_error(self.rank, what, call, &e))?;
         let rkey = region.rkey();
         self.registrations.lock().push(Registration {
             addr,
