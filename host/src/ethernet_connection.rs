@@ -54,12 +54,6 @@ struct State {
     stager: Option<Box<dyn Stager>>,
 }
 
-impl std::fmt::Debug for dyn Stager {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Stager")
-    }
-}
-
 impl EthernetConnection {
     /// Connects this rank (`rank`) to `peer`'s listener at `addr` and presents `token` (what
     /// the peer handed out for this connection through the out-of-band exchange). Retries a

@@ -71,6 +71,12 @@ pub(crate) trait Stager: Send {
     unsafe fn store_counter(&mut self, dst: u64, value: u64) -> std::result::Result<(), String>;
 }
 
+impl std::fmt::Debug for dyn Stager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stager")
+    }
+}
+
 /// Staging of the emulator's memory through a heap buffer: what a GPU's Ethernet traffic
 /// does, with plain copies (see the module docs).
 #[derive(Debug, Default)]

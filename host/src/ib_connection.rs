@@ -215,13 +215,14 @@ pub fn connect(
     qp.modify(&ready_to_send)
         .map_err(|e| fail("ibv_modify_qp (RTS)")(&e))?;
     let atomic_result = Arc::new(AtomicU64::new(0));
-    let atomic_lkey = {
-        let addr = atomic_result.as_ptr() as u64;
-        device.register(addr, 8, false, atomic_result.clone())?;
-        device
-            .local_key(addr, 8)
-            .ok_or_else(|| Error::Internal("an RDMA registration vanished".into()))?
-    };
+    let atomic_lkey = device
+        .register(
+            atomic_result.as_ptr() as u64,
+            8,
+            false,
+            atomic_result.clone(),
+        )?
+        .local;
     tracing::info!(
         rank,
         peer,

@@ -40,6 +40,15 @@ struct Registration {
     _keep_alive: Arc<dyn Any + Send + Sync>,
 }
 
+/// The keys of one registration with the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegistrationKeys {
+    /// What this rank's requests from the memory carry.
+    pub local: u32,
+    /// What peers name the memory by.
+    pub remote: u32,
+}
+
 /// A rank's opened RDMA device.
 pub struct IbDevice {
     rank: u32,
@@ -267,7 +276,7 @@ impl IbDevice {
 
     /// Registers `len` bytes at `addr` (memory of this process, kept alive by
     /// `keep_alive`) for local access and for peers' RDMA writes, and, if `atomics`, their
-    /// atomics (semaphores); returns the remote key peers name it by.
+    /// atomics (semaphores); returns its keys.
     ///
     /// # Errors
     /// [`Error::InvalidUsage`] for an empty range; [`Error::Verbs`] if the device refused
@@ -278,7 +287,7 @@ impl IbDevice {
         len: u64,
         atomics: bool,
         keep_alive: Arc<dyn Any + Send + Sync>,
-    ) -> Result<u32> {
+    ) -> Result<RegistrationKeys> {
         let what = format!("registering {len} bytes at {addr:#x} with {}", self.name);
         self.keep_registered(
             &what,
@@ -312,7 +321,7 @@ impl IbDevice {
         len: u64,
         atomics: bool,
         keep_alive: Arc<dyn Any + Send + Sync>,
-    ) -> Result<u32> {
+    ) -> Result<RegistrationKeys> {
         let what = format!(
             "registering {len} bytes of GPU memory at {addr:#x} with {} (dma-buf)",
             self.name
@@ -338,7 +347,7 @@ impl IbDevice {
 
     /// Registers `len` bytes at `addr` with `reg` (given the byte count and the access
     /// peers get: writes, and atomics if `atomics`), keeps the registration with
-    /// `keep_alive` until the device is dropped, and returns its remote key; `what` and
+    /// `keep_alive` until the device is dropped, and returns its keys; `what` and
     /// `call` name the attempt in errors.
     #[allow(clippy::too_many_arguments)]
     fn keep_registered(
@@ -350,7 +359,7 @@ impl IbDevice {
         atomics: bool,
         keep_alive: Arc<dyn Any + Send + Sync>,
         reg: impl FnOnce(usize, AccessFlags) -> std::result::Result<Arc<VerbsRegion>, RegisterError>,
-    ) -> Result<u32> {
+    ) -> Result<RegistrationKeys> {
         let bytes = usize::try_from(len)
             .ok()
             .filter(|&b| b > 0 && addr != 0)
@@ -362,14 +371,17 @@ impl IbDevice {
             access |= AccessFlags::RemoteAtomic;
         }
         let region = reg(bytes, access).map_err(|e| verbs_error(self.rank, what, call, &e))?;
-        let rkey = region.rkey();
+        let keys = RegistrationKeys {
+            local: region.lkey(),
+            remote: region.rkey(),
+        };
         self.registrations.lock().push(Registration {
             addr,
             len,
             region,
             _keep_alive: keep_alive,
         });
-        Ok(rkey)
+        Ok(keys)
     }
 
     /// The local key of the registration holding `len` bytes at `addr`, if one does.

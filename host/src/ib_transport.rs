@@ -82,7 +82,9 @@ impl IbTransport {
                     register_gpu_memory(&self.device, gpu, addr, size, atomics, owner.share())?
                 }
                 crate::buffer_memory::BufferMemory::Cpu(_) => {
-                    self.device.register(addr, size, atomics, owner.share())?
+                    self.device
+                        .register(addr, size, atomics, owner.share())?
+                        .remote
                 }
             };
             memory.set_ib_rkey(self.device.index(), rkey);
@@ -185,7 +187,7 @@ fn register_gpu_memory(
                 atomics,
                 keep_alive.clone(),
             ) {
-                Ok(rkey) => return Ok(rkey),
+                Ok(keys) => return Ok(keys.remote),
                 Err(e) => Some(e.to_string()),
             }
         }
@@ -194,6 +196,7 @@ fn register_gpu_memory(
     };
     device
         .register(addr, size, atomics, keep_alive)
+        .map(|keys| keys.remote)
         .map_err(|e| match dma_buf_failure {
             Some(first) => Error::BackendUnavailable(format!(
                 "rank {}: GPU memory cannot be registered with RDMA device {}: as a dma-buf: \
