@@ -31,6 +31,7 @@
 
 use super::launch::Launch;
 use super::pool::WORKER_STACK;
+use super::stream::CpuStream;
 pub(crate) use corosensei::stack::DefaultStack as Stack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
 use oxccl_device::arch::host::{DetachedContext, attach, detach, set_wait_hook};
@@ -51,6 +52,7 @@ const SPARE_STACKS: usize = 4;
 /// pool thread.
 pub(crate) struct Suspended {
     coroutine: KernelCoroutine,
+    stream: Arc<CpuStream>,
     launch: Arc<Launch>,
     context: DetachedContext,
 }
@@ -64,11 +66,12 @@ pub(crate) struct Suspended {
 unsafe impl Send for Suspended {}
 
 impl Suspended {
-    /// Runs the kernel thread to its end on the calling (pool) thread; returns its launch,
-    /// whose thread the caller then reports done.
-    pub(crate) fn finish(self) -> Arc<Launch> {
+    /// Runs the kernel thread to its end on the calling (pool) thread; returns its stream
+    /// and launch, whose thread the caller then reports done.
+    pub(crate) fn finish(self) -> (Arc<CpuStream>, Arc<Launch>) {
         let Suspended {
             mut coroutine,
+            stream,
             launch,
             context,
         } = self;
@@ -79,17 +82,18 @@ impl Suspended {
             context = Some(again);
         }
         recycle(coroutine.into_stack());
-        launch
+        (stream, launch)
     }
 }
 
-/// Runs thread `index` of `launch` on the calling thread, on `stack`, until it returns
-/// (`Ok`, with the stack for the next one), or until it waits past `deadline`, where it is
-/// suspended and returned (`Err`).
+/// Runs thread `index` of `launch` (of `stream`) on the calling thread, on `stack`, until
+/// it returns (`Ok`, with the stack for the next one), or until it waits past `deadline`,
+/// where it is suspended and returned (`Err`).
 ///
 /// The caller has claimed thread `index` (no other thread runs it) and reports it done
 /// once it returns here or in [`Suspended::finish`].
 pub(crate) fn run(
+    stream: &Arc<CpuStream>,
     launch: &Arc<Launch>,
     index: u32,
     stack: Stack,
@@ -107,6 +111,7 @@ pub(crate) fn run(
         CoroutineResult::Return(()) => Ok(coroutine.into_stack()),
         CoroutineResult::Yield(context) => Err(Box::new(Suspended {
             coroutine,
+            stream: stream.clone(),
             launch: launch.clone(),
             context,
         })),

@@ -3,9 +3,13 @@
 //!
 //! Written by the stream (creation) and by the launch's own kernel threads (failures, the
 //! running count); read by the stream when the last thread reports done.
+//!
+//! A launch does not name its stream: whoever runs one of its threads holds the stream
+//! too (a pool task, a helping host thread, a suspended kernel thread), so that a stream
+//! may keep its completed launches for reuse without holding itself (see
+//! [`Launch::new`]).
 
 use super::pool::Worker;
-use super::stream::CpuStream;
 use oxccl_device::DeviceError;
 use oxccl_device::arch::Dim3;
 use oxccl_device::arch::host::{
@@ -41,8 +45,6 @@ pub(crate) struct Launch {
     remaining: AtomicU32,
     /// The first failure of a thread of this launch, and how many threads failed.
     failure: Mutex<Failure>,
-    /// The stream to tell when the launch completes.
-    stream: Arc<CpuStream>,
 }
 
 #[derive(Default)]
@@ -61,7 +63,14 @@ pub(crate) enum FailureKind {
 }
 
 impl Launch {
-    /// A launch of `kernel` with a private copy of the parameter values `params` points to.
+    /// A launch of `kernel` with a private copy of the parameter values `params` points to,
+    /// made in the allocation of `spare` (a completed launch of the same stream) if nothing
+    /// else holds it, else in a new one.
+    ///
+    /// Reuse matters: a launch is allocated by the host thread that enqueues it and freed by
+    /// the kernel thread that completes it, and glibc's allocator makes that hand-over of
+    /// memory between threads cost a lock shared by both (a tenth of the host's time in a
+    /// loop of small all-reduces, measured).
     ///
     /// The caller has checked the configuration (non-zero extents, total threads within
     /// the emulator's limit, so it fits in `u32`) and that `params` has one pointer per
@@ -74,7 +83,7 @@ impl Launch {
         kernel: &'static KernelInfo,
         config: LaunchConfig,
         params: &[*const c_void],
-        stream: Arc<CpuStream>,
+        spare: Option<Arc<Launch>>,
     ) -> crate::Result<Arc<Self>> {
         super::quiet_kernel_panics();
         let threads_per_block = config.block.volume() as u32;
@@ -85,7 +94,44 @@ impl Launch {
         } else {
             Box::default()
         };
-        let mut launch = Arc::new(Self {
+        let total = config.total_threads() as u32;
+        let mut launch = match spare {
+            Some(mut spare) => match Arc::get_mut(&mut spare) {
+                Some(old) => {
+                    // Field by field: moving a whole new launch in would copy its half
+                    // kilobyte of parameter storage for nothing.
+                    old.kernel = kernel;
+                    old.config = config;
+                    old.params.clear();
+                    old.barriers = barriers;
+                    *old.claimed.get_mut() = 0;
+                    *old.worker.get_mut() = None;
+                    *old.remaining.get_mut() = total;
+                    *old.failure.get_mut() = Failure::default();
+                    spare
+                }
+                None => Arc::new(Self::fresh(kernel, config, barriers)),
+            },
+            None => Arc::new(Self::fresh(kernel, config, barriers)),
+        };
+        // The values are copied where they stay, inside the launch: its pointer array can
+        // then be made once, not by every thread.
+        let Some(block) = Arc::get_mut(&mut launch) else {
+            return Err(crate::Error::Internal("a new launch was shared".into()));
+        };
+        // SAFETY: forwarded contract; the block sits in its launch's allocation and never
+        // moves again.
+        unsafe { block.params.fill(kernel, params)? };
+        Ok(launch)
+    }
+
+    /// A launch with no parameter values yet.
+    fn fresh(
+        kernel: &'static KernelInfo,
+        config: LaunchConfig,
+        barriers: Box<[Arc<BlockBarrier>]>,
+    ) -> Self {
+        Self {
             kernel,
             config,
             params: ParamBlock::empty(),
@@ -94,17 +140,7 @@ impl Launch {
             worker: Mutex::new(None),
             remaining: AtomicU32::new(config.total_threads() as u32),
             failure: Mutex::new(Failure::default()),
-            stream,
-        });
-        // The values are copied where they stay, inside the launch: its pointer array can
-        // then be made once, not by every thread.
-        let Some(fresh) = Arc::get_mut(&mut launch) else {
-            return Err(crate::Error::Internal("a new launch was shared".into()));
-        };
-        // SAFETY: forwarded contract; the block sits in its launch's allocation and never
-        // moves again.
-        unsafe { fresh.params.fill(kernel, params)? };
-        Ok(launch)
+        }
     }
 
     /// Number of kernel threads of the launch.
@@ -190,15 +226,12 @@ impl Launch {
         }
     }
 
-    /// Reports one thread done; the last one completes the launch on its stream (which may
-    /// start the stream's next launch on this worker).
-    pub(crate) fn thread_done(self: Arc<Self>) {
+    /// Reports one thread done: whether it was the last, whose caller completes the launch
+    /// on its stream.
+    pub(crate) fn thread_done(&self) -> bool {
         // AcqRel: each thread releases its writes; the last one acquires them all before it
         // completes the launch (and the host acquires them from the stream's counter).
-        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let stream = self.stream.clone();
-            stream.complete(&self);
-        }
+        self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
     /// What went wrong, if a thread failed: how the first thread failed, its message, and
@@ -277,9 +310,9 @@ const _: () = assert!(core::mem::align_of::<InlineParams>() == INLINE_PARAM_ALIG
 /// ([`Self::fill`]), and never moves after: `pointers` may point into `inline`.
 ///
 /// Invariants: `heap`, if set, was allocated with its layout (non-zero size) and is freed
-/// only by `Drop`; once filled, `pointers[i]` points into `heap` or else `inline`, aligned
-/// to `kernel.params[i].align`, with `kernel.params[i].size` initialized bytes after it
-/// inside that storage.
+/// only by `Drop` or `clear`; once filled, `pointers[i]` points into `heap` or else
+/// `inline`, aligned to `kernel.params[i].align`, with `kernel.params[i].size` initialized
+/// bytes after it inside that storage.
 ///
 /// [`ParamLayout`]: oxccl_device::launch::ParamLayout
 struct ParamBlock {
@@ -303,6 +336,16 @@ impl ParamBlock {
             heap: None,
             pointers: SmallVec::new(),
         }
+    }
+
+    /// Empties the block, freeing an allocation of its values, for [`Self::fill`] again.
+    fn clear(&mut self) {
+        if let Some((heap, layout)) = self.heap.take() {
+            // SAFETY: by the invariant, `heap` came from `alloc(layout)`; taken out of the
+            // block, it is freed once.
+            unsafe { std::alloc::dealloc(heap.as_ptr(), layout) };
+        }
+        self.pointers.clear();
     }
 
     /// Copies the values `params` points to into this (empty) block, and makes the pointer

@@ -23,6 +23,7 @@
 
 use super::inline::Suspended;
 use super::launch::Launch;
+use super::stream::CpuStream;
 use crossbeam_utils::Backoff;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -42,8 +43,8 @@ pub(crate) const WORKER_STACK: usize = 2 << 20;
 
 /// What a worker is given to do.
 pub(crate) enum Task {
-    /// Run a thread of this launch that nobody has claimed, if one is left.
-    Start(Arc<Launch>),
+    /// Run a thread of this launch of this stream that nobody has claimed, if one is left.
+    Start(Arc<CpuStream>, Arc<Launch>),
     /// Finish a kernel thread suspended on a host thread.
     Resume(Box<Suspended>),
 }
@@ -88,6 +89,7 @@ impl Pool {
     /// run) and the OS error is returned.
     pub(crate) fn dispatch(
         &'static self,
+        stream: &Arc<CpuStream>,
         launch: &Arc<Launch>,
         workers: u32,
     ) -> std::io::Result<()> {
@@ -98,7 +100,7 @@ impl Pool {
             *launch.worker.lock() = Some(worker.clone());
         }
         for worker in workers {
-            worker.post(Task::Start(launch.clone()));
+            worker.post(Task::Start(stream.clone(), launch.clone()));
         }
         Ok(())
     }
@@ -114,7 +116,7 @@ impl Pool {
         let retracted = {
             let mut slot = worker.slot.lock();
             match &*slot {
-                Some(Task::Start(l)) if std::ptr::eq(Arc::as_ptr(l), launch) => {
+                Some(Task::Start(_, l)) if std::ptr::eq(Arc::as_ptr(l), launch) => {
                     *slot = None;
                     // Relaxed: under the slot's lock, which the worker takes before it
                     // trusts `posted`.
@@ -209,17 +211,19 @@ impl Worker {
         }
     }
 
-    /// The worker thread: take a task, run it, go back on the idle list, report it done.
+    /// The worker thread: take a task, run it, go back on the idle list, report it done
+    /// (or run the stream's next launch, if the report hands one over: see
+    /// [`CpuStream::thread_done_on_worker`]).
     fn run(self: Arc<Self>, pool: &'static Pool) {
         let mut idle_since = Instant::now();
         loop {
-            let launch = match self.next_task(idle_since) {
-                Task::Start(launch) => match launch.claim_thread() {
+            let (stream, launch) = match self.next_task(idle_since) {
+                Task::Start(stream, launch) => match launch.claim_thread() {
                     Some(index) => {
                         // Ours now: nothing to take back (and no cycle through the slot).
                         launch.worker.lock().take();
                         launch.run_thread(index);
-                        launch
+                        (stream, launch)
                     }
                     None => {
                         // A host thread ran it: no work done, so the idle time goes on.
@@ -229,8 +233,13 @@ impl Worker {
                 },
                 Task::Resume(suspended) => (*suspended).finish(),
             };
-            pool.put_back(self.clone());
-            launch.thread_done();
+            let mut done = launch;
+            while let Some((next, index)) =
+                stream.thread_done_on_worker(done, || pool.put_back(self.clone()))
+            {
+                next.run_thread(index);
+                done = next;
+            }
             idle_since = Instant::now();
         }
     }

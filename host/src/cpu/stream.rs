@@ -40,6 +40,9 @@ pub(crate) const MAX_IN_FLIGHT: u64 = 1024;
 /// Longest a launch waits for room in its stream's queue.
 pub(crate) const ROOM_WAIT_LIMIT: Duration = Duration::from_secs(60);
 
+/// Completed launches a stream keeps for its next launches to reuse (see [`Launch::new`]).
+const SPARE_LAUNCHES: usize = 4;
+
 /// The shared state of one stream.
 pub(crate) struct CpuStream {
     pub(crate) device: Arc<CpuDevice>,
@@ -66,6 +69,11 @@ struct Queue {
     helpers: u32,
     /// Launches waiting for `running` to complete, oldest first.
     pending: VecDeque<Arc<Launch>>,
+    /// The launch completed last, until the next one completes: by then the kernel
+    /// threads that ran it have let go of it, and it joins `spares`.
+    retiring: Option<Arc<Launch>>,
+    /// Completed launches, for the next launches to be made in (see [`Launch::new`]).
+    spares: Vec<Arc<Launch>>,
 }
 
 impl Queue {
@@ -75,6 +83,16 @@ impl Queue {
         self.running = next.clone();
         self.for_helper = next.is_some() && self.helpers > 0;
         if self.for_helper { None } else { next }
+    }
+
+    /// Keeps `completed` (the launch that just completed) for reuse, once the next one
+    /// completes; drops what there is no room for.
+    fn retire(&mut self, completed: Option<Arc<Launch>>) {
+        if let Some(older) = std::mem::replace(&mut self.retiring, completed)
+            && self.spares.len() < SPARE_LAUNCHES
+        {
+            self.spares.push(older);
+        }
     }
 }
 
@@ -106,11 +124,15 @@ impl CpuStream {
         params: &[*const c_void],
     ) -> crate::Result<()> {
         self.make_room()?;
-        // SAFETY: forwarded contract.
-        let launch = unsafe { Launch::new(kernel, config, params, self.clone())? };
-        self.device.launch_enqueued();
         let start_now = {
+            // One lock for the spare and the queue: each lock the host and the kernel
+            // threads both take moves a cache line between cores, the larger part of a
+            // launch's cost.
             let mut queue = self.queue.lock();
+            let spare = queue.spares.pop();
+            // SAFETY: forwarded contract.
+            let launch = unsafe { Launch::new(kernel, config, params, spare)? };
+            self.device.launch_enqueued();
             self.submitted.fetch_add(1, Ordering::Relaxed);
             if queue.running.is_none() {
                 queue.run_next(Some(launch))
@@ -158,11 +180,56 @@ impl CpuStream {
         Ok(())
     }
 
-    /// Called by the last thread of `launch` to finish: records its failure, and starts
-    /// the next launch of the stream, if any.
-    pub(crate) fn complete(self: &Arc<Self>, launch: &Launch) {
-        if let Some(next) = self.finish(launch) {
+    /// Reports a thread of `launch` done; the last one completes the launch, and starts the
+    /// stream's next launch, if any.
+    pub(crate) fn thread_done(self: &Arc<Self>, launch: Arc<Launch>) {
+        if !launch.thread_done() {
+            return;
+        }
+        if let Some(next) = self.finish(&launch) {
             self.start(next);
+        }
+    }
+
+    /// As [`Self::thread_done`], for the pool worker that ran it: after a launch of one
+    /// thread, a next launch of one thread is not handed to the pool but claimed for the
+    /// worker to run at once (returned with its thread's index), as a GPU runs a stream's
+    /// kernels back to back. Otherwise the worker is idle: `idle` puts it back on the
+    /// pool's idle list *before* the thread is reported done, so that a launch the report
+    /// starts finds it there instead of spawning another worker.
+    pub(crate) fn thread_done_on_worker(
+        self: &Arc<Self>,
+        launch: Arc<Launch>,
+        idle: impl FnOnce(),
+    ) -> Option<(Arc<Launch>, u32)> {
+        if launch.total_threads() != 1 {
+            idle();
+            self.thread_done(launch);
+            return None;
+        }
+        if !launch.thread_done() {
+            // Not reached: the only thread of a launch is its last.
+            idle();
+            return None;
+        }
+        match self.finish(&launch) {
+            Some(next) if next.total_threads() == 1 => {
+                // A helper may claim it first (it is the running launch): it runs there.
+                let claimed = next.claim_thread();
+                if claimed.is_none() {
+                    idle();
+                }
+                claimed.map(|index| (next, index))
+            }
+            Some(next) => {
+                idle();
+                self.start(next);
+                None
+            }
+            None => {
+                idle();
+                None
+            }
         }
     }
 
@@ -217,10 +284,10 @@ impl CpuStream {
                 break;
             }
             if let Some((launch, index)) = self.claim_for_helper() {
-                match inline::run(&launch, index, stack, deadline) {
+                match inline::run(self, &launch, index, stack, deadline) {
                     Ok(back) => {
                         stack = back;
-                        launch.thread_done();
+                        self.thread_done(launch);
                     }
                     Err(suspended) => {
                         // Past the deadline: a worker finishes the kernel thread, and
@@ -231,8 +298,8 @@ impl CpuStream {
                                 %err,
                                 "no thread to move a late kernel thread to; it ends here"
                             );
-                            let launch = (*suspended).finish();
-                            launch.thread_done();
+                            let (stream, launch) = (*suspended).finish();
+                            stream.thread_done(launch);
                         }
                         self.stop_helping();
                         return;
@@ -261,6 +328,12 @@ impl CpuStream {
         }
         inline::recycle(stack);
         self.stop_helping();
+    }
+
+    /// Completed launches kept for reuse now.
+    #[cfg(test)]
+    pub(crate) fn spare_launches(&self) -> usize {
+        self.queue.lock().spares.len()
     }
 
     /// Host threads helping now.
@@ -333,8 +406,8 @@ impl CpuStream {
 
     /// Gives `workers` threads of `launch` to the pool; if that fails, records why and
     /// returns false (no thread of the launch was given out).
-    fn dispatch(&self, launch: &Arc<Launch>, workers: u32) -> bool {
-        let Err(err) = pool().dispatch(launch, workers) else {
+    fn dispatch(self: &Arc<Self>, launch: &Arc<Launch>, workers: u32) -> bool {
+        let Err(err) = pool().dispatch(self, launch, workers) else {
             return true;
         };
         self.record(Error::System {
@@ -373,7 +446,10 @@ impl CpuStream {
         let next = {
             let mut queue = self.queue.lock();
             let next = queue.pending.pop_front();
-            queue.run_next(next)
+            let completed = queue.running.take();
+            let next = queue.run_next(next);
+            queue.retire(completed);
+            next
         };
         // SeqCst (a Release at least, pairing with `synchronize`): the Dekker pair of
         // `Signal::notify`.
@@ -429,7 +505,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     /// Gates of the tests below, one each (tests run at the same time).
-    static GATES: [AtomicBool; 6] = [const { AtomicBool::new(false) }; 6];
+    static GATES: [AtomicBool; 8] = [const { AtomicBool::new(false) }; 8];
 
     /// Waits (with back-off) until gate `gate` opens.
     #[kernel]
@@ -648,5 +724,95 @@ mod tests {
         );
         opener.join().unwrap();
         stream.synchronize().unwrap();
+    }
+
+    /// What the kernels of `launches_keep_their_own_parameters_when_launches_are_reused`
+    /// saw: (sequence number, thread index, whether its parameters were the ones sent).
+    static REUSED: Mutex<Vec<(u64, u32, bool)>> = Mutex::new(Vec::new());
+
+    /// Parameters kept inside the launch; `check` is `seq` times 3.
+    #[kernel]
+    fn small_params(seq: u64, check: u64) {
+        REUSED.lock().push((seq, 0, check == seq * 3));
+    }
+
+    /// Parameters too large for the launch: kept in an allocation of their own; every word
+    /// is `seq` plus its index.
+    #[kernel]
+    fn large_params(seq: u64, words: [u64; 40]) {
+        let right = words.iter().enumerate().all(|(i, &w)| w == seq + i as u64);
+        REUSED.lock().push((seq, 0, right));
+    }
+
+    /// Three threads that meet at the block's barrier before and after recording.
+    #[kernel]
+    fn block_params(seq: u64, check: u64) {
+        arch::sync_threads();
+        REUSED
+            .lock()
+            .push((seq, arch::thread_idx().x, check == seq * 3));
+        arch::sync_threads();
+    }
+
+    /// Guards against a launch made in the allocation of an earlier one keeping anything of
+    /// it: its parameter values (inside the launch or allocated), its shape (threads,
+    /// block barriers), its count of threads left. Three kinds of launch alternate back to
+    /// back behind a gate (so they queue and complete one after another on a pool thread,
+    /// each handing the next over), then again run by the synchronizing thread; every
+    /// kernel must see its own parameters, each thread once, in launch order.
+    #[test]
+    fn launches_keep_their_own_parameters_when_launches_are_reused() {
+        let gate = 6;
+        let mut stream = stream_of(46);
+        stream.set_timeout(Duration::from_secs(10));
+        let one = LaunchConfig::grid(1);
+        let three = LaunchConfig::grid(1).block(3);
+        let enqueue = |from: u64| {
+            for seq in from..from + 60 {
+                match seq % 3 {
+                    0 => small_params::launch(&stream, one, seq, seq * 3).unwrap(),
+                    1 => {
+                        let words = std::array::from_fn(|i| seq + i as u64);
+                        large_params::launch(&stream, one, seq, words).unwrap();
+                    }
+                    _ => block_params::launch(&stream, three, seq, seq * 3).unwrap(),
+                }
+            }
+        };
+        wait_for_gate::launch(&stream, one, gate as u32).unwrap();
+        enqueue(0);
+        GATES[gate].store(true, Ordering::Release);
+        // No helper: a pool thread runs them. Waited for without `synchronize`.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while REUSED.lock().len() < 100 {
+            assert!(Instant::now() < deadline, "the launches did not run");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stream.synchronize().unwrap();
+        enqueue(60);
+        stream.synchronize().unwrap();
+        let seen = REUSED.lock().clone();
+        assert!(
+            seen.iter().all(|s| s.2),
+            "a kernel saw another launch's parameters"
+        );
+        let mut expected = Vec::new();
+        for seq in 0..120u64 {
+            let threads = if seq % 3 == 2 { 3 } else { 1 };
+            expected.extend((0..threads).map(|t| (seq, t)));
+        }
+        let mut got: Vec<(u64, u32)> = seen.iter().map(|s| (s.0, s.1)).collect();
+        // Threads of one launch record in any order; launches in theirs.
+        got.sort_by_key(|&(seq, t)| (seq, t));
+        assert_eq!(got, expected);
+        let launch_order: Vec<u64> = seen.iter().map(|s| s.0).collect();
+        assert!(
+            launch_order.windows(2).all(|w| w[0] <= w[1]),
+            "launches overtook each other: {launch_order:?}"
+        );
+        assert!(
+            stream.cpu_stream().spare_launches() > 0,
+            "no completed launch was kept for reuse"
+        );
     }
 }
