@@ -62,6 +62,7 @@ use crate::peer_watch::PeerWatch;
 use crate::port_channel::PortChannel;
 use crate::registered_memory::RegisteredMemory;
 use crate::semaphore::SemaphoreCells;
+use crate::semaphore_arena::SemaphoreArena;
 use crate::stream::Stream;
 use crate::transport::{Transport, TransportChoice};
 use oxccl_device::DeviceError;
@@ -222,6 +223,9 @@ pub struct Communicator {
     /// Allocations of ranks in other processes opened here through CUDA IPC, by (node,
     /// pid, handle): one mapping per peer allocation, shared by every region built on it.
     cuda_mappings: HashMap<(String, u32, [u8; 64]), Arc<CudaIpcMapping>>,
+    /// Where the channels' semaphores come from: a few allocations, each mapped once by a
+    /// peer, not one per channel.
+    semaphores: SemaphoreArena,
     /// What the host said when it stopped the rank ([`RankStopper`]).
     stop_why: Arc<Mutex<Option<String>>>,
     /// The collectives' scratch and channels, set up by the first collective call.
@@ -316,6 +320,7 @@ impl Communicator {
             peer_watch,
             mappings: HashMap::new(),
             cuda_mappings: HashMap::new(),
+            semaphores: SemaphoreArena::default(),
             stop_why: Arc::new(Mutex::new(None)),
             collectives: None,
         })
@@ -1005,7 +1010,7 @@ impl Communicator {
         }
         let transport = self.port_transport(dst);
         tracing::debug!(rank = self.rank(), peer, key, %transport, "port channel");
-        let cells = SemaphoreCells::new(&self.device)?;
+        let cells = self.semaphores.cells(&self.device)?;
         let remote_inbound = self.swap_inbound(peer, ChannelKind::Port, key, transport, &cells)?;
         let (connection, remote_inbound, dst): (Arc<dyn Connection>, _, _) = match transport {
             Transport::Ethernet => (
@@ -1110,7 +1115,7 @@ impl Communicator {
                 remote.node()
             )));
         }
-        let cells = SemaphoreCells::new(&self.device)?;
+        let cells = self.semaphores.cells(&self.device)?;
         let transport = self.node_transport();
         let remote_inbound =
             self.swap_inbound(peer, ChannelKind::Memory, key, transport, &cells)?;

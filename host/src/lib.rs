@@ -38,6 +38,7 @@ pub mod ptx;
 pub mod rdma_connection;
 pub mod registered_memory;
 pub mod semaphore;
+mod semaphore_arena;
 pub mod stream;
 pub mod transport;
 
