@@ -171,9 +171,11 @@ impl Ptx {
         // backend would load it in preference to the new PTX, so it goes until ptxas
         // assembles the new one.
         let cubin = dest.with_extension("cubin");
-        if cubin.exists() {
-            std::fs::remove_file(&cubin)
-                .map_err(|e| Error::io(format!("removing the stale {}", cubin.display()), e))?;
+        for stale in [crate::ptxas::cubin_source_hash_path(&cubin), cubin] {
+            if stale.exists() {
+                std::fs::remove_file(&stale)
+                    .map_err(|e| Error::io(format!("removing the stale {}", stale.display()), e))?;
+            }
         }
         std::fs::copy(&built, &dest).map_err(|e| {
             Error::io(

@@ -154,14 +154,27 @@ impl Ptxas {
         &self.path
     }
 
-    /// Runs `ptxas -arch=<arch> -v` on `ptx`, writing the cubin to `cubin`, and returns
-    /// what it reported for each function (see [`parse_verbose`]).
+    /// Runs `ptxas -arch=<arch> -v` on `ptx`, writing the cubin to `cubin` and the SHA-256
+    /// of the PTX beside it (see [`cubin_source_hash_path`]), and returns what it reported
+    /// for each function (see [`parse_verbose`]).
     ///
     /// # Errors
     ///
     /// [`Error::PtxasRejected`] with ptxas's error lines if it rejects the PTX;
-    /// [`Error::Command`] if it cannot start or runs past its time limit.
+    /// [`Error::Command`] if it cannot start or runs past its time limit; [`Error::Io`] if
+    /// the PTX cannot be read or the hash written.
     pub fn assemble(&self, ptx: &Path, arch: &str, cubin: &Path) -> Result<Vec<FunctionStats>> {
+        // Hashed before ptxas reads it, so the hash is never of a later PTX than the cubin.
+        let source =
+            std::fs::read(ptx).map_err(|e| Error::io(format!("reading {}", ptx.display()), e))?;
+        let hash_path = cubin_source_hash_path(cubin);
+        // No hash of an older cubin may outlive it, whatever ptxas does below.
+        match std::fs::remove_file(&hash_path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io(format!("removing {}", hash_path.display()), e));
+            }
+            _ => {}
+        }
         let mut cmd = Command::new(&self.path);
         cmd.arg(format!("-arch={arch}"))
             .arg("-v")
@@ -185,6 +198,8 @@ impl Ptxas {
                 errors: shown,
             });
         }
+        std::fs::write(&hash_path, source_hash(&source))
+            .map_err(|e| Error::io(format!("writing {}", hash_path.display()), e))?;
         Ok(parse_verbose(&stderr))
     }
 
@@ -200,6 +215,25 @@ impl Ptxas {
             )))
         })
     }
+}
+
+/// Where the SHA-256 of the PTX a cubin was assembled from is kept: beside the cubin, its
+/// name with `.sha256` added. A cubin whose file time is older than the PTX beside it (a copy
+/// that did not keep file times makes it so) is still of that PTX if this says so; the CUDA
+/// backend checks it (`oxccl::ptx`) before compiling the PTX instead, which takes minutes.
+pub fn cubin_source_hash_path(cubin: &Path) -> PathBuf {
+    let mut name = cubin.as_os_str().to_owned();
+    name.push(".sha256");
+    PathBuf::from(name)
+}
+
+/// The SHA-256 of `bytes`, in lowercase hex: what [`cubin_source_hash_path`] holds.
+pub fn source_hash(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// What `ptxas -v` reported for one function.
@@ -497,14 +531,16 @@ ptxas fatal   : Ptx assembly aborted due to errors
             "hung-ptxas",
             "echo 'ptxas info    : 0 bytes gmem' >&2\nexec sleep 300",
         );
+        let ptx = dir.join("k.ptx");
+        std::fs::write(&ptx, "// k").unwrap();
         let started = std::time::Instant::now();
         let err = Ptxas::at(&exe)
             .time_limit(Duration::from_millis(500))
-            .assemble(Path::new("/tmp/k.ptx"), "sm_70", &dir.join("k.cubin"))
+            .assemble(&ptx, "sm_70", &dir.join("k.cubin"))
             .unwrap_err();
         let msg = crate::error::with_causes(&err);
         assert!(started.elapsed() < Duration::from_secs(10));
-        assert!(msg.contains("/tmp/k.ptx for sm_70"), "{msg}");
+        assert!(msg.contains("k.ptx for sm_70"), "{msg}");
         assert!(msg.contains("did not finish within"), "{msg}");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -514,30 +550,62 @@ ptxas fatal   : Ptx assembly aborted due to errors
     fn rejected_ptx_shows_the_error_lines() {
         let (dir, exe) = fake_ptxas("bad-ptxas", "cat \"$(dirname \"$0\")/said\" >&2; exit 1");
         std::fs::write(dir.join("said"), BAD).unwrap();
+        let ptx = dir.join("bad.ptx");
+        std::fs::write(&ptx, "// bad").unwrap();
+        let cubin = dir.join("bad.cubin");
         let err = Ptxas::at(&exe)
-            .assemble(Path::new("/tmp/bad.ptx"), "sm_70", &dir.join("bad.cubin"))
+            .assemble(&ptx, "sm_70", &cubin)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("rejected /tmp/bad.ptx for sm_70"), "{err}");
+        assert!(err.contains("bad.ptx for sm_70"), "{err}");
         assert!(err.contains("Unknown modifier '.bar'"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// Guards against a report lost on the way out: a ptxas that accepts the module gives
-    /// the statistics its `-v` printed, and the cubin goes where asked.
+    /// Guards against a report lost on the way out, and a cubin without the record of its
+    /// source: a ptxas that accepts the module gives the statistics its `-v` printed, the
+    /// cubin goes where asked, and the SHA-256 of the PTX lies beside it (a record of an
+    /// older module is replaced).
     #[test]
-    fn accepted_ptx_gives_the_statistics() {
+    fn accepted_ptx_gives_the_statistics_and_the_hash_of_its_source() {
         let (dir, exe) = fake_ptxas(
             "good-ptxas",
             "cat \"$(dirname \"$0\")/said\" >&2; [ \"$1\" = -arch=sm_70 ] && [ \"$4\" = -o ] && : > \"$5\"",
         );
         std::fs::write(dir.join("said"), SM70).unwrap();
+        let ptx = dir.join("k.ptx");
+        std::fs::write(&ptx, "// the module").unwrap();
         let cubin = dir.join("k.cubin");
-        let stats = Ptxas::at(&exe)
-            .assemble(Path::new("/tmp/k.ptx"), "sm_70", &cubin)
-            .unwrap();
+        let record = cubin_source_hash_path(&cubin);
+        assert_eq!(record, dir.join("k.cubin.sha256"));
+        std::fs::write(&record, source_hash(b"// an older module")).unwrap();
+        let stats = Ptxas::at(&exe).assemble(&ptx, "sm_70", &cubin).unwrap();
         assert_eq!(stats, parse_verbose(SM70));
         assert!(cubin.is_file());
+        // The SHA-256 of "abc", as published (FIPS 180-2, appendix B.1).
+        assert_eq!(
+            source_hash(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&record).unwrap(),
+            source_hash(b"// the module")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Guards against the record of an older cubin surviving a rejected module: it would
+    /// vouch for an old cubin beside a new PTX.
+    #[test]
+    fn a_rejected_module_leaves_no_record_of_a_source() {
+        let (dir, exe) = fake_ptxas("rejecting-ptxas", "exit 1");
+        let ptx = dir.join("k.ptx");
+        std::fs::write(&ptx, "// new").unwrap();
+        let cubin = dir.join("k.cubin");
+        let record = cubin_source_hash_path(&cubin);
+        std::fs::write(&record, source_hash(b"// old")).unwrap();
+        Ptxas::at(&exe).assemble(&ptx, "sm_70", &cubin).unwrap_err();
+        assert!(!record.exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -28,7 +28,10 @@
 //! over a minute, once per machine until its cache is cleared), so `cargo xtask build-ptx
 //! --check` also assembles each module with ptxas into `<arch>/<crate>.cubin`, machine code
 //! the driver loads as it is. [`locate_cubin_for_device`] finds one a device runs: built
-//! for the same major architecture, at a minor one no newer than the device's.
+//! for the same major architecture, at a minor one no newer than the device's, and of the
+//! PTX beside it: not older by its file time, or, where it is (a copy that did not keep
+//! file times), assembled from that PTX by the SHA-256 recorded beside it
+//! ([`cubin_source_hash_path`]).
 
 use std::ffi::OsString;
 use std::fmt;
@@ -238,15 +241,47 @@ fn newest_in(
     best.map(|(_, arch, path)| (path, arch))
 }
 
-/// Whether `cubin` exists and is not older than the PTX beside it, if any (a PTX rebuilt
-/// since the cubin was assembled wins: the cubin is of older code).
+/// Whether `cubin` exists and is of the PTX beside it, if any: not older than it, or
+/// assembled from it as the hash recorded beside the cubin says (a PTX rebuilt since the
+/// cubin was assembled wins: the cubin is of older code).
 fn current(cubin: &Path) -> bool {
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    match (modified(cubin), modified(&cubin.with_extension("ptx"))) {
+    let ptx = cubin.with_extension("ptx");
+    match (modified(cubin), modified(&ptx)) {
         (None, _) => false,
-        (Some(c), Some(p)) => c >= p,
         (Some(_), None) => true,
+        (Some(c), Some(p)) if c >= p => true,
+        // Read and hashed only here: most loads find the file times in order.
+        (Some(_), Some(_)) => assembled_from(cubin, &ptx),
     }
+}
+
+/// Where `oxccl-build` records the SHA-256 of the PTX a cubin was assembled from: beside
+/// the cubin, its name with `.sha256` added, in lowercase hex.
+pub fn cubin_source_hash_path(cubin: &Path) -> PathBuf {
+    let mut name = cubin.as_os_str().to_owned();
+    name.push(".sha256");
+    PathBuf::from(name)
+}
+
+/// Longest hash record read: a SHA-256 in hex, and room for a line end.
+const HASH_RECORD_LIMIT: u64 = 128;
+
+/// Whether the hash recorded beside `cubin` is that of `ptx`'s bytes.
+fn assembled_from(cubin: &Path, ptx: &Path) -> bool {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut recorded = String::new();
+    let read = std::fs::File::open(cubin_source_hash_path(cubin))
+        .and_then(|f| f.take(HASH_RECORD_LIMIT).read_to_string(&mut recorded));
+    let Ok(source) = read.and_then(|_| std::fs::read(ptx)) else {
+        return false;
+    };
+    let hash: String = Sha256::digest(&source)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    recorded.trim() == hash
 }
 
 fn locate_for_device_in(
@@ -462,5 +497,38 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         d.put("sm_80/oxccl_kernels.ptx", "80, rebuilt");
         assert_eq!(locate_cubin_in(&dirs, "oxccl_kernels", 8, 6), None);
+    }
+
+    /// Guards against a cubin passed over for its file time alone (a copy that does not
+    /// keep file times can make it older than its PTX; the driver then compiles the PTX,
+    /// for minutes), and against one trusted for a record of another PTX. The record is
+    /// written as `oxccl-build` writes it.
+    #[test]
+    fn a_cubin_older_than_its_ptx_is_used_if_assembled_from_it() {
+        let d = TempDir::new();
+        let cubin = d.put("sm_80/oxccl_kernels.cubin", "machine code");
+        let ptx = d.put("sm_80/oxccl_kernels.ptx", "the module");
+        let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&cubin)
+            .unwrap()
+            .set_modified(an_hour_ago)
+            .unwrap();
+        let dirs = [d.0.clone()];
+        let found = || locate_cubin_in(&dirs, "oxccl_kernels", 8, 0);
+        // No record: judged by its time, it is of older code.
+        assert_eq!(found(), None);
+        let record = cubin_source_hash_path(&cubin);
+        assert_eq!(record, oxccl_build::ptxas::cubin_source_hash_path(&cubin));
+        std::fs::write(&record, oxccl_build::ptxas::source_hash(b"the module")).unwrap();
+        assert_eq!(found(), Some((cubin.clone(), "sm_80".to_string())));
+        // A PTX of other code beside it.
+        std::fs::write(&ptx, "the module, changed").unwrap();
+        assert_eq!(found(), None);
+        // A record that is not a hash at all.
+        std::fs::write(&ptx, "the module").unwrap();
+        std::fs::write(&record, "x".repeat(4096)).unwrap();
+        assert_eq!(found(), None);
     }
 }

@@ -199,7 +199,7 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
         } else if entry
             .path()
             .extension()
-            .is_some_and(|e| e == "ptx" || e == "cubin")
+            .is_some_and(|e| e == "ptx" || e == "cubin" || e == "sha256")
         {
             std::fs::copy(entry.path(), &target)?;
         }
