@@ -6,6 +6,7 @@ mod common;
 
 use common::{assert_all_reduce_sums, exchange_over_both_rings, exchange_over_port_ring};
 use oxccl::in_process::{self, InProcessConfig};
+use oxccl::collectives::CollectiveConfig;
 use oxccl::{Backend, CommunicatorConfig, Device, Error, TransportChoice};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_kernels::device_check::fill_sequence;
@@ -138,6 +139,11 @@ fn ethernet_from_device_memory_is_staged() {
                 wait_timeout: Duration::from_secs(20),
                 transport: TransportChoice::Ethernet,
                 ethernet_staging: true,
+                // The all-reduce below in several rounds (4 of 128 KiB).
+                collectives: CollectiveConfig {
+                    port_round_bytes: 128 << 10,
+                    ..Default::default()
+                },
                 ..Default::default()
             },
             exchange_timeout: Duration::from_secs(20),

@@ -74,8 +74,8 @@ pub struct BenchArgs {
     /// under `--algo packets`, at least `--max-bytes`).
     #[arg(long, value_parser = parse_bytes)]
     pub packet_limit: Option<u64>,
-    /// Bytes one round of a collective stages per rank (default: the library's); larger
-    /// messages take several rounds.
+    /// Bytes one round of a collective stages per rank, over memory and over port channels
+    /// alike (default: the library's, which differ); larger messages take several rounds.
     #[arg(long, value_parser = parse_bytes)]
     pub round_bytes: Option<u64>,
     /// Blocks of every collective kernel (default: the library's choice).
@@ -157,6 +157,7 @@ impl BenchArgs {
             collectives: CollectiveConfig {
                 packet_limit,
                 round_bytes: self.round_bytes.unwrap_or(default.round_bytes),
+                port_round_bytes: self.round_bytes.unwrap_or(default.port_round_bytes),
                 launch: self.launch(),
                 algorithm: self.algo,
                 ..default

@@ -239,7 +239,7 @@ impl PortPath {
     /// port channel to each peer (a collective call).
     fn new(comm: &mut Communicator, config: &CollectiveConfig) -> Result<PortPath> {
         let (rank, size) = (comm.rank(), comm.size());
-        let layout = PortLayout::new(size, config.round_bytes);
+        let layout = PortLayout::new(size, config.port_round_bytes);
         let bytes = scratch_bytes(rank, layout.total_bytes())?;
         let scratch = comm.alloc_zeroed::<u8>(bytes)?;
         let mine = comm.register(&scratch)?;

@@ -44,6 +44,7 @@ pub fn small_round_job(
     c.launch = Some(LaunchConfig::grid(blocks).block(threads));
     c.algorithm = algorithm;
     c.round_bytes = 256;
+    c.port_round_bytes = 256;
     config
 }
 
