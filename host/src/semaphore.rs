@@ -5,8 +5,8 @@
 //! peer) at its byte 0, `expected` (this side's count) 128 bytes further, so the waiter's
 //! count never shares a cache line (or an adjacent-line prefetch pair) with the peer's
 //! signal. A slot is 256 bytes, so slots side by side keep that apart too. A communicator
-//! takes its semaphores' slots from one allocation ([`crate::semaphore_arena`]);
-//! [`SemaphoreCells::new`] gives one an allocation of its own. Creating a semaphore is a
+//! takes its semaphores' slots from chunks of 64, so that a peer maps one allocation for
+//! many channels; [`SemaphoreCells::new`] gives one an allocation of its own. Creating a semaphore is a
 //! pairwise step: each side tells the other where its `inbound` counter is (see
 //! [`Communicator`](crate::Communicator)).
 

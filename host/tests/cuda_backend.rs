@@ -5,8 +5,8 @@
 mod common;
 
 use common::{assert_all_reduce_sums, exchange_over_both_rings, exchange_over_port_ring};
-use oxccl::in_process::{self, InProcessConfig};
 use oxccl::collectives::CollectiveConfig;
+use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Backend, CommunicatorConfig, Device, Error, TransportChoice};
 use oxccl_device::launch::LaunchConfig;
 use oxccl_kernels::device_check::fill_sequence;
