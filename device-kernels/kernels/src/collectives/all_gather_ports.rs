@@ -33,7 +33,7 @@ pub fn collective_all_gather_ports(args: PortCollectiveArgs<'_>) -> Result<(), D
     let (mut off, mut seq) = (0, a.sequence);
     while off < bytes {
         let len = per.min(bytes - off);
-        let set = seq & 1;
+        let set = super::PortLayout::set_of(seq);
         let staged_at = l.staged(set);
         window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;
         exchange_with_peers(

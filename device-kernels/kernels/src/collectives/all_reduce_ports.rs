@@ -9,21 +9,32 @@
 //!    that into every peer's gather slot of this rank, with a signal;
 //! 3. once every peer's has come, it copies the peers' reduced chunks into its output.
 //!
-//! Rounds alternate between two sets of the scratch. A rank writes into a peer's set again
-//! (two rounds later) only after the peer's gather signal of the round in between, which
-//! the peer sends after it has read everything of that set; and its own staged round,
-//! which its proxy reads for the puts, only after every put of that set has been carried
-//! out (the peers' signals of the round in between come after them on each channel).
+//! Pipelined: step 1 of round `k + 1` is sent right after step 2 of round `k`, before the
+//! wait of step 3, so the next round's data travel while this round's gather is awaited (over
+//! a network, each wait is a round trip). Every rank sends and waits in the same order
+//! (first exchange of round 0; then per round: second exchange of `k`, first of `k + 1`),
+//! so each channel's signals are counted in the order they are waited for.
+//!
+//! Round `k` takes set `k % 3` of the scratch ([`PortLayout::SETS`](super::PortLayout::SETS)).
+//! A rank stages round `k + 1` (overwriting its staged round of `k - 2`, which its proxy read
+//! for the puts of `k - 2`) once it has the peers' first signals of round `k`; a peer sends
+//! those after it has waited for our second signal of round `k - 2`, which our proxy sends
+//! after those puts, on the same channel. And a peer puts round `k + 1` into our slots of
+//! that set only after our first signal of round `k`, which we send after reading
+//! everything of round `k - 2`. Calls back to back, and other port collectives between,
+//! keep the same set sequence (the communicator's round numbers), and their exchanges wait
+//! at least as much.
 
 use super::elementwise::reduce_ranks;
 use super::port_collective_args::PortCollectiveArgs;
-use super::port_exchange::{Part, exchange_with_peers};
+use super::port_exchange::{Part, send_to_peers, wait_for_peers};
 use super::round_views::{typed, typed_mut, window, window_mut};
 use oxccl_device::coop::{Grid, contiguous_chunk};
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::{ReduceElement, ReduceOp};
+use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// All-reduce over port channels (see the module docs): `count` elements of `input`
 /// reduced by `op` across the ranks into `output` on every rank.
@@ -43,24 +54,23 @@ fn all_reduce<T: ReduceElement>(
 ) -> Result<(), DeviceError> {
     let (n, r, nr, l) = (a.count, a.rank, a.n_ranks, a.layout);
     let size = core::mem::size_of::<T>() as u64;
+    let per = l.all_reduce_round(size);
+    if n == 0 || per == 0 {
+        return Ok(());
+    }
     let input = typed::<T>(a.input, 0, n)?;
     let output = typed_mut::<T>(a.output, 0, n)?;
     let scratch = a.scratch.cast::<T>()?;
-    let per = l.all_reduce_round(size);
-    let (mut off, mut seq) = (0, a.sequence);
+    // Round 0's first exchange; each round then sends the next one's.
+    stage_and_send::<T>(a, input, scratch, 0, per)?;
+    let mut off = 0;
+    let mut round = 0;
     while off < n {
         let len = per.min(n - off);
-        let set = seq & 1;
+        let set = super::PortLayout::set_of(a.sequence + round);
         let staged_at = l.staged(set);
         let staged = window_mut(scratch, staged_at / size, len)?;
-        staged.copy_from(Grid, window(input, off, len)?)?;
-        // Each peer's chunk of our round into its reduce slot of ours.
-        exchange_with_peers(
-            a,
-            l.reduce_slot(set, r),
-            staged_at,
-            Part::TheirChunk { len, size },
-        )?;
+        wait_for_peers(a)?;
         let mine = contiguous_chunk(r as u64, nr as u64, len);
         let mine_len = mine.end - mine.start;
         let dst = window_mut(output, off + mine.start, mine_len)?;
@@ -75,19 +85,48 @@ fn all_reduce<T: ReduceElement>(
         // element-wise pass split as the reduction was, so each thread copies what it
         // reduced itself.
         window_mut(staged, mine.start, mine_len)?.combine_from(Grid, dst.as_view(), |_, x| x)?;
-        exchange_with_peers(
+        send_to_peers(
             a,
             l.gather_slot(set, r),
             staged_at,
             Part::OurChunk { len, size },
         )?;
+        if off + len < n {
+            stage_and_send::<T>(a, input, scratch, round + 1, per)?;
+        }
+        wait_for_peers(a)?;
         for p in (0..nr).filter(|&p| p != r) {
             let c = contiguous_chunk(p as u64, nr as u64, len);
             let src = window_mut(scratch, l.gather_slot(set, p) / size, c.end - c.start)?;
             window_mut(output, off + c.start, c.end - c.start)?.copy_from(Grid, src.as_view())?;
         }
         off += len;
-        seq += 1;
+        round += 1;
     }
     Ok(())
+}
+
+/// Stages round `round` (of `per` elements) of the input in its set and puts each peer's
+/// chunk of it into that peer's reduce slot of this rank, with a signal; does not wait.
+#[inline(always)]
+fn stage_and_send<T: ReduceElement>(
+    a: &PortCollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    scratch: DeviceViewMut<'_, T>,
+    round: u64,
+    per: u64,
+) -> Result<(), DeviceError> {
+    let (n, l) = (a.count, a.layout);
+    let size = core::mem::size_of::<T>() as u64;
+    let off = round * per;
+    let len = per.min(n - off);
+    let set = super::PortLayout::set_of(a.sequence + round);
+    let staged_at = l.staged(set);
+    window_mut(scratch, staged_at / size, len)?.copy_from(Grid, window(input, off, len)?)?;
+    send_to_peers(
+        a,
+        l.reduce_slot(set, a.rank),
+        staged_at,
+        Part::TheirChunk { len, size },
+    )
 }

@@ -38,7 +38,7 @@ pub fn collective_all_to_all_ports(args: PortCollectiveArgs<'_>) -> Result<(), D
     let (mut off, mut seq) = (0, a.sequence);
     while off < block {
         let len = per.min(block - off);
-        let set = seq & 1;
+        let set = super::PortLayout::set_of(seq);
         let staged_at = l.staged(set);
         // Every peer's part of this round, staged before any arrives: in place, what
         // arrives overwrites it.

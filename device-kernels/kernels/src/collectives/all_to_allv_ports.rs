@@ -50,7 +50,7 @@ pub fn collective_all_to_allv_ports(
     }
     let (total, mut off, mut seq) = (bytes(a.count), 0, a.sequence);
     while off < total {
-        let set = seq & 1;
+        let set = super::PortLayout::set_of(seq);
         let staged_at = l.staged(set);
         for p in (0..nr as usize).filter(|&p| p != r as usize) {
             let len = share(bytes(k.send_counts[p]), off, per);

@@ -37,7 +37,7 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
     let (mut off, mut seq) = (0, a.sequence);
     while off < bytes {
         let len = per.min(bytes - off);
-        let set = seq & 1;
+        let set = super::PortLayout::set_of(seq);
         let staged_at = l.staged(set);
         let what = if r == root {
             window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;

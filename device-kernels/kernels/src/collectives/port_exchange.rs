@@ -3,19 +3,23 @@
 //! and waits for every peer's signal; then every block proceeds, seeing what arrived.
 //!
 //! Every exchange of a round signals every peer, data or not: a peer's signal of round
-//! `k + 1` comes after it has read everything of round `k` (its slots of the set that
-//! round `k + 2` writes again) and after it has received every put of round `k` (whose
-//! source, our staged round of that set, round `k + 2` overwrites). Kernels that put into
-//! a peer's set at round `k + 2` rely on it: the exchange of round `k + 1` must not be
-//! skipped, on any rank.
+//! `k + 1` comes after it has read everything of round `k` (its slots of that round's set)
+//! and after it has received every put of round `k` (whose source is our staged round of
+//! that set). Kernels that write a set again later rely on it: no exchange may be skipped,
+//! on any rank. The all-reduce sends a round's first exchange before it waits for the last
+//! round's second ([`send_to_peers`], [`wait_for_peers`]); sets come back every
+//! [`PortLayout::SETS`](super::PortLayout::SETS) rounds, which leaves room for that (see
+//! `all_reduce_ports`).
 
 use super::all_to_allv::share;
 use super::all_to_allv_counts::AllToAllvCounts;
 use super::port_collective_args::PortCollectiveArgs;
 use oxccl_device::arch;
-use oxccl_device::block::block_signal_and_wait;
+use oxccl_device::block::{block_signal, block_signal_and_wait, block_wait};
+use oxccl_device::channel_set::ChannelSetDeviceHandle;
 use oxccl_device::coop::contiguous_chunk;
 use oxccl_device::error::DeviceError;
+use oxccl_device::port_channel::PortChannelDeviceHandle;
 
 /// What of the staged round an exchange puts to each peer: offsets and lengths in bytes
 /// from the start of the staged round.
@@ -92,18 +96,7 @@ pub(crate) fn exchange_with_peers(
     let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
     if n_ranks > 1 && arch::block_rank() == 0 {
         block_signal_and_wait(
-            move || {
-                for p in (0..n_ranks).filter(|&p| p != rank) {
-                    let (at, bytes) = what.for_peer(p, rank, n_ranks);
-                    let channel = peers.get(p)?;
-                    if bytes == 0 {
-                        channel.signal()?;
-                    } else {
-                        channel.put_with_signal(dst, staged_at + at, bytes)?;
-                    }
-                }
-                Ok(())
-            },
+            move || put_to_peers(peers, rank, n_ranks, dst, staged_at, what),
             move || {
                 for p in (0..n_ranks).filter(|&p| p != rank) {
                     peers.get(p)?.wait()?;
@@ -113,4 +106,67 @@ pub(crate) fn exchange_with_peers(
         )?;
     }
     a.barrier.sync_grid()
+}
+
+/// The first half of [`exchange_with_peers`]: once every block has written its part, puts
+/// `what` to every peer with a signal, and returns without waiting; [`wait_for_peers`] is
+/// the second half.
+///
+/// # Errors
+/// The channels' and the grid barrier's.
+#[inline(always)]
+pub(crate) fn send_to_peers(
+    a: &PortCollectiveArgs<'_>,
+    dst: u64,
+    staged_at: u64,
+    what: Part<'_>,
+) -> Result<(), DeviceError> {
+    a.barrier.sync_grid()?;
+    let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
+    if n_ranks > 1 && arch::block_rank() == 0 {
+        block_signal(move || put_to_peers(peers, rank, n_ranks, dst, staged_at, what))?;
+    }
+    Ok(())
+}
+
+/// The second half of [`exchange_with_peers`]: waits for every peer's next signal; then
+/// every block sees what the peers put before it.
+///
+/// # Errors
+/// The channels' (a peer that does not answer) and the grid barrier's.
+#[inline(always)]
+pub(crate) fn wait_for_peers(a: &PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
+    let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
+    if n_ranks > 1 && arch::block_rank() == 0 {
+        block_wait(move || {
+            for p in (0..n_ranks).filter(|&p| p != rank) {
+                peers.get(p)?.wait()?;
+            }
+            Ok(())
+        })?;
+    }
+    a.barrier.sync_grid()
+}
+
+/// Thread 0 of block 0: puts what each peer gets of the staged round, with a signal (a
+/// signal alone where it gets nothing). Plain values (see [`exchange_with_peers`]).
+#[inline(always)]
+fn put_to_peers(
+    peers: ChannelSetDeviceHandle<'_, PortChannelDeviceHandle<'_>>,
+    rank: u32,
+    n_ranks: u32,
+    dst: u64,
+    staged_at: u64,
+    what: Part<'_>,
+) -> Result<(), DeviceError> {
+    for p in (0..n_ranks).filter(|&p| p != rank) {
+        let (at, bytes) = what.for_peer(p, rank, n_ranks);
+        let channel = peers.get(p)?;
+        if bytes == 0 {
+            channel.signal()?;
+        } else {
+            channel.put_with_signal(dst, staged_at + at, bytes)?;
+        }
+    }
+    Ok(())
 }

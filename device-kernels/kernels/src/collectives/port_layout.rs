@@ -2,7 +2,8 @@
 //! share when ranks reach each other only through the proxy (another node, Ethernet).
 //!
 //! Each rank owns one scratch buffer, registered: every peer's port channel writes into it
-//! (`dst`) and reads from ours (`src`). Two sets (round parities), each:
+//! (`dst`) and reads from ours (`src`). [`PortLayout::SETS`] sets, round `seq` taking set
+//! `seq % SETS` ([`PortLayout::set_of`]), each:
 //!
 //! | region | size | written by | read by |
 //! |---|---|---|---|
@@ -33,6 +34,16 @@ pub struct PortLayout {
 const _: () = assert!(core::mem::size_of::<PortLayout>() == 24);
 
 impl PortLayout {
+    /// Sets of the scratch. Three: a round writes a set again three rounds later, so the
+    /// all-reduce may put a round before it has waited for the last round's gather (see
+    /// `all_reduce_ports`); the other collectives need two.
+    pub const SETS: u64 = 3;
+
+    /// The set round `seq` (a communicator's round number) takes.
+    pub const fn set_of(seq: u64) -> u64 {
+        seq % Self::SETS
+    }
+
     /// The layout for `n_ranks` ranks and rounds of up to `round_bytes` bytes (rounded up
     /// to [`SCRATCH_ALIGN`], at least one unit).
     pub const fn new(n_ranks: u32, round_bytes: u64) -> PortLayout {
@@ -53,12 +64,12 @@ impl PortLayout {
         }
     }
 
-    /// Bytes of one set (one parity).
+    /// Bytes of one set.
     pub const fn set_bytes(&self) -> u64 {
         self.round_bytes + 2 * self.n_ranks as u64 * self.chunk_bytes
     }
 
-    /// Offset of the staged round of set `parity`.
+    /// Offset of the staged round of set `parity` (below [`Self::SETS`]).
     pub const fn staged(&self, parity: u64) -> u64 {
         parity * self.set_bytes()
     }
@@ -104,7 +115,7 @@ impl PortLayout {
 
     /// Bytes of the whole scratch.
     pub const fn total_bytes(&self) -> u64 {
-        2 * self.set_bytes()
+        Self::SETS * self.set_bytes()
     }
 }
 
@@ -122,8 +133,13 @@ mod tests {
         assert_eq!(l.reduce_slot(0, 0), 1024);
         assert_eq!(l.gather_slot(0, 0), 1024 + 3 * l.chunk_bytes);
         assert_eq!(l.staged(1), l.gather_slot(0, 3));
-        assert_eq!(l.total_bytes(), 2 * l.staged(1));
-        for off in [l.reduce_slot(1, 2), l.gather_slot(1, 1), l.staged(1)] {
+        assert_eq!(l.total_bytes(), 3 * l.staged(1));
+        assert_eq!(l.staged(2), l.gather_slot(1, 3));
+        assert_eq!(l.total_bytes(), l.gather_slot(2, 3));
+        for (seq, set) in [(0, 0), (1, 1), (2, 2), (3, 0), (7, 1), (u64::MAX, 0)] {
+            assert_eq!(PortLayout::set_of(seq), set, "round {seq}");
+        }
+        for off in [l.reduce_slot(1, 2), l.gather_slot(2, 1), l.staged(2)] {
             assert_eq!(off % SCRATCH_ALIGN, 0);
         }
         for n in 1..9u32 {

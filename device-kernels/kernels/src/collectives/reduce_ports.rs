@@ -43,7 +43,7 @@ fn reduce<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Result<
     let (mut off, mut seq) = (0, a.sequence);
     while off < c {
         let len = per.min(c - off);
-        let set = seq & 1;
+        let set = super::PortLayout::set_of(seq);
         let staged_at = l.staged(set);
         // The root's own round too: in place, the reduction writes its output (its input)
         // before it reads its own part (a root of rank 2 and up).

@@ -46,7 +46,7 @@ fn reduce_scatter<T: ReduceElement>(
     let (mut off, mut seq) = (0, a.sequence);
     while off < c {
         let len = per.min(c - off);
-        let set = seq & 1;
+        let set = super::PortLayout::set_of(seq);
         let staged_at = l.staged(set);
         // Every block, ours too: in place, our output is our block, and the reduction
         // writes it before it reads our part (on ranks 2 and up).
