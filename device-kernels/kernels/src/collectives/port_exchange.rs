@@ -97,12 +97,7 @@ pub(crate) fn exchange_with_peers(
     if n_ranks > 1 && arch::block_rank() == 0 {
         block_signal_and_wait(
             move || put_to_peers(peers, rank, n_ranks, dst, staged_at, what),
-            move || {
-                for p in (0..n_ranks).filter(|&p| p != rank) {
-                    peers.get(p)?.wait()?;
-                }
-                Ok(())
-            },
+            move || wait_on_peers(peers, rank, n_ranks),
         )?;
     }
     a.barrier.sync_grid()
@@ -138,12 +133,7 @@ pub(crate) fn send_to_peers(
 pub(crate) fn wait_for_peers(a: &PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
     let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
     if n_ranks > 1 && arch::block_rank() == 0 {
-        block_wait(move || {
-            for p in (0..n_ranks).filter(|&p| p != rank) {
-                peers.get(p)?.wait()?;
-            }
-            Ok(())
-        })?;
+        block_wait(move || wait_on_peers(peers, rank, n_ranks))?;
     }
     a.barrier.sync_grid()
 }
@@ -167,6 +157,20 @@ fn put_to_peers(
         } else {
             channel.put_with_signal(dst, staged_at + at, bytes)?;
         }
+    }
+    Ok(())
+}
+
+/// Thread 0 of block 0: waits for every peer's next signal. Plain values (see
+/// [`exchange_with_peers`]).
+#[inline(always)]
+fn wait_on_peers(
+    peers: ChannelSetDeviceHandle<'_, PortChannelDeviceHandle<'_>>,
+    rank: u32,
+    n_ranks: u32,
+) -> Result<(), DeviceError> {
+    for p in (0..n_ranks).filter(|&p| p != rank) {
+        peers.get(p)?.wait()?;
     }
     Ok(())
 }
