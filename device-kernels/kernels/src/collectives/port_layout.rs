@@ -69,19 +69,19 @@ impl PortLayout {
         self.round_bytes + 2 * self.n_ranks as u64 * self.chunk_bytes
     }
 
-    /// Offset of the staged round of set `parity` (below [`Self::SETS`]).
-    pub const fn staged(&self, parity: u64) -> u64 {
-        parity * self.set_bytes()
+    /// Offset of the staged round of set `set` (below [`Self::SETS`]).
+    pub const fn staged(&self, set: u64) -> u64 {
+        set * self.set_bytes()
     }
 
-    /// Offset of sender `sender`'s reduce slot in set `parity`.
-    pub const fn reduce_slot(&self, parity: u64, sender: u32) -> u64 {
-        self.staged(parity) + self.round_bytes + sender as u64 * self.chunk_bytes
+    /// Offset of sender `sender`'s reduce slot in set `set`.
+    pub const fn reduce_slot(&self, set: u64, sender: u32) -> u64 {
+        self.staged(set) + self.round_bytes + sender as u64 * self.chunk_bytes
     }
 
-    /// Offset of sender `sender`'s gather slot in set `parity`.
-    pub const fn gather_slot(&self, parity: u64, sender: u32) -> u64 {
-        self.reduce_slot(parity, self.n_ranks) + sender as u64 * self.chunk_bytes
+    /// Offset of sender `sender`'s gather slot in set `set`.
+    pub const fn gather_slot(&self, set: u64, sender: u32) -> u64 {
+        self.reduce_slot(set, self.n_ranks) + sender as u64 * self.chunk_bytes
     }
 
     /// Elements of `size` bytes in one round of the all-reduce (the staged round holds
