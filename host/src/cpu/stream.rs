@@ -212,25 +212,19 @@ impl CpuStream {
             idle();
             return None;
         }
-        match self.finish(&launch) {
-            Some(next) if next.total_threads() == 1 => {
-                // A helper may claim it first (it is the running launch): it runs there.
-                let claimed = next.claim_thread();
-                if claimed.is_none() {
-                    idle();
-                }
-                claimed.map(|index| (next, index))
-            }
-            Some(next) => {
-                idle();
-                self.start(next);
-                None
-            }
-            None => {
-                idle();
-                None
-            }
+        let to_start = match self.finish(&launch) {
+            Some(next) if next.total_threads() == 1 => match next.claim_thread() {
+                Some(index) => return Some((next, index)),
+                // A helper claimed it first (it is the running launch): it runs there.
+                None => None,
+            },
+            other => other,
+        };
+        idle();
+        if let Some(next) = to_start {
+            self.start(next);
         }
+        None
     }
 
     /// Waits for every launch enqueued before this call, at most `timeout`, then reports
