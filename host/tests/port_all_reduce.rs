@@ -11,6 +11,8 @@ use oxccl::in_process;
 use oxccl::{
     Communicator, DeviceBuffer, Error, ReduceElement, ReduceOp, Result, TransportChoice, bf16, f16,
 };
+use oxccl_device::coop::contiguous_chunk;
+use oxccl_kernels::collectives::PortLayout;
 
 const OPS: [ReduceOp; 5] = [
     ReduceOp::Sum,
@@ -28,8 +30,33 @@ fn reduced<T: ReduceElement>(ranks: u32, op: ReduceOp, i: usize, call: u32) -> T
     acc.finish(op, ranks)
 }
 
+/// What the ring gives element `i` of `count`: combined once, in ring order from the rank
+/// that owns the element's chunk of its round (`c, c + 1, .., c - 1`), `round_bytes` the
+/// port rounds the job asked for.
+fn ring_reduced<T: ReduceElement>(
+    ranks: u32,
+    op: ReduceOp,
+    i: usize,
+    call: u32,
+    count: usize,
+    round_bytes: u64,
+) -> T {
+    let per = PortLayout::new(ranks, round_bytes).all_reduce_round(T::TYPE.size()) as usize;
+    let (off, len) = (i / per * per, per.min(count - i / per * per));
+    let at = (i - off) as u64;
+    let owner = (0..ranks)
+        .find(|&c| contiguous_chunk(c as u64, ranks as u64, len as u64).contains(&at))
+        .expect("every element is in a chunk");
+    let mut acc = value::<T>(owner, i, call);
+    for k in 1..ranks {
+        acc = acc.combine(value::<T>((owner + k) % ranks, i, call), op);
+    }
+    acc.finish(op, ranks)
+}
+
 /// Every op and placement of `T` for each count, every result checked on every rank;
-/// a marker after the data shows a kernel that writes one element too many.
+/// a marker after the data shows a kernel that writes one element too many. The ring
+/// combines in ring order, the other algorithms in rank order.
 fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<()> {
     let (rank, n) = (comm.rank(), comm.size());
     let stream = comm.device().stream()?;
@@ -40,7 +67,14 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
         let mut marked = vec![T::from_f64(0.0); count];
         marked.push(T::from_f64(99.0));
         for op in OPS {
-            let want: Vec<T> = (0..count).map(|i| reduced(n, op, i, call)).collect();
+            let want: Vec<T> = match comm.all_reduce_algorithm(1)? {
+                Algorithm::Ring => {
+                    let round = comm.config().collectives.port_round_bytes;
+                    let at = |i| ring_reduced(n, op, i, call, count, round);
+                    (0..count).map(at).collect()
+                }
+                _ => (0..count).map(|i| reduced(n, op, i, call)).collect(),
+            };
             let what = format!("{:?} {op:?} n={count} ranks={n}", T::TYPE);
             let send = comm.device().alloc_from(&data)?;
             let mut recv: DeviceBuffer<T> = comm.device().alloc_from(&marked)?;
@@ -64,24 +98,43 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
 /// type, an operation or a grid.
 #[test]
 fn port_all_reduce_every_type_op_and_placement() {
-    let ports = AlgorithmChoice::Use(Algorithm::Ports);
-    for (ranks, blocks, threads) in [(1, 1, 1), (2, 1, 1), (2, 2, 2), (3, 1, 2), (4, 2, 1)] {
-        in_process::run(ranks, job(ports, blocks, threads), |comm| {
-            // Many rounds for two types; every type and operation over a few.
-            case::<f32>(comm, &[1000, 3001])?;
-            case::<i64>(comm, &[1001])?;
-            let counts = [1usize, 7, 100];
-            case::<f32>(comm, &counts)?;
-            case::<f64>(comm, &counts)?;
-            case::<f16>(comm, &counts)?;
-            case::<bf16>(comm, &counts)?;
-            case::<i8>(comm, &counts)?;
-            case::<u8>(comm, &counts)?;
-            case::<i32>(comm, &counts)?;
-            case::<u32>(comm, &counts)?;
-            case::<i64>(comm, &counts)?;
-            case::<u64>(comm, &counts)
-        })
+    let shapes = [(1, 1, 1), (2, 1, 1), (2, 2, 2), (3, 1, 2), (4, 2, 1)];
+    every_type_op_and_placement(Algorithm::Ports, &shapes);
+}
+
+/// Guards against a ring all-reduce that sends or takes the wrong chunk at a step, puts
+/// into a slot another step uses, forwards before the chunk arrived, combines out of ring
+/// order or finishes (`Avg`) more than once, or reuses a set of the scratch too early; odd
+/// and even rings, rounds whose chunks differ in length.
+#[test]
+fn ring_all_reduce_every_type_op_and_placement() {
+    let shapes = [(1, 1, 1), (2, 1, 1), (3, 2, 2), (4, 1, 1), (5, 1, 2)];
+    every_type_op_and_placement(Algorithm::Ring, &shapes);
+}
+
+/// Runs every case on each (ranks, blocks, threads) shape with `algo` forced.
+fn every_type_op_and_placement(algo: Algorithm, shapes: &[(u32, u32, u32)]) {
+    for &(ranks, blocks, threads) in shapes {
+        in_process::run(
+            ranks,
+            job(AlgorithmChoice::Use(algo), blocks, threads),
+            |comm| {
+                // Many rounds for two types; every type and operation over a few.
+                case::<f32>(comm, &[1000, 3001])?;
+                case::<i64>(comm, &[1001])?;
+                let counts = [1usize, 7, 100];
+                case::<f32>(comm, &counts)?;
+                case::<f64>(comm, &counts)?;
+                case::<f16>(comm, &counts)?;
+                case::<bf16>(comm, &counts)?;
+                case::<i8>(comm, &counts)?;
+                case::<u8>(comm, &counts)?;
+                case::<i32>(comm, &counts)?;
+                case::<u32>(comm, &counts)?;
+                case::<i64>(comm, &counts)?;
+                case::<u64>(comm, &counts)
+            },
+        )
         .unwrap();
     }
 }
@@ -117,5 +170,58 @@ fn over_ethernet_all_reduce_takes_ports_and_registration_is_refused() {
         );
         Ok(())
     })
+    .unwrap();
+}
+
+/// Guards against a ring all-reduce and the port collectives that run beside it (the ring
+/// is an all-reduce; the others take their port algorithms) overwriting each other's sets
+/// of the scratch: calls of several rounds each, alternating, back to back with no host
+/// barrier between them, on four ranks; every result checked after one synchronize.
+#[test]
+fn ring_all_reduce_and_port_collectives_back_to_back() {
+    in_process::run(
+        4,
+        job(AlgorithmChoice::Use(Algorithm::Ring), 1, 1),
+        |comm| {
+            assert_eq!(comm.all_reduce_algorithm(1 << 20)?, Algorithm::Ring);
+            let (rank, n) = (comm.rank(), comm.size());
+            let nu = n as usize;
+            let stream = comm.device().stream()?;
+            let count = 700;
+            let input = |call| -> Vec<i32> { (0..count).map(|i| value(rank, i, call)).collect() };
+            let sum = |i, call| reduced::<i32>(n, ReduceOp::Sum, i, call);
+            // Inputs live until the synchronize: the kernels read them then.
+            let (mut inputs, mut reduced_bufs, mut gathered) = (vec![], vec![], vec![]);
+            for call in 0..3u32 {
+                let send = comm.device().alloc_from(&input(call))?;
+                let mut recv = comm.alloc::<i32>(count)?;
+                comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+                let mut all = comm.alloc::<i32>(count * nu)?;
+                comm.all_gather(&send, &mut all, count, &stream)?;
+                let mut in_place = comm.device().alloc_from(&input(call + 10))?;
+                comm.all_reduce_in_place(&mut in_place, count, ReduceOp::Sum, &stream)?;
+                inputs.push(send);
+                reduced_bufs.push((call, recv));
+                reduced_bufs.push((call + 10, in_place));
+                gathered.push((call, all));
+            }
+            comm.synchronize(&stream)?;
+            for (call, buf) in &reduced_bufs {
+                let want: Vec<i32> = (0..count).map(|i| sum(i, *call)).collect();
+                assert_same(
+                    &format!("ring all_reduce, call {call}"),
+                    &buf.to_vec()?,
+                    &want,
+                );
+            }
+            for (call, buf) in &gathered {
+                let want: Vec<i32> = (0..n)
+                    .flat_map(|p| (0..count).map(move |i| value::<i32>(p, i, *call)))
+                    .collect();
+                assert_same(&format!("all_gather, call {call}"), &buf.to_vec()?, &want);
+            }
+            Ok(())
+        },
+    )
     .unwrap();
 }

@@ -65,8 +65,8 @@ fn sweep<T: ReduceElement>(comm: &mut Communicator, plan: &Plan) -> Result<Vec<S
             in_place: false,
         };
         // Registration needs load/store access between the ranks, which the port
-        // algorithm is there for the lack of.
-        let register = plan.registers() && algo != "ports";
+        // algorithms are there for the lack of.
+        let register = plan.registers() && algo != "ports" && algo != "ring";
         let out_of_place = time_case::<T>(comm, &case, plan, register, &stream)?;
         let in_place = if plan.collective.has_in_place() {
             case.in_place = true;

@@ -17,8 +17,14 @@ pub enum Algorithm {
     Direct,
     /// Ranks put their data into each other's scratch through the proxy (port channels),
     /// two-shot in rounds: what runs between ranks that cannot load and store each
-    /// other's memory (several nodes, or the Ethernet transport). All-reduce only.
+    /// other's memory (several nodes, or the Ethernet transport). Every collective has one.
     Ports,
+    /// All-reduce through the proxy in a ring: each rank puts chunks to the next rank only
+    /// and hears from the previous one only, `2 (n - 1)` steps a round, so each link carries
+    /// one stream of chunks however many ranks there are. For many ranks across nodes
+    /// (chosen from [`CollectiveConfig::ring_min_ranks`](super::CollectiveConfig::ring_min_ranks)
+    /// ranks on). The other collectives take their [`Algorithm::Ports`] algorithms with it.
+    Ring,
 }
 
 impl Algorithm {
@@ -28,10 +34,17 @@ impl Algorithm {
             Algorithm::Packets => "packets",
             Algorithm::Direct => "direct",
             Algorithm::Ports => "ports",
+            Algorithm::Ring => "ring",
         }
     }
 
-    /// Parses a name (`packets`, `direct`, `ports`).
+    /// Whether it runs through the proxy over port channels ([`Algorithm::Ports`],
+    /// [`Algorithm::Ring`]), which needs no load/store path between ranks.
+    pub fn through_proxy(self) -> bool {
+        matches!(self, Algorithm::Ports | Algorithm::Ring)
+    }
+
+    /// Parses a name (`packets`, `direct`, `ports`, `ring`).
     ///
     /// # Errors
     /// A name that is not an algorithm's.
@@ -40,8 +53,9 @@ impl Algorithm {
             "packets" => Ok(Algorithm::Packets),
             "direct" => Ok(Algorithm::Direct),
             "ports" => Ok(Algorithm::Ports),
+            "ring" => Ok(Algorithm::Ring),
             other => Err(Error::InvalidUsage(format!(
-                "`{other}` is not an algorithm: `packets`, `direct` or `ports`"
+                "`{other}` is not an algorithm: `packets`, `direct`, `ports` or `ring`"
             ))),
         }
     }
@@ -66,12 +80,23 @@ pub(crate) fn algo_from_env() -> Option<&'static str> {
         .as_deref()
 }
 
+/// Where the automatic choice changes algorithm
+/// ([`CollectiveConfig::thresholds`](super::CollectiveConfig::thresholds)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Thresholds {
+    /// Largest message, in bytes, that goes as packets.
+    pub packet_limit: u64,
+    /// Fewest ranks that take the ring where the ranks reach each other through the proxy.
+    pub ring_min_ranks: u32,
+}
+
 /// How a call's algorithm is chosen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AlgorithmChoice {
     /// By size: [`Algorithm::Packets`] up to the communicator's packet limit, else
-    /// [`Algorithm::Direct`]; [`Algorithm::Ports`] where ranks cannot load and store each
-    /// other's memory; `OXCCL_ALGO` overrides when set.
+    /// [`Algorithm::Direct`]; where ranks cannot load and store each other's memory,
+    /// [`Algorithm::Ports`], or [`Algorithm::Ring`] from the ring's number of ranks on;
+    /// `OXCCL_ALGO` overrides when set.
     #[default]
     Auto,
     /// This one, whatever the size.
@@ -79,26 +104,30 @@ pub enum AlgorithmChoice {
 }
 
 impl AlgorithmChoice {
-    /// The algorithm for a message of `bytes` (per rank), `packet_limit` the largest message
-    /// that goes as packets, `env` the value of `OXCCL_ALGO` if set, `load_store` whether
-    /// every rank can load and store every other's memory.
+    /// The algorithm for a message of `bytes` (per rank) among `ranks` ranks, `env` the value
+    /// of `OXCCL_ALGO` if set, `load_store` whether every rank can load and store every
+    /// other's memory, `at` where the automatic choice changes.
     ///
     /// # Errors
     /// `env` names no algorithm.
     pub fn resolve(
         self,
         bytes: u64,
-        packet_limit: u64,
+        ranks: u32,
         env: Option<&str>,
         load_store: bool,
+        at: Thresholds,
     ) -> Result<Algorithm> {
         match (self, env) {
             (AlgorithmChoice::Use(a), _) => Ok(a),
             (AlgorithmChoice::Auto, Some(name)) if !name.trim().is_empty() => {
                 Algorithm::parse(name).map_err(|e| Error::InvalidUsage(format!("{ALGO_ENV}: {e}")))
             }
+            (AlgorithmChoice::Auto, _) if !load_store && ranks >= at.ring_min_ranks => {
+                Ok(Algorithm::Ring)
+            }
             (AlgorithmChoice::Auto, _) if !load_store => Ok(Algorithm::Ports),
-            (AlgorithmChoice::Auto, _) if bytes <= packet_limit => Ok(Algorithm::Packets),
+            (AlgorithmChoice::Auto, _) if bytes <= at.packet_limit => Ok(Algorithm::Packets),
             (AlgorithmChoice::Auto, _) => Ok(Algorithm::Direct),
         }
     }
@@ -108,44 +137,58 @@ impl AlgorithmChoice {
 mod tests {
     use super::*;
 
-    /// Guards against the size rule, the override order (argument, then environment, then
-    /// size) or the names drifting.
+    /// Guards against the size and rank-count rules, the override order (argument, then
+    /// environment, then size) or the names drifting.
     #[test]
     fn choices_resolve_in_order() {
         let auto = AlgorithmChoice::Auto;
+        let at = Thresholds {
+            packet_limit: 4096,
+            ring_min_ranks: 8,
+        };
+        let pick = |choice: AlgorithmChoice, bytes, ranks, env, load_store| {
+            choice.resolve(bytes, ranks, env, load_store, at).unwrap()
+        };
+        assert_eq!(pick(auto, 1024, 2, None, true), Algorithm::Packets);
+        assert_eq!(pick(auto, 4097, 2, None, true), Algorithm::Direct);
+        // Many ranks on one node keep the load/store algorithms.
+        assert_eq!(pick(auto, 4097, 16, None, true), Algorithm::Direct);
+        assert_eq!(pick(auto, 1024, 2, None, false), Algorithm::Ports);
+        assert_eq!(pick(auto, 1024, 7, None, false), Algorithm::Ports);
+        assert_eq!(pick(auto, 1024, 8, None, false), Algorithm::Ring);
+        assert_eq!(pick(auto, 8, 2, Some("direct"), true), Algorithm::Direct);
         assert_eq!(
-            auto.resolve(1024, 4096, None, true).unwrap(),
-            Algorithm::Packets
-        );
-        assert_eq!(
-            auto.resolve(4097, 4096, None, true).unwrap(),
-            Algorithm::Direct
-        );
-        assert_eq!(
-            auto.resolve(1024, 4096, None, false).unwrap(),
+            pick(auto, 1 << 20, 2, Some("ports"), true),
             Algorithm::Ports
         );
         assert_eq!(
-            auto.resolve(8, 4096, Some("direct"), true).unwrap(),
-            Algorithm::Direct
+            pick(auto, 1 << 20, 2, Some(" ring "), true),
+            Algorithm::Ring
         );
         assert_eq!(
-            auto.resolve(1 << 20, 4096, Some("ports"), true).unwrap(),
+            pick(auto, 1 << 20, 9, Some("ports"), false),
             Algorithm::Ports
         );
+        let forced = AlgorithmChoice::Use(Algorithm::Packets);
         assert_eq!(
-            AlgorithmChoice::Use(Algorithm::Packets)
-                .resolve(1 << 30, 4096, Some("direct"), true)
-                .unwrap(),
+            pick(forced, 1 << 30, 2, Some("direct"), true),
             Algorithm::Packets
         );
         let e = auto
-            .resolve(8, 4096, Some("ring"), true)
+            .resolve(8, 2, Some("tree"), true, at)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("OXCCL_ALGO") && e.contains("`ring`"), "{e}");
-        for a in [Algorithm::Packets, Algorithm::Direct, Algorithm::Ports] {
+        assert!(e.contains("OXCCL_ALGO") && e.contains("`tree`"), "{e}");
+        let all = [
+            Algorithm::Packets,
+            Algorithm::Direct,
+            Algorithm::Ports,
+            Algorithm::Ring,
+        ];
+        for a in all {
             assert_eq!(Algorithm::parse(a.name()).unwrap(), a);
+            let proxy = matches!(a, Algorithm::Ports | Algorithm::Ring);
+            assert_eq!(a.through_proxy(), proxy, "{a}");
         }
     }
 }

@@ -1,6 +1,6 @@
 //! How a communicator runs its collectives: sizes of its scratch, launch shape, algorithm.
 
-use super::algorithm::AlgorithmChoice;
+use super::algorithm::{AlgorithmChoice, Thresholds};
 use crate::Device;
 use oxccl_device::launch::LaunchConfig;
 
@@ -28,6 +28,16 @@ pub struct CollectiveConfig {
     /// The port scratch holds three rounds and their slots (the all-reduce sends a round
     /// before it is done with the last one).
     pub port_round_bytes: u64,
+    /// Fewest ranks whose all-reduce takes [`Algorithm::Ring`](super::Algorithm::Ring)
+    /// rather than [`Algorithm::Ports`](super::Algorithm::Ports) where the ranks reach each
+    /// other only through the proxy (where they can load and store each other's memory, the
+    /// choice is by size alone). The default is 16. Over loopback Ethernet on a 2-core
+    /// machine the two took the same time at 4 and at 8 ranks (64 KiB-16 MiB, alternated
+    /// runs, each ahead in some), which says nothing of a real network: there all-pairs
+    /// keeps `n - 1` puts of `1 / n` of a round in flight per rank (`n (n - 1)` streams in
+    /// the job, each a receiver's work) and the ring one, at `2 (n - 1)` waits a round
+    /// instead of 2. Measure on the cluster and set it.
+    pub ring_min_ranks: u32,
     /// The grid and block of direct kernels; `None` picks one for the device
     /// ([`Self::launch_for`]). Packet kernels run one block of the same size.
     pub launch: Option<LaunchConfig>,
@@ -39,6 +49,14 @@ pub struct CollectiveConfig {
 }
 
 impl CollectiveConfig {
+    /// Where the automatic choice of algorithm changes.
+    pub fn thresholds(&self) -> Thresholds {
+        Thresholds {
+            packet_limit: self.packet_limit,
+            ring_min_ranks: self.ring_min_ranks,
+        }
+    }
+
     /// The launch shape of direct kernels on `device`: [`Self::launch`] if set, else on the
     /// CPU emulator one block of one thread (each thread is a thread of the host), on a GPU
     /// 16 blocks of 256 threads, or one block per multiprocessor if it has fewer (the
@@ -62,6 +80,7 @@ impl Default for CollectiveConfig {
             packet_limit: 1 << 10,
             round_bytes: 256 << 10,
             port_round_bytes: 1 << 20,
+            ring_min_ranks: 16,
             launch: None,
             algorithm: AlgorithmChoice::Auto,
             registered_buffers: 64,

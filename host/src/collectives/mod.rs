@@ -25,11 +25,13 @@
 //! collectives run direct algorithms. Where some rank cannot load and store another's
 //! memory (ranks on several nodes, or `OXCCL_TRANSPORT=ethernet`: the first collective
 //! call asks every rank for its node), all-reduce takes [`Algorithm::Ports`] (two-shot
-//! through the proxy over port channels), and so do all-gather, reduce-scatter, broadcast,
+//! through the proxy over port channels), or [`Algorithm::Ring`] (a ring through the proxy)
+//! from [`CollectiveConfig::ring_min_ranks`] ranks on; and all-gather, reduce-scatter, broadcast,
 //! reduce, all-to-all, all-to-all-v (one exchange a round) and the device barrier; buffer
 //! registration is refused with an error that says so. Forcing ports (`OXCCL_ALGO=ports`
 //! or [`CollectiveConfig::algorithm`]) sends every collective through the proxy on one
-//! node too.
+//! node too; forcing `ring` sends all-reduce round the ring and the others through their
+//! port algorithms.
 
 pub mod algorithm;
 mod check;
@@ -38,7 +40,7 @@ pub(crate) mod collective_context;
 mod registered_buffers;
 pub(crate) mod shape;
 
-pub use algorithm::{ALGO_ENV, Algorithm, AlgorithmChoice};
+pub use algorithm::{ALGO_ENV, Algorithm, AlgorithmChoice, Thresholds};
 pub use collective_config::CollectiveConfig;
 pub use shape::Collective;
 
@@ -54,9 +56,9 @@ use oxccl_device::{DeviceView, DeviceViewMut};
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
 use oxccl_kernels::collectives::{
     AllToAllvCounts, all_gather, all_gather_ports, all_reduce, all_reduce_packets,
-    all_reduce_ports, all_to_all, all_to_all_ports, all_to_allv, all_to_allv_ports, barrier,
-    barrier_ports, broadcast, broadcast_ports, reduce, reduce_ports, reduce_scatter,
-    reduce_scatter_ports,
+    all_reduce_ports, all_reduce_ring, all_to_all, all_to_all_ports, all_to_allv,
+    all_to_allv_ports, barrier, barrier_ports, broadcast, broadcast_ports, reduce, reduce_ports,
+    reduce_scatter, reduce_scatter_ports,
 };
 use shape::Shape;
 
@@ -175,9 +177,10 @@ impl Communicator {
         let load_store = self.load_store();
         let algo = c.algorithm.resolve(
             bytes,
-            c.packet_limit,
+            self.size(),
             algorithm::algo_from_env(),
             load_store,
+            c.thresholds(),
         )?;
         if algo == Algorithm::Packets && bytes.div_ceil(8) * 8 > c.packet_limit.div_ceil(64) * 64 {
             return Err(Error::InvalidUsage(format!(
@@ -187,11 +190,11 @@ impl Communicator {
                 c.packet_limit
             )));
         }
-        if !load_store && algo != Algorithm::Ports {
+        if !load_store && !algo.through_proxy() {
             return Err(Error::InvalidUsage(format!(
                 "rank {}: all_reduce: the {algo} algorithm needs every rank to load and store \
                  every other's memory; these ranks reach each other only through the proxy \
-                 (use `ports`)",
+                 (use `ports` or `ring`)",
                 self.rank()
             )));
         }
@@ -230,13 +233,15 @@ impl Communicator {
     /// ranks cannot load and store each other's memory, or where ports are asked for (as for
     /// all-reduce: [`CollectiveConfig::algorithm`], then `OXCCL_ALGO`).
     fn ports_chosen(&self) -> Result<bool> {
-        let algo = self.config().collectives.algorithm.resolve(
+        let c = &self.config().collectives;
+        let algo = c.algorithm.resolve(
             0,
-            0,
+            self.size(),
             algorithm::algo_from_env(),
             self.load_store(),
+            c.thresholds(),
         )?;
-        Ok(algo == Algorithm::Ports)
+        Ok(algo.through_proxy())
     }
 
     fn all_reduce_views(
@@ -801,11 +806,12 @@ impl Communicator {
             return Ok(());
         }
         let over_ports = match algo {
-            Some(algo) => algo == Algorithm::Ports,
+            Some(algo) => algo.through_proxy(),
             None => self.ports_chosen()?,
         };
         if over_ports {
-            return self.run_over_ports(&call, stream, direct);
+            let ring = algo == Some(Algorithm::Ring);
+            return self.run_over_ports(&call, stream, direct, ring);
         }
         let ctx = self
             .collectives
@@ -867,7 +873,7 @@ impl Communicator {
         Ok(())
     }
 
-    /// Runs `call` over port channels
+    /// Runs `call` over port channels, an all-reduce in a ring if `ring`
     /// (setting them up on its first call: every rank takes this path at the same call, as
     /// they agree on the algorithm).
     fn run_over_ports(
@@ -875,6 +881,7 @@ impl Communicator {
         call: &Call<'_>,
         stream: &Stream,
         launch: LaunchConfig,
+        ring: bool,
     ) -> Result<()> {
         let (rank, size) = (self.rank(), self.size());
         let collective = call.shape.collective;
@@ -931,6 +938,7 @@ impl Communicator {
                 args,
                 call.counts.unwrap_or_default(),
             ),
+            _ if ring => all_reduce_ring::collective_all_reduce_ring::launch(stream, launch, args),
             _ => all_reduce_ports::collective_all_reduce_ports::launch(stream, launch, args),
         }?;
         if let Some(p) = ctx.ports.as_mut() {

@@ -59,16 +59,30 @@ pub(crate) fn reduce_ranks<'s, T: ReduceElement>(
             _ => pass_onto(dst, src, op)?,
         }
     }
+    finish_ranks(dst, n, op)
+}
+
+/// Finishes a reduction by `op` of `n` ranks' elements in `dst` (`Avg` divides by `n`; the
+/// other operations are finished already), split among the grid as the passes that made it
+/// (each thread divides the elements it combined itself).
+///
+/// # Errors
+/// None in practice (`dst` is its own source).
+#[inline(always)]
+pub(crate) fn finish_ranks<T: ReduceElement>(
+    dst: DeviceViewMut<'_, T>,
+    n: u32,
+    op: ReduceOp,
+) -> Result<(), DeviceError> {
     if op == ReduceOp::Avg && n > 1 {
-        // Each thread divides the elements it summed: the pass splits as they did.
         dst.combine_from(Grid, dst.as_view(), |a, _| a.finish(ReduceOp::Avg, n))?;
     }
     Ok(())
 }
 
-/// `dst = a ⊕ b`, `⊕` being `op`.
+/// `dst = a ⊕ b`, `⊕` being `op` (not finished: `Avg` sums; see [`finish_ranks`]).
 #[inline(always)]
-fn pass_of_two<T: ReduceElement>(
+pub(crate) fn pass_of_two<T: ReduceElement>(
     dst: DeviceViewMut<'_, T>,
     a: DeviceView<'_, T>,
     b: DeviceView<'_, T>,

@@ -15,7 +15,8 @@
 //!
 //! **Ports** (ranks without a load/store path to each other): [`all_reduce_ports`] puts each
 //! peer's chunk into its scratch through the proxy, reduces, and puts the reduced chunk to
-//! every peer, round after round ([`PortLayout`]); [`all_gather_ports`],
+//! every peer, round after round ([`PortLayout`]), or [`all_reduce_ring`] passes chunks
+//! round a ring of the ranks (for many ranks); [`all_gather_ports`],
 //! [`reduce_scatter_ports`], [`broadcast_ports`], [`reduce_ports`] and
 //! [`all_to_all_ports`] and [`all_to_allv_ports`] take one exchange a round, and
 //! [`barrier_ports`] one exchange with nothing in it.
@@ -23,8 +24,9 @@
 //! **Packets** (all-reduce, small): [`all_reduce_packets`] sends its input to
 //! every peer as LL16 packets; each rank reduces what it received. One pass, no meeting.
 //!
-//! Reductions combine the ranks' data in rank order (`0, 1, .., n - 1`) on every path, so
-//! every rank gets the same bits, and so do both all-reduce algorithms.
+//! Reductions combine the ranks' data in rank order (`0, 1, .., n - 1`) on every path but
+//! the ring, so every rank gets the same bits, and so do the all-reduce algorithms; the
+//! ring combines each chunk once, in ring order, so its ranks too agree on every bit.
 //!
 //! The direct kernels are cooperative (their blocks meet at a grid barrier): launch them
 //! with any grid the device holds at once and any block size. Every rank must launch the
@@ -35,6 +37,7 @@ pub mod all_gather_ports;
 pub mod all_reduce;
 pub mod all_reduce_packets;
 pub mod all_reduce_ports;
+pub mod all_reduce_ring;
 pub mod all_to_all;
 pub mod all_to_all_ports;
 pub mod all_to_allv;

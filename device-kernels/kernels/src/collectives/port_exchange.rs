@@ -10,6 +10,10 @@
 //! round's second ([`send_to_peers`], [`wait_for_peers`]); sets come back every
 //! [`PortLayout::SETS`](super::PortLayout::SETS) rounds, which leaves room for that (see
 //! `all_reduce_ports`).
+//!
+//! A ring ([`send_to_next`], [`wait_for_prev`]) signals the next rank only, once a step, and
+//! makes its own argument for reusing a set (see `all_reduce_ring`): every rank's data of a
+//! round reach every rank through the ring in the next round.
 
 use super::all_to_allv::share;
 use super::all_to_allv_counts::AllToAllvCounts;
@@ -134,6 +138,42 @@ pub(crate) fn wait_for_peers(a: &PortCollectiveArgs<'_>) -> Result<(), DeviceErr
     let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
     if n_ranks > 1 && arch::block_rank() == 0 {
         block_wait(move || wait_on_peers(peers, rank, n_ranks))?;
+    }
+    a.barrier.sync_grid()
+}
+
+/// A ring's send (the first half of its step): once every block has written its part,
+/// puts `bytes` bytes at `src` of our scratch into the next rank's scratch at `dst`, with a
+/// signal, and returns without waiting; [`wait_for_prev`] is the second half.
+///
+/// # Errors
+/// The channel's and the grid barrier's.
+#[inline(always)]
+pub(crate) fn send_to_next(
+    a: &PortCollectiveArgs<'_>,
+    dst: u64,
+    src: u64,
+    bytes: u64,
+) -> Result<(), DeviceError> {
+    a.barrier.sync_grid()?;
+    let (peers, next) = (a.peers, (a.rank + 1) % a.n_ranks.max(1));
+    if a.n_ranks > 1 && arch::block_rank() == 0 {
+        block_signal(move || peers.get(next)?.put_with_signal(dst, src, bytes))?;
+    }
+    Ok(())
+}
+
+/// A ring's wait (the second half of its step): waits for the previous rank's next signal;
+/// then every block sees what it put before it.
+///
+/// # Errors
+/// The channel's (a peer that does not answer) and the grid barrier's.
+#[inline(always)]
+pub(crate) fn wait_for_prev(a: &PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
+    let n = a.n_ranks.max(1);
+    let (peers, prev) = (a.peers, (a.rank + n - 1) % n);
+    if a.n_ranks > 1 && arch::block_rank() == 0 {
+        block_wait(move || peers.get(prev)?.wait())?;
     }
     a.barrier.sync_grid()
 }
