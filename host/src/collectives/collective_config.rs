@@ -25,7 +25,7 @@ pub struct CollectiveConfig {
     /// (twice, in an all-reduce), so these rounds are larger: the default, 1 MiB, took a
     /// 4 MiB all-reduce of 2 ranks over loopback Ethernet 3.5-4.3 ms where rounds of
     /// 256 KiB took 5.4-6.8 ms (alternated runs; 4 MiB rounds were no faster than 1 MiB).
-    /// The port scratch holds three rounds and their slots (the all-reduce sends a round
+    /// The port scratch holds three rounds and their slots (each collective sends a round
     /// before it is done with the last one).
     pub port_round_bytes: u64,
     /// Fewest ranks whose all-reduce takes [`Algorithm::Ring`](super::Algorithm::Ring)

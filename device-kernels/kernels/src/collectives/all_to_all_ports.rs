@@ -4,10 +4,15 @@
 //! puts peer `p`'s into its reduce slot of `p`, with a signal; once every peer's has come,
 //! it copies each peer's into that peer's block of its output. The data's type does not
 //! matter: rounds are bytes.
+//!
+//! Pipelined as the all-gather is (see `all_gather_ports`): once a round's signals have
+//! come, the next round is staged and sent before this one is copied out (in place, the
+//! copy writes this round's part of each block, the staging read the next round's).
 
 use super::port_collective_args::PortCollectiveArgs;
-use super::port_exchange::{Part, exchange_with_peers};
+use super::port_exchange::{Part, send_to_peers, wait_for_peers};
 use super::round_views::{window, window_mut};
+use oxccl_device::DeviceView;
 use oxccl_device::coop::Grid;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
@@ -36,23 +41,16 @@ pub fn collective_all_to_all_ports(args: PortCollectiveArgs<'_>) -> Result<(), D
         return Err(a.invalid([l.round_bytes, nr, 1]));
     }
     let (mut off, mut seq) = (0, a.sequence);
+    if block > 0 {
+        stage_and_send(a, input, 0, per.min(block), seq)?;
+    }
     while off < block {
         let len = per.min(block - off);
         let set = super::PortLayout::set_of(seq);
-        let staged_at = l.staged(set);
-        // Every peer's part of this round, staged before any arrives: in place, what
-        // arrives overwrites it.
-        for p in (0..nr).filter(|&p| p != r as u64) {
-            window_mut(a.scratch, staged_at + p * len, len)?
-                .copy_from(Grid, window(input, p * block + off, len)?)?;
+        wait_for_peers(a)?;
+        if off + len < block {
+            stage_and_send(a, input, off + len, per.min(block - off - len), seq + 1)?;
         }
-        let bytes = len;
-        exchange_with_peers(
-            a,
-            l.reduce_slot(set, r),
-            staged_at,
-            Part::TheirBlock { bytes },
-        )?;
         for p in (0..nr).filter(|&p| p != r as u64) {
             let src = window_mut(a.scratch, l.reduce_slot(set, p as u32), len)?;
             window_mut(output, p * block + off, len)?.copy_from(Grid, src.as_view())?;
@@ -61,4 +59,28 @@ pub fn collective_all_to_all_ports(args: PortCollectiveArgs<'_>) -> Result<(), D
         seq += 1;
     }
     Ok(())
+}
+
+/// Stages the `len` bytes from `off` on of every peer's block of `input` (round number
+/// `seq`) and puts peer `p`'s into its reduce slot of `p`, with a signal; does not wait.
+/// Staged before any arrives: in place, what arrives overwrites the input. (A function,
+/// not a closure: see `all_gather_ports`.)
+#[inline(always)]
+fn stage_and_send(
+    a: &PortCollectiveArgs<'_>,
+    input: DeviceView<'_, u8>,
+    off: u64,
+    len: u64,
+    seq: u64,
+) -> Result<(), DeviceError> {
+    let (r, nr) = (a.rank as u64, a.n_ranks as u64);
+    let block = input.len() / nr.max(1);
+    let set = super::PortLayout::set_of(seq);
+    let staged_at = a.layout.staged(set);
+    for p in (0..nr).filter(|&p| p != r) {
+        window_mut(a.scratch, staged_at + p * len, len)?
+            .copy_from(Grid, window(input, p * block + off, len)?)?;
+    }
+    let dst = a.layout.reduce_slot(set, a.rank);
+    send_to_peers(a, dst, staged_at, Part::TheirBlock { bytes: len })
 }

@@ -5,12 +5,14 @@
 //! for that peer), puts peer `p`'s into its reduce slot of `p` with a signal, and once every
 //! peer's has come copies each into place in its output. Every rank takes as many rounds as
 //! the largest part any rank sends (`count`), exchanging with every peer in each, data or
-//! not, as the exchange requires. Rounds are bytes: the type does not matter.
+//! not, as the exchange requires. Rounds are bytes: the type does not matter. Pipelined as
+//! the all-gather is (see `all_gather_ports`): the next round is staged and sent before
+//! this one is copied out.
 
 use super::all_to_allv::share;
 use super::all_to_allv_counts::AllToAllvCounts;
 use super::port_collective_args::PortCollectiveArgs;
-use super::port_exchange::{Part, exchange_with_peers};
+use super::port_exchange::{Part, send_to_peers, wait_for_peers};
 use super::round_views::{window, window_mut};
 use oxccl_device::coop::Grid;
 use oxccl_device::error::DeviceError;
@@ -49,24 +51,15 @@ pub fn collective_all_to_allv_ports(
         return Err(a.invalid([l.round_bytes, nr as u64, 1]));
     }
     let (total, mut off, mut seq) = (bytes(a.count), 0, a.sequence);
+    if total > 0 {
+        stage_and_send(a, k, size, 0, seq)?;
+    }
     while off < total {
         let set = super::PortLayout::set_of(seq);
-        let staged_at = l.staged(set);
-        for p in (0..nr as usize).filter(|&p| p != r as usize) {
-            let len = share(bytes(k.send_counts[p]), off, per);
-            if len > 0 {
-                let from = bytes(k.send_displs[p]).saturating_add(off);
-                window_mut(a.scratch, staged_at + p as u64 * per, len)?
-                    .copy_from(Grid, window(input, from, len)?)?;
-            }
+        wait_for_peers(a)?;
+        if off + per < total {
+            stage_and_send(a, k, size, off + per, seq + 1)?;
         }
-        let ours = Part::TheirShare {
-            per,
-            off,
-            size,
-            counts: &k.send_counts,
-        };
-        exchange_with_peers(a, l.reduce_slot(set, r), staged_at, ours)?;
         for p in (0..nr as usize).filter(|&p| p != r as usize) {
             let len = share(bytes(k.recv_counts[p]), off, per);
             if len > 0 {
@@ -79,4 +72,36 @@ pub fn collective_all_to_allv_ports(
         seq += 1;
     }
     Ok(())
+}
+
+/// Stages the round from byte `off` on (round number `seq`) of every peer's part of our
+/// input, elements of `size` bytes, and puts peer `p`'s into its reduce slot of `p`, with a
+/// signal (a signal alone where the part has no bytes left); does not wait. (A function,
+/// not a closure: see `all_gather_ports`.)
+#[inline(always)]
+fn stage_and_send(
+    a: &PortCollectiveArgs<'_>,
+    k: &AllToAllvCounts,
+    size: u64,
+    off: u64,
+    seq: u64,
+) -> Result<(), DeviceError> {
+    let (r, per) = (a.rank as usize, a.layout.block_round(1));
+    let set = super::PortLayout::set_of(seq);
+    let staged_at = a.layout.staged(set);
+    for p in (0..a.n_ranks as usize).filter(|&p| p != r) {
+        let len = share(k.send_counts[p].saturating_mul(size), off, per);
+        if len > 0 {
+            let from = k.send_displs[p].saturating_mul(size).saturating_add(off);
+            window_mut(a.scratch, staged_at + p as u64 * per, len)?
+                .copy_from(Grid, window(a.input, from, len)?)?;
+        }
+    }
+    let ours = Part::TheirShare {
+        per,
+        off,
+        size,
+        counts: &k.send_counts,
+    };
+    send_to_peers(a, a.layout.reduce_slot(set, a.rank), staged_at, ours)
 }

@@ -4,10 +4,15 @@
 //! signal; every other rank signals the root (and each other) with nothing, which tells
 //! the root that the rank is done with the set of two rounds before; each copies the
 //! root's round into its output. The data's type does not matter: rounds are bytes.
+//!
+//! Pipelined as the all-gather is (see `all_gather_ports`): once a round's signals have
+//! come, the next round is staged and sent (by the root; a signal by the others) before this
+//! one is copied out.
 
 use super::port_collective_args::PortCollectiveArgs;
-use super::port_exchange::{Part, exchange_with_peers};
+use super::port_exchange::{Part, send_to_peers, wait_for_peers};
 use super::round_views::{window, window_mut};
+use oxccl_device::DeviceView;
 use oxccl_device::coop::Grid;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
@@ -35,17 +40,16 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
     };
     let per = l.copy_round_bytes();
     let (mut off, mut seq) = (0, a.sequence);
+    if bytes > 0 {
+        stage_and_send(a, input, 0, per.min(bytes), seq)?;
+    }
     while off < bytes {
         let len = per.min(bytes - off);
         let set = super::PortLayout::set_of(seq);
-        let staged_at = l.staged(set);
-        let what = if r == root {
-            window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;
-            Part::Whole { bytes: len }
-        } else {
-            Part::Nothing
-        };
-        exchange_with_peers(a, l.gather_slot(set, r), staged_at, what)?;
+        wait_for_peers(a)?;
+        if off + len < bytes {
+            stage_and_send(a, input, off + len, per.min(bytes - off - len), seq + 1)?;
+        }
         if r != root {
             let src = window_mut(a.scratch, l.gather_slot(set, root), len)?;
             window_mut(output, off, len)?.copy_from(Grid, src.as_view())?;
@@ -54,4 +58,27 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
         seq += 1;
     }
     Ok(())
+}
+
+/// The root stages the `len` bytes of its `input` from `off` on (round number `seq`) and
+/// puts them into its gather slot of every peer, with a signal; the others signal every
+/// peer with nothing (see the module docs). Does not wait. (A function, not a closure: see
+/// `all_gather_ports`.)
+#[inline(always)]
+fn stage_and_send(
+    a: &PortCollectiveArgs<'_>,
+    input: DeviceView<'_, u8>,
+    off: u64,
+    len: u64,
+    seq: u64,
+) -> Result<(), DeviceError> {
+    let set = super::PortLayout::set_of(seq);
+    let staged_at = a.layout.staged(set);
+    let what = if a.rank == a.root {
+        window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;
+        Part::Whole { bytes: len }
+    } else {
+        Part::Nothing
+    };
+    send_to_peers(a, a.layout.gather_slot(set, a.rank), staged_at, what)
 }

@@ -18,8 +18,9 @@
 //! every peer, round after round ([`PortLayout`]), or [`all_reduce_ring`] passes chunks
 //! round a ring of the ranks (for many ranks); [`all_gather_ports`],
 //! [`reduce_scatter_ports`], [`broadcast_ports`], [`reduce_ports`] and
-//! [`all_to_all_ports`] and [`all_to_allv_ports`] take one exchange a round, and
-//! [`barrier_ports`] one exchange with nothing in it.
+//! [`all_to_all_ports`] and [`all_to_allv_ports`] take one exchange a round, each sending
+//! the next round before reading this one out, and [`barrier_ports`] one exchange with
+//! nothing in it.
 //!
 //! **Packets** (all-reduce, small): [`all_reduce_packets`] sends its input to
 //! every peer as LL16 packets; each rank reduces what it received. One pass, no meeting.

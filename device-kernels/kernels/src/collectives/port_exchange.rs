@@ -2,14 +2,16 @@
 //! staged round; one thread puts to every peer what that peer gets of it, with a signal,
 //! and waits for every peer's signal; then every block proceeds, seeing what arrived.
 //!
-//! Every exchange of a round signals every peer, data or not: a peer's signal of round
-//! `k + 1` comes after it has read everything of round `k` (its slots of that round's set)
-//! and after it has received every put of round `k` (whose source is our staged round of
-//! that set). Kernels that write a set again later rely on it: no exchange may be skipped,
-//! on any rank. The all-reduce sends a round's first exchange before it waits for the last
-//! round's second ([`send_to_peers`], [`wait_for_peers`]); sets come back every
+//! Every exchange of a round signals every peer, data or not. The collectives are
+//! pipelined one round ahead: each sends round `k + 1` ([`send_to_peers`]) once round `k`
+//! has come ([`wait_for_peers`]) and before it reads round `k` out (the all-reduce, whose
+//! rounds have two exchanges, sends a round's first before it waits for the last round's
+//! second). So a peer's signal of round `k + 1` comes after it has received every put of
+//! round `k` (and of `k - 1`, whose source was our staged round of that set) and after it
+//! has read everything of round `k - 1` out. Sets come back every
 //! [`PortLayout::SETS`](super::PortLayout::SETS) rounds, which leaves room for that (see
-//! `all_reduce_ports`).
+//! `all_gather_ports`, `all_reduce_ports`). Kernels rely on it: no exchange may be skipped,
+//! on any rank. The barrier is one whole exchange ([`exchange_with_peers`]).
 //!
 //! A ring ([`send_to_next`], [`wait_for_prev`]) signals the next rank only, once a step, and
 //! makes its own argument for reusing a set (see `all_reduce_ring`): every rank's data of a

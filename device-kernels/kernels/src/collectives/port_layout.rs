@@ -34,9 +34,10 @@ pub struct PortLayout {
 const _: () = assert!(core::mem::size_of::<PortLayout>() == 24);
 
 impl PortLayout {
-    /// Sets of the scratch. Three: a round writes a set again three rounds later, so the
-    /// all-reduce may put a round before it has waited for the last round's gather (see
-    /// `all_reduce_ports`); the other collectives need two.
+    /// Sets of the scratch. Three: a round writes a set again three rounds later, so a
+    /// collective may put a round before it has read the last one out (and the all-reduce
+    /// before it has waited for the last round's gather; see `all_gather_ports` and
+    /// `all_reduce_ports`).
     pub const SETS: u64 = 3;
 
     /// The set round `seq` (a communicator's round number) takes.

@@ -4,17 +4,20 @@
 //! root, with a signal, and signals the others with nothing (which tells the root that
 //! the rank is done with the set of two rounds before); once every peer's signal has come,
 //! the root reduces its staged round and the peers' slots, in rank order, into its output.
+//!
+//! Pipelined as the all-gather is (see `all_gather_ports`): once a round's signals have
+//! come, the next round is staged and sent before the root reduces this one.
 
 use super::elementwise::reduce_ranks;
 use super::port_collective_args::PortCollectiveArgs;
-use super::port_exchange::{Part, exchange_with_peers};
+use super::port_exchange::{Part, send_to_peers, wait_for_peers};
 use super::round_views::{typed, typed_mut, window, window_mut};
-use oxccl_device::DeviceViewMut;
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::{ReduceElement, ReduceOp};
+use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// Reduce over port channels: `count` elements of every rank's `input` reduced by `op`
 /// into the root's `output` (which may be its input); other ranks' outputs are not
@@ -41,19 +44,24 @@ fn reduce<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Result<
     let scratch = a.scratch.cast::<T>()?;
     let per = l.copy_round_bytes() / size;
     let (mut off, mut seq) = (0, a.sequence);
+    if c > 0 {
+        stage_and_send(a, input, scratch, 0, per.min(c), seq)?;
+    }
     while off < c {
         let len = per.min(c - off);
         let set = super::PortLayout::set_of(seq);
-        let staged_at = l.staged(set);
-        // The root's own round too: in place, the reduction writes its output (its input)
-        // before it reads its own part (a root of rank 2 and up).
-        let staged = window_mut(scratch, staged_at / size, len)?;
-        staged.copy_from(Grid, window(input, off, len)?)?;
-        let what = Part::WholeTo {
-            bytes: len * size,
-            to: root,
-        };
-        exchange_with_peers(a, l.reduce_slot(set, r), staged_at, what)?;
+        let staged = window_mut(scratch, l.staged(set) / size, len)?;
+        wait_for_peers(a)?;
+        if off + len < c {
+            stage_and_send(
+                a,
+                input,
+                scratch,
+                off + len,
+                per.min(c - off - len),
+                seq + 1,
+            )?;
+        }
         if r == root {
             reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {
                 if p == r {
@@ -67,4 +75,29 @@ fn reduce<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Result<
         seq += 1;
     }
     Ok(())
+}
+
+/// Stages the `len` elements of `input` from `off` on (round number `seq`) and puts them
+/// into our reduce slot of the root, with a signal, and signals the other peers with
+/// nothing; does not wait. The root stages its own round too: in place, the reduction
+/// writes its output (its input) before it reads its own part (a root of rank 2 and up).
+/// (A function, not a closure: see `all_gather_ports`.)
+#[inline(always)]
+fn stage_and_send<T: ReduceElement>(
+    a: &PortCollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    scratch: DeviceViewMut<'_, T>,
+    off: u64,
+    len: u64,
+    seq: u64,
+) -> Result<(), DeviceError> {
+    let size = core::mem::size_of::<T>() as u64;
+    let set = super::PortLayout::set_of(seq);
+    let staged_at = a.layout.staged(set);
+    window_mut(scratch, staged_at / size, len)?.copy_from(Grid, window(input, off, len)?)?;
+    let what = Part::WholeTo {
+        bytes: len * size,
+        to: a.root,
+    };
+    send_to_peers(a, a.layout.reduce_slot(set, a.rank), staged_at, what)
 }

@@ -5,16 +5,20 @@
 //! peer `p`'s into its reduce slot of `p`, with a signal; once every peer's has come, it
 //! reduces its own block (its staged copy and the peers' slots, in rank order) into its
 //! output.
+//!
+//! Pipelined as the all-gather is (see `all_gather_ports`): once a round's signals have
+//! come, the next round is staged and sent before this one is reduced.
 
 use super::elementwise::reduce_ranks;
 use super::port_collective_args::PortCollectiveArgs;
-use super::port_exchange::{Part, exchange_with_peers};
+use super::port_exchange::{Part, send_to_peers, wait_for_peers};
 use super::round_views::{typed, typed_mut, window, window_mut};
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::{ReduceElement, ReduceOp};
+use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// Reduce-scatter over port channels: `input` holds `n_ranks * count` elements; rank
 /// `r`'s `output` gets the reduction by `op` of every rank's elements
@@ -44,23 +48,24 @@ fn reduce_scatter<T: ReduceElement>(
         return Err(a.invalid([l.round_bytes, nr as u64, size]));
     }
     let (mut off, mut seq) = (0, a.sequence);
+    if c > 0 {
+        stage_and_send(a, input, scratch, 0, per.min(c), seq)?;
+    }
     while off < c {
         let len = per.min(c - off);
         let set = super::PortLayout::set_of(seq);
         let staged_at = l.staged(set);
-        // Every block, ours too: in place, our output is our block, and the reduction
-        // writes it before it reads our part (on ranks 2 and up).
-        for p in 0..nr as u64 {
-            window_mut(scratch, staged_at / size + p * len, len)?
-                .copy_from(Grid, window(input, p * c + off, len)?)?;
+        wait_for_peers(a)?;
+        if off + len < c {
+            stage_and_send(
+                a,
+                input,
+                scratch,
+                off + len,
+                per.min(c - off - len),
+                seq + 1,
+            )?;
         }
-        let bytes = len * size;
-        exchange_with_peers(
-            a,
-            l.reduce_slot(set, r),
-            staged_at,
-            Part::TheirBlock { bytes },
-        )?;
         reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {
             let at = if p == r {
                 staged_at / size + r as u64 * len
@@ -73,4 +78,35 @@ fn reduce_scatter<T: ReduceElement>(
         seq += 1;
     }
     Ok(())
+}
+
+/// Stages the round of every rank's block from element `off` on, `len` elements each (round
+/// number `seq`), and puts peer `p`'s into its reduce slot of `p`, with a signal; does not
+/// wait. Every block, ours too: in place, our output is our block, which the reduction of
+/// this round writes before it reads our part (on ranks 2 and up), and which a later round's
+/// reduction overwrites after this staging. (A function, not a closure: see
+/// `all_gather_ports`.)
+#[inline(always)]
+fn stage_and_send<T: ReduceElement>(
+    a: &PortCollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    scratch: DeviceViewMut<'_, T>,
+    off: u64,
+    len: u64,
+    seq: u64,
+) -> Result<(), DeviceError> {
+    let (c, size) = (a.count, core::mem::size_of::<T>() as u64);
+    let set = super::PortLayout::set_of(seq);
+    let staged_at = a.layout.staged(set);
+    for p in 0..a.n_ranks as u64 {
+        window_mut(scratch, staged_at / size + p * len, len)?
+            .copy_from(Grid, window(input, p * c + off, len)?)?;
+    }
+    let bytes = len * size;
+    send_to_peers(
+        a,
+        a.layout.reduce_slot(set, a.rank),
+        staged_at,
+        Part::TheirBlock { bytes },
+    )
 }
