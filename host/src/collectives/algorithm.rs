@@ -23,7 +23,8 @@ pub enum Algorithm {
     /// and hears from the previous one only, `2 (n - 1)` steps a round, so each link carries
     /// one stream of chunks however many ranks there are. For many ranks across nodes
     /// (chosen from [`CollectiveConfig::ring_min_ranks`](super::CollectiveConfig::ring_min_ranks)
-    /// ranks on). The other collectives take their [`Algorithm::Ports`] algorithms with it.
+    /// ranks on). All-gather and reduce-scatter go round the ring with it (its two halves);
+    /// the other collectives take their [`Algorithm::Ports`] algorithms.
     Ring,
 }
 

@@ -55,10 +55,10 @@ use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp};
 use oxccl_device::{DeviceView, DeviceViewMut};
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
 use oxccl_kernels::collectives::{
-    AllToAllvCounts, all_gather, all_gather_ports, all_reduce, all_reduce_packets,
+    AllToAllvCounts, all_gather, all_gather_ports, all_gather_ring, all_reduce, all_reduce_packets,
     all_reduce_ports, all_reduce_ring, all_to_all, all_to_all_ports, all_to_allv,
     all_to_allv_ports, barrier, barrier_ports, broadcast, broadcast_ports, reduce, reduce_ports,
-    reduce_scatter, reduce_scatter_ports,
+    reduce_scatter, reduce_scatter_ports, reduce_scatter_ring,
 };
 use shape::Shape;
 
@@ -202,20 +202,19 @@ impl Communicator {
     }
 
     /// The algorithm a call of `collective` of `bytes` bytes takes on this communicator:
-    /// [`Self::all_reduce_algorithm`] for an all-reduce; for the others
-    /// [`Algorithm::Ports`] where they run through the proxy (see the module docs), else
+    /// [`Self::all_reduce_algorithm`] for an all-reduce; for the others, where they run
+    /// through the proxy (see the module docs), [`Algorithm::Ring`] for all-gather and
+    /// reduce-scatter where the ring is chosen and [`Algorithm::Ports`] otherwise, else
     /// [`Algorithm::Direct`] (on registered buffers, in place of the peers' buffers).
     ///
     /// # Errors
     /// `OXCCL_ALGO` names no algorithm.
     pub fn collective_algorithm(&self, collective: Collective, bytes: u64) -> Result<Algorithm> {
-        if collective == Collective::AllReduce {
-            return self.all_reduce_algorithm(bytes);
-        }
-        if self.ports_chosen()? {
-            Ok(Algorithm::Ports)
-        } else {
-            Ok(Algorithm::Direct)
+        match (collective, self.proxy_algorithm()?) {
+            (Collective::AllReduce, _) => self.all_reduce_algorithm(bytes),
+            (_, None) => Ok(Algorithm::Direct),
+            (Collective::AllGather | Collective::ReduceScatter, Some(algo)) => Ok(algo),
+            (_, Some(_)) => Ok(Algorithm::Ports),
         }
     }
 
@@ -229,10 +228,12 @@ impl Communicator {
         }
     }
 
-    /// Whether the collectives other than all-reduce take their port algorithms: where the
-    /// ranks cannot load and store each other's memory, or where ports are asked for (as for
-    /// all-reduce: [`CollectiveConfig::algorithm`], then `OXCCL_ALGO`).
-    fn ports_chosen(&self) -> Result<bool> {
+    /// Whether the collectives other than all-reduce run through the proxy, and how: where
+    /// the ranks cannot load and store each other's memory, or where ports or the ring are
+    /// asked for (as for all-reduce: [`CollectiveConfig::algorithm`], then `OXCCL_ALGO`),
+    /// [`Algorithm::Ring`] where the ring is chosen, else [`Algorithm::Ports`]; `None` where
+    /// they load and store.
+    fn proxy_algorithm(&self) -> Result<Option<Algorithm>> {
         let c = &self.config().collectives;
         let algo = c.algorithm.resolve(
             0,
@@ -241,7 +242,7 @@ impl Communicator {
             self.load_store(),
             c.thresholds(),
         )?;
-        Ok(algo.through_proxy())
+        Ok(algo.through_proxy().then_some(algo))
     }
 
     fn all_reduce_views(
@@ -805,13 +806,12 @@ impl Communicator {
         if call.count == 0 && call.shape.collective != Collective::Barrier {
             return Ok(());
         }
-        let over_ports = match algo {
-            Some(algo) => algo.through_proxy(),
-            None => self.ports_chosen()?,
+        let over_proxy = match algo {
+            Some(algo) => algo.through_proxy().then_some(algo),
+            None => self.proxy_algorithm()?,
         };
-        if over_ports {
-            let ring = algo == Some(Algorithm::Ring);
-            return self.run_over_ports(&call, stream, direct, ring);
+        if let Some(algo) = over_proxy {
+            return self.run_over_ports(&call, stream, direct, algo == Algorithm::Ring);
         }
         let ctx = self
             .collectives
@@ -873,7 +873,8 @@ impl Communicator {
         Ok(())
     }
 
-    /// Runs `call` over port channels, an all-reduce in a ring if `ring`
+    /// Runs `call` over port channels, in a ring if `ring` (all-reduce, all-gather and
+    /// reduce-scatter; the others have one port algorithm)
     /// (setting them up on its first call: every rank takes this path at the same call, as
     /// they agree on the algorithm).
     fn run_over_ports(
@@ -914,8 +915,14 @@ impl Communicator {
             _ => rounds(call.count * item, layout.copy_round_bytes()),
         };
         match collective {
+            Collective::AllGather if ring => {
+                all_gather_ring::collective_all_gather_ring::launch(stream, launch, args)
+            }
             Collective::AllGather => {
                 all_gather_ports::collective_all_gather_ports::launch(stream, launch, args)
+            }
+            Collective::ReduceScatter if ring => {
+                reduce_scatter_ring::collective_reduce_scatter_ring::launch(stream, launch, args)
             }
             Collective::ReduceScatter => {
                 reduce_scatter_ports::collective_reduce_scatter_ports::launch(stream, launch, args)

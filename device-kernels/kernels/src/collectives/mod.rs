@@ -16,7 +16,8 @@
 //! **Ports** (ranks without a load/store path to each other): [`all_reduce_ports`] puts each
 //! peer's chunk into its scratch through the proxy, reduces, and puts the reduced chunk to
 //! every peer, round after round ([`PortLayout`]), or [`all_reduce_ring`] passes chunks
-//! round a ring of the ranks (for many ranks); [`all_gather_ports`],
+//! round a ring of the ranks (for many ranks), as [`all_gather_ring`] and
+//! [`reduce_scatter_ring`] do its two halves; [`all_gather_ports`],
 //! [`reduce_scatter_ports`], [`broadcast_ports`], [`reduce_ports`] and
 //! [`all_to_all_ports`] and [`all_to_allv_ports`] take one exchange a round, each sending
 //! the next round before reading this one out, and [`barrier_ports`] one exchange with
@@ -35,6 +36,7 @@
 
 pub mod all_gather;
 pub mod all_gather_ports;
+pub mod all_gather_ring;
 pub mod all_reduce;
 pub mod all_reduce_packets;
 pub mod all_reduce_ports;
@@ -60,6 +62,7 @@ pub mod reduce;
 pub mod reduce_ports;
 pub mod reduce_scatter;
 pub mod reduce_scatter_ports;
+pub mod reduce_scatter_ring;
 mod round_views;
 pub mod rounds;
 pub mod scratch_layout;
