@@ -13,6 +13,7 @@ pub mod cuda_ipc_connection;
 pub mod device;
 pub mod device_buffer;
 mod device_proxy;
+pub mod embedded_ptx;
 pub mod error;
 pub mod ethernet;
 pub mod ethernet_connection;

@@ -15,10 +15,12 @@
 //!    into every target directory). This is how `cargo run`, `cargo test` and binaries left
 //!    in `target/release` find the PTX with no setup at all.
 //!
-//! The files are found at run time rather than embedded with `include_str!`: the PTX is built
-//! by a separate cargo invocation for another target, which a build script of this crate
-//! could only start by running cargo recursively inside a build (slow, and fragile with the
-//! build lock); and one host binary then serves every architecture without carrying them all.
+//! The files are found at run time by default rather than embedded: the PTX is built by a
+//! separate cargo invocation for another target, which a build script of this crate could
+//! only start by running cargo recursively inside a build (slow, and fragile with the build
+//! lock); and one host binary then serves every architecture without carrying them all.
+//! With the `embed-ptx` feature the build script embeds what an earlier `build-ptx` left
+//! ([`crate::embedded_ptx`]), which the CUDA backend takes where no file is found.
 //!
 //! A PTX module built for `sm_80` also runs on later GPUs (the driver compiles it for the
 //! device when loading), never on earlier ones. [`locate_for_device`] picks the newest

@@ -26,8 +26,12 @@
 //!    PTX, as a user builds theirs ([`USER_KERNELS_TEST`], within [`STEP_TIME_LIMIT`]; it
 //!    builds `core` for nvptx64 once more, in a target directory of its own, about half a
 //!    minute on two cores); fails if it ran no test
-//! 9. `gpu-bundle`: builds `target/gpu-bundle/` from the PTX of step 7 (compile only: no
-//!    GPU here), so what runs on a GPU machine cannot rot ([`crate::gpu_bundle`])
+//! 9. `embed-ptx`: oxccl built with the `embed-ptx` feature, which embeds the modules of
+//!    step 8: clippy on it ([`EMBED_CLIPPY`]), then its unit tests ([`EMBED_TEST`]), which
+//!    check that what is embedded is the files build-ptx wrote, each within
+//!    [`STEP_TIME_LIMIT`]; fails if it ran no test
+//! 10. `gpu-bundle`: builds `target/gpu-bundle/` from the PTX of step 8 (compile only: no
+//!     GPU here), so what runs on a GPU machine cannot rot ([`crate::gpu_bundle`])
 //!
 //! Every command runs under a deadline (see [`oxccl_build::bounded`]): one that hangs fails its
 //! step, named in the error, instead of holding CI until the runner's own limit.
@@ -69,6 +73,32 @@ pub const USER_KERNELS_TEST: &[&str] = &[
     "user_kernels",
     "--",
     "--ignored",
+];
+
+/// The `cargo clippy` arguments of the `embed-ptx` step: oxccl with the modules of the
+/// `build-ptx` step embedded.
+pub const EMBED_CLIPPY: &[&str] = &[
+    "clippy",
+    "-p",
+    "oxccl",
+    "--features",
+    "embed-ptx",
+    "--all-targets",
+    "--",
+    "-D",
+    "warnings",
+];
+
+/// The `cargo test` arguments of the `embed-ptx` step: oxccl's unit test of what it
+/// embedded, which exists only with the feature (so a build without it runs no test).
+pub const EMBED_TEST: &[&str] = &[
+    "test",
+    "-p",
+    "oxccl",
+    "--features",
+    "embed-ptx",
+    "--lib",
+    "embedded_modules_are_the_files_they_came_from",
 ];
 
 /// The `cargo clippy` arguments of the `ib` step: the crates with the `ib` feature, built
@@ -147,6 +177,10 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
     ib_test.args(IB_TEST);
     let mut user_kernels = cargo();
     user_kernels.args(USER_KERNELS_TEST);
+    let mut embed_clippy = cargo();
+    embed_clippy.args(EMBED_CLIPPY);
+    let mut embed_test = cargo();
+    embed_test.args(EMBED_TEST);
     let ptx_opts = build_ptx::Options {
         packages: Vec::new(),
         arches: DEFAULT_ARCHES.iter().map(|s| s.to_string()).collect(),
@@ -218,6 +252,15 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
                     "oxccl-build's user_kernels test",
                     &libtest::summaries(&stdout),
                 )
+            }),
+        ),
+        (
+            "embed-ptx",
+            format!("{}, then {}", show(&embed_clippy), show(&embed_test)),
+            Box::new(move || {
+                run_bounded(&mut embed_clippy, STEP_TIME_LIMIT)?;
+                let stdout = run_bounded_tee(&mut embed_test, STEP_TIME_LIMIT)?;
+                check_ran("the embed-ptx build's tests", &libtest::summaries(&stdout))
             }),
         ),
         (

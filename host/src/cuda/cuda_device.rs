@@ -7,8 +7,8 @@
 //! one [`CudaDevice`]); each kernel's function handle is then looked up once and kept.
 
 use super::driver::{Context, DeviceFacts};
-use crate::ptx;
 use crate::{Error, Result};
+use crate::{embedded_ptx, ptx};
 use cudarc::driver::sys;
 use oxccl_device::launch::KernelInfo;
 use parking_lot::Mutex;
@@ -154,60 +154,88 @@ impl CudaDevice {
     }
 
     /// Loads `crate_name`'s kernels: its cubin if one runs on this device (unless
-    /// [`KERNEL_IMAGE_ENV`] says `ptx`), else its PTX, which the driver compiles.
+    /// [`KERNEL_IMAGE_ENV`] says `ptx`), else its PTX, which the driver compiles; files
+    /// first ([`ptx`]'s search), then the modules embedded at build time
+    /// ([`crate::embedded_ptx`], feature `embed-ptx`).
     fn load_module(&self, crate_name: &str) -> std::result::Result<Module, String> {
         let (major, minor) = (self.facts.major, self.facts.minor);
         let started = std::time::Instant::now();
-        let cubin = match kernel_image_from_env()? {
-            KernelImage::Auto => ptx::locate_cubin_for_device(crate_name, major, minor),
-            KernelImage::Ptx => None,
+        let cubins = match kernel_image_from_env()? {
+            KernelImage::Auto => true,
+            KernelImage::Ptx => false,
         };
-        if let Some((path, arch)) = cubin {
+        let loaded = |module: sys::CUmodule, kind: &str, arch: &str, from: &str| {
+            tracing::info!(
+                module = crate_name,
+                %arch,
+                from,
+                elapsed = ?started.elapsed(),
+                "{kind} module loaded"
+            );
+            Module(module)
+        };
+        if let Some((path, arch)) = cubins
+            .then(|| ptx::locate_cubin_for_device(crate_name, major, minor))
+            .flatten()
+        {
             let what = format!("{} ({arch}) on {self:?}", path.display());
-            let loaded = std::fs::read(&path)
-                .map_err(|e| format!("reading {}: {e}", path.display()))
-                .and_then(|image| {
-                    self.context
-                        .load_cubin(&image, &what)
-                        .map_err(|e| e.to_string())
-                });
-            match loaded {
+            let image =
+                std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display()));
+            match image.and_then(|image| {
+                self.context
+                    .load_cubin(&image, &what)
+                    .map_err(|e| e.to_string())
+            }) {
                 Ok(module) => {
-                    tracing::info!(
-                        module = crate_name,
-                        %arch,
-                        path = %path.display(),
-                        elapsed = ?started.elapsed(),
-                        "cubin module loaded"
-                    );
-                    return Ok(Module(module));
+                    return Ok(loaded(module, "cubin", &arch, &path.display().to_string()));
                 }
                 // A cubin of a ptxas newer than the driver, say: the PTX still works.
                 Err(why) => tracing::warn!("{why}; loading the PTX instead"),
             }
         }
-        let (path, arch) = ptx::locate_for_device(crate_name, major, minor).map_err(|e| {
+        let not_found = match ptx::locate_for_device(crate_name, major, minor) {
+            Ok((path, arch)) => {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("reading {}: {e}", path.display()))?;
+                let what = format!("{} ({arch}) on {self:?}", path.display());
+                let module = self
+                    .context
+                    .load_module(&text, &what)
+                    .map_err(|e| e.to_string())?;
+                let from = path.display().to_string();
+                return Ok(loaded(module, "ptx (compiled by the driver)", &arch, &from));
+            }
+            Err(e) => e,
+        };
+        if let Some((image, m)) = cubins
+            .then(|| embedded_ptx::cubin_for_device(crate_name, major, minor))
+            .flatten()
+        {
+            let what = format!("embedded {} ({}) on {self:?}", m.source, m.arch);
+            match self.context.load_cubin(image, &what) {
+                Ok(module) => return Ok(loaded(module, "cubin", m.arch, "embedded")),
+                Err(why) => tracing::warn!("{why}; loading the embedded PTX instead"),
+            }
+        }
+        let m = embedded_ptx::ptx_for_device(crate_name, major, minor).ok_or_else(|| {
             format!(
-                "{e}; build it with `cargo xtask build-ptx` (or `oxccl-build` for a kernel \
-                 crate of your own), or point {} at a copy of `target/ptx`",
+                "{not_found}; build it with `cargo xtask build-ptx` (or `oxccl-build` for a \
+                 kernel crate of your own), or point {} at a copy of `target/ptx`, or build \
+                 with the `embed-ptx` feature after building the PTX",
                 ptx::PTX_DIR_ENV
             )
         })?;
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        let what = format!("{} ({arch}) on {self:?}", path.display());
+        let what = format!("embedded {} ({}) on {self:?}", m.source, m.arch);
         let module = self
             .context
-            .load_module(&text, &what)
+            .load_module(m.ptx, &what)
             .map_err(|e| e.to_string())?;
-        tracing::info!(
-            module = crate_name,
-            %arch,
-            path = %path.display(),
-            elapsed = ?started.elapsed(),
-            "ptx module loaded (compiled by the driver)"
-        );
-        Ok(Module(module))
+        Ok(loaded(
+            module,
+            "ptx (compiled by the driver)",
+            m.arch,
+            "embedded",
+        ))
     }
 }
 
