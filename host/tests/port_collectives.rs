@@ -5,31 +5,11 @@
 
 mod common;
 
+use common::gather_scatter_cases::{all_gather_case, inputs, marked, read, reduce_scatter_case};
 use common::{assert_same, small_round_job as job, small_value as value};
 use oxccl::collectives::{Algorithm, AlgorithmChoice, Collective};
 use oxccl::in_process;
-use oxccl::{
-    Communicator, DeviceBuffer, ReduceElement, ReduceOp, Result, TransportChoice, bf16, f16,
-};
-
-fn inputs<T: ReduceElement>(rank: u32, len: usize, call: u32) -> Vec<T> {
-    (0..len).map(|i| value::<T>(rank, i, call)).collect()
-}
-
-/// `data` and a marker after it, on the device: a kernel that writes past the data shows.
-fn marked<T: ReduceElement>(comm: &Communicator, data: &[T]) -> Result<DeviceBuffer<T>> {
-    let mut host = data.to_vec();
-    host.push(T::from_f64(99.0));
-    comm.device().alloc_from(&host)
-}
-
-/// The first `len` elements of `buf`, after checking the marker after them.
-fn read<T: ReduceElement>(what: &str, buf: &DeviceBuffer<T>, len: usize) -> Result<Vec<T>> {
-    let mut got = buf.to_vec()?;
-    assert_eq!(got[len].to_f64(), 99.0, "{what}: wrote past the data");
-    got.truncate(len);
-    Ok(got)
-}
+use oxccl::{Communicator, ReduceElement, ReduceOp, Result, TransportChoice, bf16, f16};
 
 /// Elements rank `from` sends rank `to` in an all-to-all-v of about `count` each: half,
 /// once or one and a half times `count` by the pair, none for some pairs.
@@ -117,21 +97,8 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
         let call = call as u32;
         let what = |c: &str| format!("{c} {:?} n={count} ranks={n}", T::TYPE);
         let zeros = vec![T::from_f64(0.0); count * nu];
-        // All-gather.
-        let want: Vec<T> = (0..n).flat_map(|p| inputs::<T>(p, count, call)).collect();
-        let send = marked(comm, &inputs::<T>(rank, count, call))?;
-        let mut recv = marked(comm, &zeros)?;
-        comm.all_gather(&send, &mut recv, count, &stream)?;
-        let mut mine = zeros.clone();
-        mine[rank as usize * count..][..count].copy_from_slice(&inputs::<T>(rank, count, call));
-        let mut in_place = marked(comm, &mine)?;
-        comm.all_gather_in_place(&mut in_place, count, &stream)?;
-        comm.synchronize(&stream)?;
-        assert_same(&what("all_gather"), &read("", &recv, count * nu)?, &want);
-        let got = read("all_gather in place", &in_place, count * nu)?;
-        assert_same(&what("all_gather in place"), &got, &want);
-        // Reduce-scatter: block `rank` of every rank's input, reduced in rank order; in
-        // place, the rest of the buffer as it was.
+        all_gather_case::<T>(comm, count, call, &stream)?;
+        // Reduce-scatter: block `rank` of every rank's input, reduced in rank order.
         for op in [
             ReduceOp::Sum,
             ReduceOp::Prod,
@@ -140,28 +107,13 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
             ReduceOp::Avg,
         ] {
             let at = rank as usize * count;
-            let want: Vec<T> = (0..count)
-                .map(|i| {
-                    let mut acc = value::<T>(0, at + i, call);
-                    for p in 1..n {
-                        acc = acc.combine(value::<T>(p, at + i, call), op);
-                    }
-                    acc.finish(op, n)
-                })
-                .collect();
-            let whole = inputs::<T>(rank, count * nu, call);
-            let send = marked(comm, &whole)?;
-            let mut recv = marked(comm, &zeros[..count])?;
-            comm.reduce_scatter(&send, &mut recv, count, op, &stream)?;
-            let mut in_place = marked(comm, &whole)?;
-            comm.reduce_scatter_in_place(&mut in_place, count, op, &stream)?;
-            comm.synchronize(&stream)?;
-            let what = what(&format!("reduce_scatter {op:?}"));
-            assert_same(&what, &read(&what, &recv, count)?, &want);
-            let mut want_whole = whole.clone();
-            want_whole[at..][..count].copy_from_slice(&want);
-            let got = read(&what, &in_place, count * nu)?;
-            assert_same(&format!("{what} in place"), &got, &want_whole);
+            reduce_scatter_case(comm, count, call, op, &stream, |i| {
+                let mut acc = value::<T>(0, at + i, call);
+                for p in 1..n {
+                    acc = acc.combine(value::<T>(p, at + i, call), op);
+                }
+                acc.finish(op, n)
+            })?;
         }
         // All-to-all: block `r` of rank `p`'s input lands in block `p` of rank `r`'s output.
         let want: Vec<T> = (0..n)

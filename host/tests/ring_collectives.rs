@@ -4,10 +4,11 @@
 
 mod common;
 
+use common::gather_scatter_cases::{all_gather_case, inputs, reduce_scatter_case};
 use common::{assert_same, small_round_job as job, small_value as value};
 use oxccl::collectives::{Algorithm, AlgorithmChoice, Collective};
 use oxccl::in_process;
-use oxccl::{Communicator, DeviceBuffer, ReduceElement, ReduceOp, Result, bf16, f16};
+use oxccl::{Communicator, ReduceElement, ReduceOp, Result, bf16, f16};
 use oxccl_kernels::collectives::PortLayout;
 
 const OPS: [ReduceOp; 5] = [
@@ -17,25 +18,6 @@ const OPS: [ReduceOp; 5] = [
     ReduceOp::Max,
     ReduceOp::Avg,
 ];
-
-fn inputs<T: ReduceElement>(rank: u32, len: usize, call: u32) -> Vec<T> {
-    (0..len).map(|i| value::<T>(rank, i, call)).collect()
-}
-
-/// `data` and a marker after it, on the device: a kernel that writes past the data shows.
-fn marked<T: ReduceElement>(comm: &Communicator, data: &[T]) -> Result<DeviceBuffer<T>> {
-    let mut host = data.to_vec();
-    host.push(T::from_f64(99.0));
-    comm.device().alloc_from(&host)
-}
-
-/// The first `len` elements of `buf`, after checking the marker after them.
-fn read<T: ReduceElement>(what: &str, buf: &DeviceBuffer<T>, len: usize) -> Result<Vec<T>> {
-    let mut got = buf.to_vec()?;
-    assert_eq!(got[len].to_f64(), 99.0, "{what}: wrote past the data");
-    got.truncate(len);
-    Ok(got)
-}
 
 /// Block `b`'s element `i` as the ring reduce-scatter gives it: every rank's element
 /// `b * count + i` combined in ring order from rank `b + 1` on.
@@ -59,42 +41,14 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
         Algorithm::Ports
     );
     let (rank, n) = (comm.rank(), comm.size());
-    let nu = n as usize;
     let stream = comm.device().stream()?;
     for (call, &count) in counts.iter().enumerate() {
         let call = call as u32;
-        let what = |c: &str| format!("{c} {:?} n={count} ranks={n}", T::TYPE);
-        let zeros = vec![T::from_f64(0.0); count * nu];
-        let want: Vec<T> = (0..n).flat_map(|p| inputs::<T>(p, count, call)).collect();
-        let send = marked(comm, &inputs::<T>(rank, count, call))?;
-        let mut recv = marked(comm, &zeros)?;
-        comm.all_gather(&send, &mut recv, count, &stream)?;
-        let mut mine = zeros.clone();
-        mine[rank as usize * count..][..count].copy_from_slice(&inputs::<T>(rank, count, call));
-        let mut in_place = marked(comm, &mine)?;
-        comm.all_gather_in_place(&mut in_place, count, &stream)?;
-        comm.synchronize(&stream)?;
-        assert_same(&what("all_gather"), &read("", &recv, count * nu)?, &want);
-        let got = read("all_gather in place", &in_place, count * nu)?;
-        assert_same(&what("all_gather in place"), &got, &want);
+        all_gather_case::<T>(comm, count, call, &stream)?;
         for op in OPS {
             let at = rank as usize * count;
-            let want: Vec<T> = (0..count)
-                .map(|i| ring_block::<T>(n, op, rank, at + i, call))
-                .collect();
-            let whole = inputs::<T>(rank, count * nu, call);
-            let send = marked(comm, &whole)?;
-            let mut recv = marked(comm, &zeros[..count])?;
-            comm.reduce_scatter(&send, &mut recv, count, op, &stream)?;
-            let mut in_place = marked(comm, &whole)?;
-            comm.reduce_scatter_in_place(&mut in_place, count, op, &stream)?;
-            comm.synchronize(&stream)?;
-            let what = what(&format!("reduce_scatter {op:?}"));
-            assert_same(&what, &read(&what, &recv, count)?, &want);
-            let mut want_whole = whole.clone();
-            want_whole[at..][..count].copy_from_slice(&want);
-            let got = read(&what, &in_place, count * nu)?;
-            assert_same(&format!("{what} in place"), &got, &want_whole);
+            let want = |i| ring_block::<T>(n, op, rank, at + i, call);
+            reduce_scatter_case(comm, count, call, op, &stream, want)?;
         }
     }
     Ok(())

@@ -3,6 +3,8 @@
 //! check every launch of a back-to-back sequence without a host barrier between them.
 #![allow(dead_code, missing_docs)]
 
+pub mod gather_scatter_cases;
+
 use oxccl::in_process::InProcessConfig;
 use oxccl::{
     Communicator, CommunicatorConfig, DeviceBuffer, ReduceElement, RegisteredMemory, Result, Stream,
