@@ -23,17 +23,22 @@ struct Words([u64; 8]);
 ///
 /// A run in which the unpacking thread lost its core for most of the 90 ms the packets take
 /// (a loaded machine) finds them all there and proves nothing: such a run is repeated, up to
-/// five times. With a deadline per packet a call that began in time returns Ok, and the
-/// test fails.
+/// twenty times. It shows as a call that began after the last packet was sent, or as time the
+/// thread spent runnable but waiting for a core during the call (Linux's schedstat), which
+/// a correct call cannot tell from a fast sender. With a deadline per packet a call that
+/// began in time, on a core, returns Ok, and the test fails.
 #[test]
 fn unpack_times_out_when_the_whole_call_is_late() {
-    for attempt in 1..=5 {
+    for attempt in 1..=20 {
         match unpack_six_late_packets() {
             Some(()) => return,
             None => println!("attempt {attempt}: the unpacker started late; again"),
         }
     }
-    panic!("five calls of six late packets within a 40 ms limit did not time out");
+    panic!(
+        "twenty calls of six late packets within a 40 ms limit did not time out, each having \
+         waited for a core or started late: the machine is too loaded to tell"
+    );
 }
 
 /// One call: `Some` if it timed out as it must (checked), `None` if it returned Ok having
@@ -79,10 +84,21 @@ fn unpack_six_late_packets() -> Option<()> {
             Instant::now()
         });
         let started = Instant::now();
+        let waited_before = runqueue_wait();
         // Six packets of 4 bytes from packet offset 0 to data offset 0, flag 1.
         let outcome = chan.unpack_packets::<Ll8Packet>(Thread, 0, 0, 24, 1);
-        (outcome, started, sender.join().expect("the sender"))
+        let waited = runqueue_wait()
+            .zip(waited_before)
+            .map(|(a, b)| a.saturating_sub(b));
+        if let Some(waited) = waited.filter(|w| *w > Duration::from_millis(10)) {
+            println!("the unpacker waited {waited:?} for a core during the call");
+            if outcome.is_ok() {
+                return (None, started, sender.join().expect("the sender"));
+            }
+        }
+        (Some(outcome), started, sender.join().expect("the sender"))
     });
+    let outcome = outcome?;
     if outcome.is_ok() {
         // The clock is read every few dozen polls, up to about 13 ms apart once the
         // emulator's waits sleep: a call that began less than the limit plus that before the
@@ -105,4 +121,12 @@ fn unpack_six_late_packets() -> Option<()> {
         "it gave up at a later packet, not the first nor after the last: offset {offset}"
     );
     Some(())
+}
+
+/// Time this thread has spent runnable but waiting for a core (the second field of
+/// `/proc/thread-self/schedstat`), where the kernel reports it.
+fn runqueue_wait() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos = stat.split_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(nanos))
 }
