@@ -360,7 +360,7 @@ mod tests {
         for bad in [
             &["--dtype", "f8"][..],
             &["--op", "xor"],
-            &["--algo", "ring"],
+            &["--algo", "tree"],
             &["--check", "some"],
             &["--format", "csv"],
             &["--min-bytes", "1Q"],
