@@ -8,20 +8,13 @@
 //! `r - t - 1`'s round) and copies it into that rank's block of its output. The data's type
 //! does not matter: rounds are bytes.
 //!
-//! Pipelined a little: the next round's first put (our own round) goes out right after this
-//! round's last wait, before its last copy. (Before that wait, as the ring all-reduce does,
-//! it would need a fourth set: without a reduce-scatter before it, the last wait is what
-//! brings the next rank's round, which tells that it is done with the round before.)
-//!
-//! Round `k` takes set `k % 3`. A rank starts round `k + 1` (set `k - 2`'s) once it has the
-//! next rank's round `k`, which that rank sent after it had waited for every put of ours of
-//! round `k - 1`: every put of round `k - 2` has landed and every rank has read that
-//! round's slots.
+//! Sets of the scratch come back as in the ring all-reduce: by the end of a round a rank
+//! has received the round of every other rank, each sent after that rank finished the
+//! round before.
 
 use super::port_collective_args::PortCollectiveArgs;
 use super::port_exchange::{send_to_next, wait_for_prev};
 use super::round_views::{window, window_mut};
-use oxccl_device::DeviceView;
 use oxccl_device::coop::Grid;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
@@ -47,22 +40,18 @@ pub fn collective_all_gather_ring(args: PortCollectiveArgs<'_>) -> Result<(), De
         own.copy_from(Grid, input)?;
     }
     let per = l.copy_round_bytes();
-    if nr == 1 || bytes == 0 {
-        return Ok(());
-    }
-    start_round(a, input, 0, per.min(bytes), a.sequence)?;
     let (mut off, mut seq) = (0, a.sequence);
-    while off < bytes {
+    while off < bytes && nr > 1 {
         let len = per.min(bytes - off);
         let set = super::PortLayout::set_of(seq);
+        let staged_at = l.staged(set);
+        window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;
+        send_to_next(a, l.gather_slot(set, 0), staged_at, len)?;
         for t in 0..nr - 1 {
             let slot = l.gather_slot(set, t);
             wait_for_prev(a)?;
             if t + 1 < nr - 1 {
                 send_to_next(a, l.gather_slot(set, t + 1), slot, len)?;
-            } else if off + len < bytes {
-                let next = per.min(bytes - off - len);
-                start_round(a, input, off + len, next, seq + 1)?;
             }
             let from = ((r + nr - 1 - t) % nr) as u64;
             let came = window_mut(a.scratch, slot, len)?;
@@ -72,20 +61,4 @@ pub fn collective_all_gather_ring(args: PortCollectiveArgs<'_>) -> Result<(), De
         seq += 1;
     }
     Ok(())
-}
-
-/// Stages our round of `len` bytes of `input` from `off` on (round number `seq`) and puts it
-/// into the next rank's gather slot 0, with a signal. Does not wait.
-#[inline(always)]
-fn start_round(
-    a: &PortCollectiveArgs<'_>,
-    input: DeviceView<'_, u8>,
-    off: u64,
-    len: u64,
-    seq: u64,
-) -> Result<(), DeviceError> {
-    let set = super::PortLayout::set_of(seq);
-    let staged_at = a.layout.staged(set);
-    window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;
-    send_to_next(a, a.layout.gather_slot(set, 0), staged_at, len)
 }

@@ -20,20 +20,13 @@
 //! they may differ from the other algorithms' (which combine in rank order) in the last
 //! places.
 //!
-//! Pipelined: a round's first put (step 0 of its reduce-scatter) goes out right after the
-//! last round's last put, before that round's last wait, so it travels during the wait. A
-//! rank's puts to the next rank stay in the order the next rank waits for them.
-//!
-//! Round `k` takes the set `k % 3` of the scratch ([`PortLayout::set_of`](super::PortLayout::set_of)),
-//! each step a slot of its own (no slot is written twice in a round). A rank starts round
-//! `k + 1` (set `k - 2`'s) once round `k`'s reduce-scatter is done; its last step carried
-//! the next rank's first put of round `k`, which that rank sent after it had waited for
-//! every put of ours of round `k - 1` but the last. So every put of ours of round `k - 2`
-//! has landed (our staged chunks and slots of that set are free), and by the same argument
-//! the previous rank starts round `k + 1`, writing our slots of that set, only after we
-//! have read everything of round `k - 2`. The same holds between calls (a call's first
-//! round starts after the last call's kernel ended), and between this and the all-pairs
-//! port collectives.
+//! A round takes the set `seq % 3` of the scratch ([`PortLayout::set_of`](super::PortLayout::set_of)),
+//! each step a slot of its own (no slot is written twice in a round). A rank writes a set
+//! again only rounds later: by the end of the next round's reduce-scatter it has received
+//! data that every rank combined after finishing this round (every rank's input reaches
+//! every chunk), so every rank has read its slots of this round, and every put of this
+//! round, our staged chunks included, has landed. The same holds between calls, and
+//! between this and the all-pairs port collectives.
 
 use super::elementwise::{finish_ranks, pass_of_two};
 use super::port_collective_args::PortCollectiveArgs;
@@ -44,7 +37,6 @@ use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::{ReduceElement, ReduceOp};
-use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// All-reduce over port channels in a ring (see the module docs): `count` elements of
 /// `input` reduced by `op` across the ranks into `output` on every rank. Takes the same
@@ -76,8 +68,11 @@ fn all_reduce<T: ReduceElement>(
         return output.copy_from(Grid, input);
     }
     let scratch = a.scratch.cast::<T>()?;
-    let chunk = |back: u32, len: u64| chunk_behind(r, nr, back, len);
-    start_round(a, input, scratch, 0, per.min(n), a.sequence)?;
+    // Chunk `back` ranks behind ours, of a round of `len` elements: (first element, length).
+    let chunk = |back: u32, len: u64| {
+        let c = contiguous_chunk(((r + nr - back % nr) % nr) as u64, nr as u64, len);
+        (c.start, c.end - c.start)
+    };
     let mut off = 0;
     let mut round = 0;
     while off < n {
@@ -85,9 +80,16 @@ fn all_reduce<T: ReduceElement>(
         let set = super::PortLayout::set_of(a.sequence + round);
         let staged_at = l.staged(set);
         let staged = window_mut(scratch, staged_at / size, len)?;
-        // Reduce-scatter: step `s` sends our partial of chunk `r - s` (step 0 went out with
-        // `start_round`), receives chunk `r - s - 1` and combines our own elements of it
-        // onto what arrived.
+        staged.copy_from(Grid, window(input, off, len)?)?;
+        // Reduce-scatter: step `s` sends our partial of chunk `r - s`, receives chunk
+        // `r - s - 1` and combines our own elements of it onto what arrived.
+        let (first, clen) = chunk(0, len);
+        send_to_next(
+            a,
+            l.reduce_slot(set, 0),
+            staged_at + first * size,
+            clen * size,
+        )?;
         for s in 0..nr - 1 {
             let (first, clen) = chunk(s + 1, len);
             wait_for_prev(a)?;
@@ -116,11 +118,6 @@ fn all_reduce<T: ReduceElement>(
         for t in 0..nr - 1 {
             let (first, clen) = chunk(t, len);
             let slot = l.gather_slot(set, t);
-            if t + 2 == nr && off + len < n {
-                // Our last put of this round has gone: the next round's first follows it.
-                let next = per.min(n - off - len);
-                start_round(a, input, scratch, off + len, next, a.sequence + round + 1)?;
-            }
             wait_for_prev(a)?;
             if t + 1 < nr - 1 {
                 send_to_next(a, l.gather_slot(set, t + 1), slot, clen * size)?;
@@ -132,33 +129,4 @@ fn all_reduce<T: ReduceElement>(
         round += 1;
     }
     Ok(())
-}
-
-/// Elements of chunk `back` ranks behind rank `r`'s (of `nr`) in a round of `len` elements:
-/// (first, length).
-#[inline(always)]
-fn chunk_behind(r: u32, nr: u32, back: u32, len: u64) -> (u64, u64) {
-    let c = contiguous_chunk(((r + nr - back % nr) % nr) as u64, nr as u64, len);
-    (c.start, c.end - c.start)
-}
-
-/// Stages the round of `len` elements of `input` from `off` on (round number `seq`) and
-/// sends the first step of its reduce-scatter: our own chunk, into the next rank's reduce
-/// slot 0, with a signal. Does not wait.
-#[inline(always)]
-fn start_round<T: ReduceElement>(
-    a: &PortCollectiveArgs<'_>,
-    input: DeviceView<'_, T>,
-    scratch: DeviceViewMut<'_, T>,
-    off: u64,
-    len: u64,
-    seq: u64,
-) -> Result<(), DeviceError> {
-    let size = core::mem::size_of::<T>() as u64;
-    let set = super::PortLayout::set_of(seq);
-    let staged_at = a.layout.staged(set);
-    window_mut(scratch, staged_at / size, len)?.copy_from(Grid, window(input, off, len)?)?;
-    let (first, clen) = chunk_behind(a.rank, a.n_ranks, 0, len);
-    let slot = a.layout.reduce_slot(set, 0);
-    send_to_next(a, slot, staged_at + first * size, clen * size)
 }

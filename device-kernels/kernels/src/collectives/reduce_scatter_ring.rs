@@ -11,13 +11,8 @@
 //!
 //! Block `b` is combined in ring order from rank `b + 1` on (`b + 1, .., b`), once, so the
 //! result's bits are the same wherever it is computed; for floating-point sums and products
-//! they may differ from the rank-order algorithms' in the last places.
-//!
-//! Pipelined a little, as the ring all-gather is, and for the same reason: the next round's
-//! first put goes out right after this round's last wait, before its last combination.
-//! Round `k` takes set `k % 3`; a rank starts round `k + 1` (set `k - 2`'s) once its last
-//! wait of round `k` brought the next rank's part of block `r`, sent after that rank had
-//! waited for every put of ours of round `k - 1`.
+//! they may differ from the rank-order algorithms' in the last places. Sets of the scratch
+//! come back as in the ring all-reduce.
 
 use super::elementwise::{finish_ranks, pass_of_two};
 use super::port_collective_args::PortCollectiveArgs;
@@ -28,7 +23,6 @@ use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::{ReduceElement, ReduceOp};
-use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// Reduce-scatter over port channels in a ring (see the module docs): `input` holds
 /// `n_ranks * count` elements; rank `r`'s `output` gets the reduction by `op` of every
@@ -62,15 +56,23 @@ fn reduce_scatter<T: ReduceElement>(
     if per == 0 {
         return Err(a.invalid([l.round_bytes, nr as u64, size]));
     }
-    let block = |back: u32| block_behind(r, nr, back);
-    start_round(a, input, scratch, 0, per.min(c), a.sequence)?;
+    // Block `back` ranks behind ours.
+    let block = |back: u32| ((r + nr - back % nr) % nr) as u64;
     let (mut off, mut seq) = (0, a.sequence);
     while off < c {
         let len = per.min(c - off);
         let set = super::PortLayout::set_of(seq);
         let staged_at = l.staged(set);
-        // Our partial of block `b` goes out from its place in the staged round (step 0
-        // went out with `start_round`).
+        // Our partial of block `b` goes out from its place in the staged round.
+        let b = block(1);
+        window_mut(scratch, staged_at / size + b * len, len)?
+            .copy_from(Grid, window(input, b * c + off, len)?)?;
+        send_to_next(
+            a,
+            l.reduce_slot(set, 0),
+            staged_at + b * len * size,
+            len * size,
+        )?;
         for s in 0..nr - 1 {
             let b = block(s + 2);
             let came = window_mut(scratch, l.reduce_slot(set, s) / size, len)?.as_view();
@@ -82,10 +84,6 @@ fn reduce_scatter<T: ReduceElement>(
                 let at = staged_at + b * len * size;
                 send_to_next(a, l.reduce_slot(set, s + 1), at, len * size)?;
             } else {
-                if off + len < c {
-                    let next = per.min(c - off - len);
-                    start_round(a, input, scratch, off + len, next, seq + 1)?;
-                }
                 // Block `r`: in place, `ours` is this very window of the output, each
                 // element read before it is written, by the same thread.
                 let dst = window_mut(output, off, len)?;
@@ -97,32 +95,4 @@ fn reduce_scatter<T: ReduceElement>(
         seq += 1;
     }
     Ok(())
-}
-
-/// The block `back` ranks behind rank `r`'s (of `nr`).
-#[inline(always)]
-fn block_behind(r: u32, nr: u32, back: u32) -> u64 {
-    ((r + nr - back % nr) % nr) as u64
-}
-
-/// Stages our part of block `r - 1` for the round of `len` elements a block from `off` on
-/// (round number `seq`), in its place in the staged round, and puts it into the next
-/// rank's reduce slot 0, with a signal. Does not wait.
-#[inline(always)]
-fn start_round<T: ReduceElement>(
-    a: &PortCollectiveArgs<'_>,
-    input: DeviceView<'_, T>,
-    scratch: DeviceViewMut<'_, T>,
-    off: u64,
-    len: u64,
-    seq: u64,
-) -> Result<(), DeviceError> {
-    let size = core::mem::size_of::<T>() as u64;
-    let set = super::PortLayout::set_of(seq);
-    let staged_at = a.layout.staged(set);
-    let b = block_behind(a.rank, a.n_ranks, 1);
-    window_mut(scratch, staged_at / size + b * len, len)?
-        .copy_from(Grid, window(input, b * a.count + off, len)?)?;
-    let slot = a.layout.reduce_slot(set, 0);
-    send_to_next(a, slot, staged_at + b * len * size, len * size)
 }
