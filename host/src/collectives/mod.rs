@@ -30,8 +30,9 @@
 //! reduce, all-to-all, all-to-all-v (one exchange a round) and the device barrier; buffer
 //! registration is refused with an error that says so. Forcing ports (`OXCCL_ALGO=ports`
 //! or [`CollectiveConfig::algorithm`]) sends every collective through the proxy on one
-//! node too; forcing `ring` sends all-reduce round the ring and the others through their
-//! port algorithms.
+//! node too; forcing `ring` (or the ring's rank count, through the proxy) sends all-reduce,
+//! all-gather and reduce-scatter round the ring and the others through their port
+//! algorithms.
 
 pub mod algorithm;
 mod check;
@@ -210,12 +211,14 @@ impl Communicator {
     /// # Errors
     /// `OXCCL_ALGO` names no algorithm.
     pub fn collective_algorithm(&self, collective: Collective, bytes: u64) -> Result<Algorithm> {
-        match (collective, self.proxy_algorithm()?) {
-            (Collective::AllReduce, _) => self.all_reduce_algorithm(bytes),
-            (_, None) => Ok(Algorithm::Direct),
-            (Collective::AllGather | Collective::ReduceScatter, Some(algo)) => Ok(algo),
-            (_, Some(_)) => Ok(Algorithm::Ports),
+        if collective == Collective::AllReduce {
+            return self.all_reduce_algorithm(bytes);
         }
+        Ok(match (collective, self.proxy_algorithm()?) {
+            (_, None) => Algorithm::Direct,
+            (Collective::AllGather | Collective::ReduceScatter, Some(algo)) => algo,
+            (_, Some(_)) => Algorithm::Ports,
+        })
     }
 
     /// Whether every rank can load and store every other's memory. Before the first
