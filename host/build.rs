@@ -4,7 +4,9 @@
 //! `src/embedded_ptx.rs`). Without the feature, or where there is nothing to embed, the
 //! table is empty (and a warning says why, under the feature).
 
-use sha2::{Digest, Sha256};
+#[path = "src/ptx_files.rs"]
+mod ptx_files;
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -48,10 +50,7 @@ fn ptx_dir(out: &Path) -> Option<PathBuf> {
     if let Some(d) = std::env::var_os(PTX_DIR_ENV).filter(|d| !d.is_empty()) {
         return Some(PathBuf::from(d));
     }
-    out.ancestors()
-        .skip(1)
-        .find(|d| d.join("CACHEDIR.TAG").is_file() || d.file_name().is_some_and(|n| n == "target"))
-        .map(|target| target.join("ptx"))
+    ptx_files::enclosing_target_dir(out).map(|target| target.join("ptx"))
 }
 
 /// Appends an entry for every `<arch>/<crate>.ptx` under `dir` to `entries`, and asks cargo
@@ -85,16 +84,11 @@ fn embed_from(dir: &Path, entries: &mut String) -> usize {
                 continue;
             };
             let cubin = ptx.with_extension("cubin");
-            let record = PathBuf::from(format!("{}.sha256", cubin.display()));
+            let record = ptx_files::cubin_source_hash_path(&cubin);
             for p in [&ptx, &cubin, &record] {
                 println!("cargo:rerun-if-changed={}", p.display());
             }
-            let hash: String = Sha256::digest(&source)
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            let assembled_from_it =
-                std::fs::read_to_string(&record).is_ok_and(|r| r.trim() == hash) && cubin.is_file();
+            let assembled_from_it = cubin.is_file() && ptx_files::assembled_from(&cubin, &source);
             let cubin_expr = if assembled_from_it {
                 format!("Some(include_bytes!({:?}))", cubin.display().to_string())
             } else {

@@ -14,6 +14,8 @@
 //! nothing is embedded: a binary carrying the collectives grows by some 20 MB of PTX and
 //! 9 MB of cubin an architecture.
 
+use crate::ptx::{arch_number, cubin_runs_on, ptx_runs_on};
+
 /// One kernel crate's module for one architecture, embedded at build time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EmbeddedModule {
@@ -40,7 +42,9 @@ pub fn modules() -> &'static [EmbeddedModule] {
 /// architecture a device of compute capability `major.minor` runs (`sm_XY`, `XY <= major *
 /// 10 + minor`), as [`crate::ptx::locate_for_device`] picks among files.
 pub fn ptx_for_device(crate_name: &str, major: u32, minor: u32) -> Option<&'static EmbeddedModule> {
-    newest(MODULES.iter(), crate_name, |n| n <= major * 10 + minor)
+    newest(MODULES.iter(), crate_name, |n| {
+        ptx_runs_on(n, major * 10 + minor)
+    })
 }
 
 /// The embedded cubin of `crate_name` a device of compute capability `major.minor` runs as
@@ -51,9 +55,7 @@ pub fn cubin_for_device(
     minor: u32,
 ) -> Option<(&'static [u8], &'static EmbeddedModule)> {
     let with_cubin = MODULES.iter().filter(|m| m.cubin.is_some());
-    let m = newest(with_cubin, crate_name, |n| {
-        n / 10 == major && n % 10 <= minor
-    })?;
+    let m = newest(with_cubin, crate_name, |n| cubin_runs_on(n, major, minor))?;
     Some((m.cubin?, m))
 }
 
@@ -68,7 +70,7 @@ fn newest<'m>(
     modules
         .into_iter()
         .filter(|m| m.crate_name == crate_name)
-        .filter_map(|m| Some((m.arch.strip_prefix("sm_")?.parse::<u32>().ok()?, m)))
+        .filter_map(|m| Some((arch_number(m.arch)?, m)))
         .filter(|(n, _)| accept(*n))
         .max_by_key(|(n, _)| *n)
         .map(|(_, m)| m)
@@ -99,18 +101,18 @@ mod tests {
             module("sm_90", true),
             module("sm_90a", true),
         ];
-        let ptx =
-            |major: u32, minor: u32| newest(&table, "oxccl-kernels", |n| n <= major * 10 + minor);
+        let ptx = |major: u32, minor: u32| {
+            newest(&table, "oxccl-kernels", |n| {
+                ptx_runs_on(n, major * 10 + minor)
+            })
+        };
         assert_eq!(ptx(9, 0).map(|m| m.arch), Some("sm_90"));
         assert_eq!(ptx(8, 9).map(|m| m.arch), Some("sm_86"));
         assert_eq!(ptx(8, 0).map(|m| m.arch), Some("sm_80"));
         assert_eq!(ptx(6, 0), None);
         let cubin = |major: u32, minor: u32| {
             let with = table.iter().filter(|m| m.cubin.is_some());
-            newest(with, "oxccl_kernels", |n| {
-                n / 10 == major && n % 10 <= minor
-            })
-            .map(|m| m.arch)
+            newest(with, "oxccl_kernels", |n| cubin_runs_on(n, major, minor)).map(|m| m.arch)
         };
         assert_eq!(cubin(8, 9), Some("sm_86"));
         // sm_80 has no cubin, and sm_86's does not run on an sm_80 device.

@@ -36,6 +36,7 @@ pub mod out_of_band;
 mod peer_watch;
 pub mod port_channel;
 pub mod ptx;
+mod ptx_files;
 pub mod rdma_connection;
 pub mod registered_memory;
 pub mod semaphore;

@@ -35,6 +35,8 @@
 //! file times), assembled from that PTX by the SHA-256 recorded beside it
 //! ([`cubin_source_hash_path`]).
 
+pub use crate::ptx_files::cubin_source_hash_path;
+use crate::ptx_files::{assembled_from, enclosing_target_dir};
 use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -161,14 +163,6 @@ fn search_dirs_from(env: impl Fn(&str) -> Option<OsString>, exe: Option<PathBuf>
     dirs
 }
 
-/// The nearest ancestor of `exe` that is a cargo target directory.
-fn enclosing_target_dir(exe: &Path) -> Option<PathBuf> {
-    exe.ancestors()
-        .skip(1)
-        .find(|d| d.file_name().is_some_and(|n| n == "target") || d.join("CACHEDIR.TAG").is_file())
-        .map(PathBuf::from)
-}
-
 fn locate_in(dirs: &[PathBuf], crate_name: &str, arch: &str) -> Result<PathBuf, PtxNotFound> {
     let crate_name = crate_name.replace('-', "_");
     let not_found = |searched| PtxNotFound {
@@ -217,7 +211,27 @@ fn locate_cubin_in(
     let file = format!("{crate_name}.cubin");
     // Machine code runs only within its major architecture.
     dirs.iter()
-        .find_map(|dir| newest_in(dir, &file, |n| n / 10 == major && n % 10 <= minor, current))
+        .find_map(|dir| newest_in(dir, &file, |n| cubin_runs_on(n, major, minor), current))
+}
+
+/// The number `XY` of a plain architecture `sm_XY` (`90` for `sm_90`); `None` for other
+/// names, `sm_90a` and the like among them (their code runs on that one GPU alone).
+pub(crate) fn arch_number(arch: &str) -> Option<u32> {
+    arch.strip_prefix("sm_")?.parse().ok()
+}
+
+/// Whether PTX for architecture number `arch` runs on a device of compute capability
+/// `capability` (`major * 10 + minor`): the driver compiles it for any device as new or
+/// newer.
+pub(crate) fn ptx_runs_on(arch: u32, capability: u32) -> bool {
+    arch <= capability
+}
+
+/// Whether a cubin for architecture number `arch` runs on a device of compute capability
+/// `major.minor`: machine code runs only within its major architecture, on the same minor
+/// or a later one.
+pub(crate) fn cubin_runs_on(arch: u32, major: u32, minor: u32) -> bool {
+    arch / 10 == major && arch % 10 <= minor
 }
 
 /// In `dir` laid out as `<arch>/<file>`, the newest plain `sm_XY` whose number `XY`
@@ -232,7 +246,7 @@ fn newest_in(
     let mut best: Option<(u32, String, PathBuf)> = None;
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let arch = entry.file_name().to_string_lossy().into_owned();
-        let Some(n) = arch.strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(n) = arch_number(&arch) else {
             continue;
         };
         let path = entry.path().join(file);
@@ -254,36 +268,8 @@ fn current(cubin: &Path) -> bool {
         (Some(_), None) => true,
         (Some(c), Some(p)) if c >= p => true,
         // Read and hashed only here: most loads find the file times in order.
-        (Some(_), Some(_)) => assembled_from(cubin, &ptx),
+        (Some(_), Some(_)) => std::fs::read(&ptx).is_ok_and(|p| assembled_from(cubin, &p)),
     }
-}
-
-/// Where `oxccl-build` records the SHA-256 of the PTX a cubin was assembled from: beside
-/// the cubin, its name with `.sha256` added, in lowercase hex.
-pub fn cubin_source_hash_path(cubin: &Path) -> PathBuf {
-    let mut name = cubin.as_os_str().to_owned();
-    name.push(".sha256");
-    PathBuf::from(name)
-}
-
-/// Longest hash record read: a SHA-256 in hex, and room for a line end.
-const HASH_RECORD_LIMIT: u64 = 128;
-
-/// Whether the hash recorded beside `cubin` is that of `ptx`'s bytes.
-fn assembled_from(cubin: &Path, ptx: &Path) -> bool {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let mut recorded = String::new();
-    let read = std::fs::File::open(cubin_source_hash_path(cubin))
-        .and_then(|f| f.take(HASH_RECORD_LIMIT).read_to_string(&mut recorded));
-    let Ok(source) = read.and_then(|_| std::fs::read(ptx)) else {
-        return false;
-    };
-    let hash: String = Sha256::digest(&source)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    recorded.trim() == hash
 }
 
 fn locate_for_device_in(
@@ -296,7 +282,9 @@ fn locate_for_device_in(
     let mut searched = Vec::new();
     if valid_name(&crate_name) {
         for dir in dirs {
-            if let Some(found) = newest_in(dir, &file, |n| n <= capability, Path::is_file) {
+            if let Some(found) =
+                newest_in(dir, &file, |n| ptx_runs_on(n, capability), Path::is_file)
+            {
                 return Ok(found);
             }
             searched.push(dir.join(format!("sm_*/{file}")));
