@@ -120,6 +120,15 @@ pub struct CommunicatorConfig {
     /// `PollSchedule`). `Some(IdlePolicy::Poll(..))` on the emulator gives it a GPU's FIFO:
     /// no doorbell, so no assist either.
     pub proxy_idle: Option<IdlePolicy>,
+    /// Whether the proxy of this communicator is served by the process's one shared proxy
+    /// thread (with the proxies of the other communicators of the process that share it)
+    /// instead of a thread of its own. `None`: shared where the machine has fewer than
+    /// [`SHARED_PROXY_BELOW_CORES`] cores, where a thread per rank would take cores the
+    /// ranks' kernel threads need (the in-process ranks of `oxccl::in_process` on a small
+    /// machine); one thread serves every FIFO in turn, so it is the wrong choice for
+    /// ranks that move much data through their proxies on a large machine. A GPU's proxy
+    /// (which polls) always has its own thread.
+    pub shared_proxy_thread: Option<bool>,
     /// How collectives run: scratch sizes, launch shape, algorithm.
     pub collectives: CollectiveConfig,
     /// The transport of port channels. The default is `OXCCL_TRANSPORT` if it names one,
@@ -140,6 +149,7 @@ impl Default for CommunicatorConfig {
             wait_timeout: Duration::from_secs(30),
             proxy_assist: true,
             proxy_idle: None,
+            shared_proxy_thread: None,
             collectives: CollectiveConfig::default(),
             transport: TransportChoice::from_env()
                 .ok()
@@ -149,6 +159,11 @@ impl Default for CommunicatorConfig {
         }
     }
 }
+
+/// Cores below which communicators share one proxy thread by default
+/// ([`CommunicatorConfig::shared_proxy_thread`]): two ranks need a core each for their
+/// kernel threads and one each for their proxies.
+pub const SHARED_PROXY_BELOW_CORES: usize = 4;
 
 /// A channel's abort record, as the communicator finds it again by site.
 struct ChannelEntry {
@@ -269,6 +284,10 @@ impl Communicator {
             wait_timeout: config.wait_timeout,
             assist: config.proxy_assist,
             idle: config.proxy_idle.unwrap_or_default(),
+            share_thread: config.shared_proxy_thread.unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .is_ok_and(|n| n.get() < SHARED_PROXY_BELOW_CORES)
+            }),
             cpus: None,
         })?;
         proxy.start()?;

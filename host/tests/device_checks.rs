@@ -561,6 +561,7 @@ fn fifo_triggers_from_every_thread_reach_a_polling_proxy() {
                 wait_timeout: Duration::from_secs(10),
                 assist: false,
                 idle: IdlePolicy::Poll(PollSchedule::default()),
+                share_thread: false,
                 cpus: None,
             })
             .unwrap();
@@ -675,6 +676,7 @@ fn port_channels_exchange_between_two_streams() {
                             wait_timeout: Duration::from_secs(10),
                             assist: false,
                             idle: IdlePolicy::Poll(PollSchedule::default()),
+                            share_thread: false,
                             cpus: None,
                         })
                         .unwrap(),

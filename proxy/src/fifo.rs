@@ -235,21 +235,48 @@ impl FifoCells {
     }
 
     fn park(&self, timeout: std::time::Duration, stop: impl Fn() -> bool, stalled: bool) -> bool {
-        let (Some(doorbell), Some(head)) = (self.doorbell(), self.head_cell()) else {
-            return false;
-        };
-        doorbell.register_sleeper();
-        // AcqRel: the RMW's place in head's modification order is what the handshake needs;
-        // Acquire also orders the tail load below after it.
-        let claimed =
-            atomic::fetch_or(head, PROXY_ASLEEP, Ordering::AcqRel, Scope::System) & !PROXY_ASLEEP;
-        // Acquire: pairs with the Release store of `tail` by whoever executed last.
-        let executed = atomic::load(self.tail_cell(), Ordering::Acquire, Scope::System);
-        let park = (stalled || claimed == executed) && !stop();
+        Self::park_consumers(&[(self, stalled)], timeout, stop)
+    }
+
+    /// [`Self::park_consumer`] for a thread that consumes several rings: parks only if every
+    /// ring is empty (or, flagged `true`, stalled: see [`Self::park_consumer_stalled`]), with
+    /// every ring's sleep bit set, so a push to any of them rings its doorbell, which wakes
+    /// the calling thread. Returns false at once, without parking, as the single form does
+    /// for any of them (no ring at all: false).
+    pub fn park_consumers(
+        rings: &[(&FifoCells, bool)],
+        timeout: std::time::Duration,
+        stop: impl Fn() -> bool,
+    ) -> bool {
+        let mut announced = 0;
+        let mut park = !rings.is_empty();
+        for &(ring, stalled) in rings {
+            let (Some(doorbell), Some(head)) = (ring.doorbell(), ring.head_cell()) else {
+                park = false;
+                break;
+            };
+            doorbell.register_sleeper();
+            // AcqRel: the RMW's place in head's modification order is what the handshake
+            // needs; Acquire also orders the tail load below after it.
+            let claimed = atomic::fetch_or(head, PROXY_ASLEEP, Ordering::AcqRel, Scope::System)
+                & !PROXY_ASLEEP;
+            announced += 1;
+            // Acquire: pairs with the Release store of `tail` by whoever executed last.
+            let executed = atomic::load(ring.tail_cell(), Ordering::Acquire, Scope::System);
+            if !stalled && claimed != executed {
+                park = false;
+                break;
+            }
+        }
+        let park = park && !stop();
         if park {
             std::thread::park_timeout(timeout);
         }
-        atomic::fetch_and(head, !PROXY_ASLEEP, Ordering::AcqRel, Scope::System);
+        for &(ring, _) in &rings[..announced] {
+            if let Some(head) = ring.head_cell() {
+                atomic::fetch_and(head, !PROXY_ASLEEP, Ordering::AcqRel, Scope::System);
+            }
+        }
         park
     }
 }

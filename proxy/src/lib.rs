@@ -7,7 +7,8 @@
 //! - [`consumer_pacing`]: how the consumer leaves the ring alone after draining a stream.
 //! - [`connection`]: the [`Connection`] trait a transport implements.
 //! - [`memory_region`]: what the proxy knows of registered memory.
-//! - [`proxy_service`]: the thread, the id tables, and the checks on every trigger.
+//! - [`proxy_service`]: the id tables, and the checks on every trigger.
+//! - [`proxy_thread`]: the thread that drains one or several services' FIFOs.
 #![warn(missing_docs)]
 
 pub mod connection;
@@ -19,6 +20,8 @@ pub mod idle_policy;
 pub mod memory_region;
 #[cfg(not(oxccl_loom))]
 pub mod proxy_service;
+#[cfg(not(oxccl_loom))]
+pub mod proxy_thread;
 
 pub use connection::Connection;
 pub use error::{ProxyError, Refusal, Side};

@@ -1,5 +1,6 @@
-//! The proxy service: one FIFO, one host thread that drains it, and the tables that turn a
-//! trigger's ids into a connection, memories and a semaphore.
+//! The proxy service: one FIFO, the host thread that drains it (its own, or the process's
+//! shared one: see [`crate::proxy_thread`]), and the tables that turn a trigger's ids into
+//! a connection, memories and a semaphore.
 //!
 //! Every trigger is checked before anything is written: known channel id, known memory
 //! ids, source memory owned by this rank and destination memory owned by the channel's
@@ -35,6 +36,7 @@ use crate::fifo::{Fifo, FifoCells, MappedFifoCells};
 use crate::host_cell::HostCell;
 use crate::idle_policy::{IdlePolicy, PollSchedule};
 use crate::memory_region::MemoryRegion;
+use crate::proxy_thread::{self, Member, ProxyThread, STALL_CHECK_EVERY};
 use oxccl_device::DeviceError;
 use oxccl_device::abort::{AbortReason, AbortRecord};
 use oxccl_device::error::DeviceOp;
@@ -47,24 +49,6 @@ use std::time::{Duration, Instant};
 
 /// Errors kept for [`ProxyService::check`]; later ones are counted, not kept.
 const MAX_KEPT_ERRORS: usize = 16;
-/// Idle polls (without assist) before the proxy thread parks, the first [`SpinBudget`] of
-/// them spinning and the rest yielding the core: a few milliseconds at most, after which it
-/// waits for a push to wake it.
-const YIELD_POLLS: u32 = 4096;
-/// First park of an idle spell: a second guard behind the doorbell (a push to a parked
-/// proxy wakes it; the timeout only bounds what the doorbell could miss, and paces the
-/// stall watch).
-const PARK_TIMEOUT: Duration = Duration::from_millis(5);
-/// Longest park: each park of an idle spell that finds no work doubles the next, up to
-/// this, so a communicator with nothing to do wakes its proxy 20 times a second, not 200.
-const MAX_PARK_TIMEOUT: Duration = Duration::from_millis(50);
-/// Idle polls between two looks for a stalled FIFO. The look reads the FIFO head, whose
-/// cache line every push modifies: reading it on every poll took the line from the pushing
-/// thread on every trigger (about 120 ns more per round trip on a 2-core x86 machine). A
-/// stall is only reported after a whole wait limit, so a look every few thousand polls
-/// (microseconds) loses nothing.
-const STALL_CHECK_EVERY: u32 = 4096;
-
 /// The site a failure of the FIFO itself (not of one channel) is recorded under in the
 /// rank's stop word.
 pub const FIFO_SITE: u32 = u32::MAX;
@@ -91,6 +75,11 @@ pub struct ProxyConfig {
     /// How the thread waits when the FIFO is empty: [`IdlePolicy::Doorbell`] (the
     /// default) only where every pusher is a host thread.
     pub idle: IdlePolicy,
+    /// Serve the FIFO from the process's one shared proxy thread (see
+    /// [`crate::proxy_thread`]) instead of a thread of its own: for the in-process ranks of
+    /// a machine with fewer cores than they have busy threads. Only a FIFO with a doorbell
+    /// ([`IdlePolicy::Doorbell`]) and no `cpus`; others always get their own thread.
+    pub share_thread: bool,
     /// The CPUs the proxy thread runs on (those near the GPU, on a multi-socket machine);
     /// `None` or empty: wherever the scheduler puts it. A placement the system refuses is
     /// logged, not fatal.
@@ -105,6 +94,7 @@ impl Default for ProxyConfig {
             wait_timeout: Duration::from_secs(30),
             assist: true,
             idle: IdlePolicy::Doorbell,
+            share_thread: false,
             cpus: None,
         }
     }
@@ -141,7 +131,7 @@ struct Tables {
 }
 
 /// The FIFO's consumer and its copy of the tables: what whoever drains holds.
-struct Consumer {
+pub(crate) struct Consumer {
     fifo: Fifo,
     tables: Arc<Tables>,
     generation: u64,
@@ -160,7 +150,7 @@ impl Consumer {
     }
 }
 
-struct Shared {
+pub(crate) struct Shared {
     rank: u32,
     /// The latest snapshot of the tables, replaced whole by each registration.
     tables: Mutex<Arc<Tables>>,
@@ -170,8 +160,11 @@ struct Shared {
     /// of the rank's handles watches it.
     stop_word: HostCell<AtomicU64>,
     errors: Mutex<(Vec<ProxyError>, u64)>,
-    /// Set by `stop`: the thread drains what is published, then ends.
-    shutdown: AtomicBool,
+    /// Set by `stop`: the thread drains what is published, then lets the service go.
+    pub(crate) shutdown: AtomicBool,
+    /// Whether a proxy thread serves the service: set by `start`, cleared (Release) by the
+    /// thread once it has let the service go.
+    pub(crate) attached: AtomicBool,
     /// Set by [`ProxyService::expect_triggers`]: a polling thread is hot again from now.
     expecting: AtomicBool,
     wait_timeout: Duration,
@@ -260,7 +253,18 @@ pub struct ProxyService {
     /// The FIFO's consumer: held by whoever executes triggers (proxy thread or assistant).
     consumer: Arc<Mutex<Consumer>>,
     cells: Arc<FifoCells>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<ServiceThread>,
+}
+
+/// The thread that serves a started service.
+enum ServiceThread {
+    /// Its own, polling a FIFO no one can wake ([`IdlePolicy::Poll`]).
+    Polling(JoinHandle<()>),
+    /// A thread of doorbell FIFOs: its own (`own`), or the process's shared one.
+    Serving {
+        door: Arc<ProxyThread>,
+        own: Option<JoinHandle<()>>,
+    },
 }
 
 impl ProxyService {
@@ -325,6 +329,7 @@ impl ProxyService {
             stop_word,
             errors: Mutex::new((Vec::new(), 0)),
             shutdown: AtomicBool::new(false),
+            attached: AtomicBool::new(false),
             expecting: AtomicBool::new(false),
             wait_timeout: config.wait_timeout,
         });
@@ -469,51 +474,80 @@ impl ProxyService {
             ));
         }
         self.shared.shutdown.store(false, Ordering::Release);
+        self.shared.attached.store(true, Ordering::Relaxed);
         let (consumer, shared, cells) = (
             self.consumer.clone(),
             self.shared.clone(),
             self.cells.clone(),
         );
-        let assist = self.config.assist;
-        // The constructors give a ring a doorbell exactly when the policy parks.
-        let poll = match self.config.idle {
-            IdlePolicy::Poll(schedule) => Some(schedule),
-            IdlePolicy::Doorbell => None,
-        };
         let (rank, cpus) = (self.config.rank, self.config.cpus.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("oxccl-proxy-r{}", self.config.rank))
-            .spawn(move || {
-                place_thread(rank, cpus.as_deref());
-                match poll {
-                    Some(schedule) => run_polling(&consumer, &cells, &shared, &schedule),
-                    None => run(&consumer, &cells, &shared, assist),
+        let name = format!("oxccl-proxy-r{rank}");
+        let thread = match self.config.idle {
+            IdlePolicy::Poll(schedule) => std::thread::Builder::new()
+                .name(name)
+                .spawn(move || {
+                    place_thread(rank, cpus.as_deref());
+                    run_polling(&consumer, &cells, &shared, &schedule);
+                })
+                .map(ServiceThread::Polling),
+            // The constructors give a ring a doorbell exactly when the policy parks.
+            IdlePolicy::Doorbell => {
+                let member = Member {
+                    consumer,
+                    cells,
+                    shared,
+                    assist: self.config.assist,
+                };
+                if self.config.share_thread && cpus.as_ref().is_none_or(Vec::is_empty) {
+                    proxy_thread::join_shared(member)
+                        .map(|door| ServiceThread::Serving { door, own: None })
+                } else {
+                    ProxyThread::spawn(name, member, false, move || {
+                        place_thread(rank, cpus.as_deref())
+                    })
+                    .map(|(door, own)| ServiceThread::Serving {
+                        door,
+                        own: Some(own),
+                    })
                 }
-            })
-            .map_err(|e| ProxyError::Thread(e.to_string()))?;
+            }
+        }
+        .map_err(|e| {
+            self.shared.attached.store(false, Ordering::Relaxed);
+            ProxyError::Thread(e.to_string())
+        })?;
         self.thread = Some(thread);
         Ok(())
     }
 
-    /// Stops the proxy thread after it has executed every trigger already published,
-    /// waiting at most the wait limit.
+    /// Stops serving the FIFO after every trigger already published has executed, waiting
+    /// at most the wait limit: the service's own thread ends; the shared thread lets the
+    /// service go.
     ///
     /// # Errors
-    /// The thread panicked, or did not end within the limit (it is then left to end by
-    /// itself, detached).
+    /// The thread panicked, or did not let the service go within the limit (it is then left
+    /// to end by itself, detached).
     pub fn stop(&mut self) -> Result<(), ProxyError> {
         self.shared.shutdown.store(true, Ordering::Release);
         let Some(thread) = self.thread.take() else {
             return Ok(());
         };
-        // Wake it if parked or napping; the doorbell is in the FIFO cells we share.
-        let wake = || match self.cells.doorbell() {
-            Some(doorbell) => doorbell.wake_sleeper(),
-            None => thread.thread().unpark(),
+        // Wake it if parked or napping.
+        let wake = || match &thread {
+            ServiceThread::Polling(own) => own.thread().unpark(),
+            ServiceThread::Serving { door, .. } => door.wake(),
+        };
+        let done = || match &thread {
+            ServiceThread::Polling(own) => own.is_finished(),
+            // Acquire: pairs with the thread's Release once it let the service go.
+            ServiceThread::Serving { own, .. } => {
+                !self.shared.attached.load(Ordering::Acquire)
+                    && own.as_ref().is_none_or(JoinHandle::is_finished)
+            }
         };
         wake();
         let deadline = Instant::now() + self.config.wait_timeout;
-        while !thread.is_finished() {
+        while !done() {
             if Instant::now() >= deadline {
                 return Err(ProxyError::Thread(format!(
                     "rank {}: the proxy thread did not stop within {:?} (a connection call \
@@ -524,9 +558,16 @@ impl ProxyService {
             std::thread::sleep(Duration::from_millis(1));
             wake();
         }
-        thread
-            .join()
-            .map_err(|_| ProxyError::Thread("proxy thread panicked".into()))
+        let own = match thread {
+            ServiceThread::Polling(own) => Some(own),
+            ServiceThread::Serving { own, .. } => own,
+        };
+        match own {
+            Some(own) => own
+                .join()
+                .map_err(|_| ProxyError::Thread("proxy thread panicked".into())),
+            None => Ok(()),
+        }
     }
 
     /// Tells a polling proxy ([`IdlePolicy::Poll`]) that a kernel which pushes triggers is
@@ -549,7 +590,10 @@ impl ProxyService {
                 .thread
                 .as_ref()
                 .filter(|_| polling)
-                .map(|t| t.thread().clone()),
+                .and_then(|t| match t {
+                    ServiceThread::Polling(own) => Some(own.thread().clone()),
+                    ServiceThread::Serving { .. } => None,
+                }),
         }
     }
 
@@ -625,13 +669,13 @@ fn place_thread(rank: u32, cpus: Option<&[usize]>) {
 }
 
 /// Executes every published trigger if the consumer is free; `None` if someone else holds it.
-fn drain(consumer: &Mutex<Consumer>, shared: &Shared) -> Option<u64> {
+pub(crate) fn drain(consumer: &Mutex<Consumer>, shared: &Shared) -> Option<u64> {
     let mut held = consumer.try_lock()?;
     Some(drain_held(&mut held, shared))
 }
 
 /// Executes every published trigger with the consumer held.
-fn drain_held(consumer: &mut Consumer, shared: &Shared) -> u64 {
+pub(crate) fn drain_held(consumer: &mut Consumer, shared: &Shared) -> u64 {
     let Some(mut trigger) = consumer.fifo.poll() else {
         return 0;
     };
@@ -650,7 +694,7 @@ fn drain_held(consumer: &mut Consumer, shared: &Shared) -> u64 {
 
 /// Watches for a claimed FIFO position that is never published.
 #[derive(Default)]
-struct StallWatch {
+pub(crate) struct StallWatch {
     /// The executed count when the current wait began, and when it began.
     since: Option<(u64, Instant)>,
     /// Reported: the position that will not come.
@@ -661,7 +705,7 @@ impl StallWatch {
     /// Called when a drain found nothing to execute: notes how long a claimed position has
     /// stayed unpublished, and reports it once past the wait limit. Returns whether the
     /// FIFO is stalled (so the consumer may park although a position is claimed).
-    fn idle(&mut self, cells: &FifoCells, shared: &Shared) -> bool {
+    pub(crate) fn idle(&mut self, cells: &FifoCells, shared: &Shared) -> bool {
         let executed = cells.executed();
         // A head in device memory cannot be watched: the pusher that gave up reports it.
         let Some(claimed) = cells.claimed() else {
@@ -694,103 +738,6 @@ impl StallWatch {
             }
         }
         false
-    }
-}
-
-/// The proxy thread: drain, execute, release; back off when idle.
-///
-/// Without assist nobody else drains, so the thread holds the consumer while it polls
-/// (taking and releasing a lock on every poll costs two locked instructions, which also wait
-/// for the thread's last store to a peer's semaphore). After executing something it polls
-/// on, spinning as long as that pays off ([`SpinBudget`]) and then yielding the core between
-/// polls, then parks. It used to spin 2048 polls first, with
-/// the same kind of evidence against it: in the two-rank ping-pong both proxy threads spun
-/// through each round trip (about 800 ms of CPU each over 15 000 round trips) while the
-/// kernel threads, whose turn it mostly was, waited for a core (about 800 ms runnable but
-/// not running each): 48 µs a round trip. Yielding instead, whichever thread has the next
-/// step gets a core within a switch: 3.2 µs.
-///
-/// With assist the pushing kernel threads execute their own triggers, and the proxy thread
-/// only catches what they leave (a push whose assist found the consumer taken): it parks as
-/// soon as the ring is empty, and never stays hot. It used to stay hot like the unassisted
-/// thread, and that made the emulator bimodal. A proxy thread woken by its park timeout
-/// would sometimes find a trigger in flight and execute it. It then spun, and while it
-/// spun it held the consumer on most polls, so pushers' assists failed. It executed their
-/// triggers and stayed hot as long as they kept coming. A two-rank ping-pong on 2 cores
-/// then had one proxy thread owning a core (242 ms of CPU over 5 timed runs, 89
-/// involuntary switches). The two kernel threads shared the other core and handed it over
-/// by yielding on every round trip (100 457 involuntary switches each, 122 ms runnable but
-/// waiting): 2.4 µs a round trip instead of 0.39, for the life of the process
-/// (`pingpong --processes 12 --thread-stats`). Parked, the proxy thread takes no core
-/// from the ranks.
-fn run(consumer: &Mutex<Consumer>, cells: &FifoCells, shared: &Shared, assist: bool) {
-    // How long the thread stays hot after its last execution: not at all with assist.
-    let yield_polls = if assist { 0 } else { YIELD_POLLS };
-    let mut spin = SpinBudget::default();
-    let mut idle = 0u32;
-    let mut watch = StallWatch::default();
-    let mut stalled = false;
-    let mut park_timeout = PARK_TIMEOUT;
-    let mut held: Option<parking_lot::MutexGuard<'_, Consumer>> = None;
-    loop {
-        // Stay hot only after executing something ourselves. `None` means a kernel thread
-        // is assisting: that is its work, and spinning beside it would take its core.
-        let drained = match held.as_mut() {
-            Some(consumer) => Some(drain_held(consumer, shared)),
-            None if assist => drain(consumer, shared),
-            None => {
-                let mut guard = consumer.lock();
-                let drained = drain_held(&mut guard, shared);
-                held = Some(guard);
-                Some(drained)
-            }
-        };
-        if let Some(executed @ 1..) = drained {
-            spin.work_found_after(idle);
-            idle = 0;
-            stalled = false;
-            park_timeout = PARK_TIMEOUT;
-            consumer_pacing::after_drain(executed);
-            continue;
-        }
-        // Acquire: pairs with the Release in `stop`. The drain above found the ring empty
-        // after `stop` was possibly set; one more drain catches triggers published before it.
-        if shared.shutdown.load(Ordering::Acquire) {
-            let last = match held.as_mut() {
-                Some(consumer) => Some(drain_held(consumer, shared)),
-                None => drain(consumer, shared),
-            };
-            if last == Some(0) {
-                return;
-            }
-            continue;
-        }
-        idle = idle.saturating_add(1);
-        if drained == Some(0) && (stalled || idle.is_multiple_of(STALL_CHECK_EVERY)) {
-            stalled = watch.idle(cells, shared);
-        }
-        let shutdown = || shared.shutdown.load(Ordering::Acquire);
-        if idle < yield_polls && !stalled {
-            if idle <= spin.polls() {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-            continue;
-        }
-        // Leaving the hot phase: let go of the consumer, so nothing waits on a thread that
-        // is about to park.
-        held = None;
-        if stalled {
-            cells.park_consumer_stalled(park_timeout, shutdown);
-        } else if !cells.park_consumer(park_timeout, shutdown) {
-            // A position is claimed but not executed yet (its pusher is about to publish, or
-            // an assistant is draining): not the moment to park.
-            std::thread::yield_now();
-            continue;
-        }
-        // Parked, and the next drain may find nothing again: the next park is longer.
-        park_timeout = (park_timeout * 2).min(MAX_PARK_TIMEOUT);
     }
 }
 
@@ -882,7 +829,7 @@ const POLLS_PER_CLOCK_LOOK: u32 = 16;
 /// [`Self::RESTART`]) when work came while spinning, and halves when it came only after
 /// yielding.
 #[derive(Clone, Copy, Debug)]
-struct SpinBudget(u32);
+pub(crate) struct SpinBudget(u32);
 
 impl SpinBudget {
     /// Most polls spun.
@@ -892,12 +839,12 @@ impl SpinBudget {
 
     /// Idle polls to spin: at least one, so that a budget run down to nothing can learn
     /// that spinning pays off again.
-    fn polls(self) -> u32 {
+    pub(crate) fn polls(self) -> u32 {
         self.0.max(1)
     }
 
     /// Adapts to work found after `idle` empty polls.
-    fn work_found_after(&mut self, idle: u32) {
+    pub(crate) fn work_found_after(&mut self, idle: u32) {
         self.0 = if idle <= self.polls() {
             (self.0 * 2).clamp(Self::RESTART, Self::MAX)
         } else {

@@ -169,6 +169,7 @@ impl Counted {
             wait_timeout,
             assist: false,
             idle,
+            share_thread: false,
             cpus: None,
         })
         .unwrap();
@@ -338,4 +339,92 @@ fn a_proxy_thread_runs_on_the_cpus_it_is_given() {
     };
     assert_eq!(placed, last.to_string());
     proxy.stop().unwrap();
+}
+
+/// Threads of this process named `name`.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|comm| comm.trim() == name)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Waits up to 5 s for `what` to hold.
+fn eventually(what: &str, holds: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !holds() {
+        assert!(Instant::now() < deadline, "not within 5 s: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Guards the process's shared proxy thread: services that ask for it are served by one
+/// thread (no thread of their own), which parks with every FIFO's sleep bit set (so a push
+/// to any of them wakes it) and executes each FIFO's triggers; a service that stops is let
+/// go while the others are still served; the thread ends with its last service, and a
+/// service started later gets a new one.
+#[test]
+fn services_share_one_proxy_thread_and_leave_it_one_by_one() {
+    let shared = |rank| {
+        let mut counted = Counted::new(IdlePolicy::Doorbell, 8, Duration::from_secs(10));
+        counted.proxy = ProxyService::new(ProxyConfig {
+            rank,
+            fifo_size: 8,
+            wait_timeout: Duration::from_secs(10),
+            assist: false,
+            share_thread: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let semaphore = Arc::new(AtomicU64::new(0));
+        counted
+            .proxy
+            .add_channel(
+                counted.connection.clone(),
+                MemoryRegion::new(1, semaphore.as_ptr() as u64, 8),
+                counted.record.clone(),
+            )
+            .unwrap();
+        counted.stop = counted.proxy.stop_word();
+        counted._semaphore = semaphore;
+        counted.proxy.start().unwrap();
+        counted
+    };
+    let mut a = shared(50);
+    let mut b = shared(51);
+    // The name is set by the thread itself once it runs.
+    eventually("one shared thread", || threads_named("oxccl-proxy") == 1);
+    assert_eq!(
+        threads_named("oxccl-proxy-r50") + threads_named("oxccl-proxy-r51"),
+        0
+    );
+    for _ in 0..3 {
+        a.signal();
+        b.signal();
+    }
+    // Idle, the thread parks announcing it in both heads at once.
+    eventually("both FIFOs marked by one park", || {
+        a.head() & PROXY_ASLEEP != 0 && b.head() & PROXY_ASLEEP != 0
+    });
+    b.signal();
+    a.signal();
+    a.proxy.stop().unwrap();
+    assert_eq!(threads_named("oxccl-proxy"), 1, "b is still served");
+    b.signal();
+    assert_eq!(a.connection.signals.load(Ordering::Relaxed), 4);
+    assert_eq!(b.connection.signals.load(Ordering::Relaxed), 5);
+    b.proxy.stop().unwrap();
+    eventually("the shared thread ends with its last service", || {
+        threads_named("oxccl-proxy") == 0
+    });
+    let c = shared(52);
+    eventually("a new shared thread", || threads_named("oxccl-proxy") == 1);
+    c.signal();
 }

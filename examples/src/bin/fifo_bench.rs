@@ -202,6 +202,7 @@ impl Loopback {
             wait_timeout: Duration::from_secs(60),
             assist: false,
             idle,
+            share_thread: false,
             cpus: None,
         })?;
         let counters: Arc<[AtomicU64; 17]> = Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
@@ -402,6 +403,7 @@ fn kernel_round_trip(
         wait_timeout: Duration::from_secs(60),
         assist: false,
         idle: IdlePolicy::Poll(PollSchedule::default()),
+        share_thread: false,
         cpus: None,
     })?;
     // inbound at word 0 (raised by the proxy), expected at word 16 (the kernel's count).
