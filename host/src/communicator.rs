@@ -278,6 +278,7 @@ impl Communicator {
         if let Err(why) = TransportChoice::from_env() {
             return Err(Error::InvalidUsage(format!("rank {}: {why}", oob.rank())));
         }
+        device.allow_corun();
         let mut proxy = device.proxy_service(ProxyConfig {
             rank: oob.rank(),
             fifo_size: config.fifo_size,

@@ -112,6 +112,16 @@ impl Device {
         }
     }
 
+    /// Lets the kernel threads of this (emulated) device's streams take turns with those of
+    /// other devices that allow it, on one host thread, where the process has fewer cores
+    /// than kernel threads (`OXCCL_CPU_CORUN`; see the emulator's `corun` module). Set for
+    /// the device of every communicator; nothing on a GPU.
+    pub(crate) fn allow_corun(&self) {
+        if let DeviceKind::Cpu(d) = &self.inner.kind {
+            d.corun.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// The device's index within its backend.
     pub fn ordinal(&self) -> usize {
         match &self.inner.kind {

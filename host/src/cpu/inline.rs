@@ -10,10 +10,16 @@
 //! pool thread resumes it ([`Suspended::finish`]) and the host thread returns its timeout,
 //! as it would if a pool thread had run the kernel thread from the start.
 //!
-//! Who touches what: the host thread that runs [`run`] owns the coroutine until it returns
-//! or suspends; after a suspension, the one pool thread given the [`Suspended`] owns it. The
-//! thread-locals here belong to the host thread running [`run`] and are read only by its
-//! wait hook, before the kernel thread can move.
+//! The host thread that opened the process's runner (see [`super::corun`]) also runs the
+//! kernel threads other host threads donate to it, each on a coroutine of its own: at
+//! every wait of the running one the hook suspends it ([`Pause::Turn`]) and the next one
+//! runs until its own next wait ([`take_turns`]). When the host's own kernel thread returns
+//! or is late, those still running go to pool threads as [`Suspended`].
+//!
+//! Who touches what: the host thread that runs [`run`] owns its coroutines until they
+//! return or it hands them over; after that, the one pool thread given a [`Suspended`] owns
+//! it. The thread-locals here belong to the host thread running [`run`] and are read only
+//! by its wait hook, before the kernel thread can move.
 //!
 //! A kernel thread that never waits cannot be suspended: it holds its host thread until it
 //! returns, past the deadline if it must (a kernel that spins on a flag without
@@ -29,43 +35,73 @@
 //!
 //! [`spin_pause`]: oxccl_device::arch::spin_pause
 
+use super::corun::{self, Donation, Runner};
 use super::launch::Launch;
-use super::pool::WORKER_STACK;
+use super::pool::{WORKER_STACK, pool};
 use super::stream::CpuStream;
 pub(crate) use corosensei::stack::DefaultStack as Stack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
 use oxccl_device::arch::host::{DetachedContext, attach, detach, set_wait_hook};
 use parking_lot::Mutex;
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Why a kernel thread run here stopped at a wait, with the context it was suspended with.
+pub(crate) enum Pause {
+    /// Past the host's deadline: it moves to a pool thread.
+    Late(DetachedContext),
+    /// Its turn is over: another kernel thread taking turns here (see [`super::corun`])
+    /// runs until its next wait.
+    Turn(DetachedContext),
+}
+
 /// A coroutine running one kernel thread: resumed with the context the kernel thread
-/// continues with (none at its start), it yields the context it was suspended with.
-type KernelCoroutine = Coroutine<Option<DetachedContext>, DetachedContext, (), Stack>;
+/// continues with (none at its start), it yields why it stopped.
+type KernelCoroutine = Coroutine<Option<DetachedContext>, Pause, (), Stack>;
+type KernelYielder = Yielder<Option<DetachedContext>, Pause>;
 
 /// Stacks kept for the next kernel threads run here, at most this many: mapping a 2 MiB
 /// stack per run would cost more than the hand-off it saves.
 const SPARE_STACKS: usize = 4;
 
-/// A kernel thread suspended at a wait on the host thread that ran it, to be finished by a
-/// pool thread.
+/// A kernel thread stopped (or not yet started) on the host thread that ran it, to be
+/// finished by a pool thread.
 pub(crate) struct Suspended {
     coroutine: KernelCoroutine,
     stream: Arc<CpuStream>,
     launch: Arc<Launch>,
-    context: DetachedContext,
+    /// The context it continues with; none if it has not started.
+    context: Option<DetachedContext>,
 }
 
 // SAFETY: the coroutine's stack holds the frames of one kernel thread (the launch's
-// `run_thread` and the kernel below it), suspended inside `spin_pause`. Kernel code is device
-// code: it holds parameters, raw pointers to device memory and atomics, all `Send`, and no
-// thread-locals (see `oxccl_device::arch::host`); the emulator's own thread-local context
-// travels in `context` and is put on the pool thread before the kernel thread continues.
-// The host thread that suspended it never touches the coroutine again.
+// `run_thread` and the kernel below it), suspended inside `spin_pause`, or none yet. Kernel
+// code is device code: it holds parameters, raw pointers to device memory and atomics, all
+// `Send`, and no thread-locals (see `oxccl_device::arch::host`); the emulator's own
+// thread-local context travels in `context` and is put on the pool thread before the
+// kernel thread continues. The host thread that suspended it never touches the coroutine
+// again.
 unsafe impl Send for Suspended {}
 
 impl Suspended {
+    /// A donated kernel thread, not started, on its donation's stack.
+    pub(crate) fn fresh(donation: Donation) -> Box<Self> {
+        let Donation {
+            stream,
+            launch,
+            index,
+            stack,
+        } = donation;
+        Box::new(Suspended {
+            coroutine: kernel_coroutine(&launch, index, stack),
+            stream,
+            launch,
+            context: None,
+        })
+    }
+
     /// Runs the kernel thread to its end on the calling (pool) thread; returns its stream
     /// and launch, whose thread the caller then reports done.
     pub(crate) fn finish(self) -> (Arc<CpuStream>, Arc<Launch>) {
@@ -73,12 +109,13 @@ impl Suspended {
             mut coroutine,
             stream,
             launch,
-            context,
+            mut context,
         } = self;
-        let mut context = Some(context);
         // A pool thread installs no wait hook, so the kernel thread runs to its end; the
         // loop only guards against a hook installed by mistake.
-        while let CoroutineResult::Yield(again) = coroutine.resume(context.take()) {
+        while let CoroutineResult::Yield(Pause::Late(again) | Pause::Turn(again)) =
+            coroutine.resume(context.take())
+        {
             context = Some(again);
         }
         recycle(coroutine.into_stack());
@@ -86,9 +123,45 @@ impl Suspended {
     }
 }
 
+/// Gives `suspended` to a pool thread to finish; if none can be had, finishes it here.
+pub(crate) fn to_pool(suspended: Box<Suspended>) {
+    if let Err((suspended, err)) = pool().resume(suspended) {
+        tracing::error!(
+            stream = suspended.stream.id,
+            %err,
+            "no thread to move a kernel thread to; it ends here"
+        );
+        let (stream, launch) = (*suspended).finish();
+        stream.thread_done(launch);
+    }
+}
+
+/// The coroutine of thread `index` of `launch`, on `stack`.
+fn kernel_coroutine(launch: &Arc<Launch>, index: u32, stack: Stack) -> KernelCoroutine {
+    let launch = launch.clone();
+    KernelCoroutine::with_stack(stack, move |yielder, _| {
+        enter_inline(yielder);
+        launch.run_thread(index);
+    })
+}
+
+/// One kernel thread taking turns on the runner's host thread.
+struct Turn {
+    coroutine: KernelCoroutine,
+    /// Its stream and launch, for a donated one (the host's own is reported by the caller
+    /// of [`run`]).
+    donated: Option<(Arc<CpuStream>, Arc<Launch>)>,
+    context: Option<DetachedContext>,
+    /// Its coroutine's yielder, once it has run (null before).
+    yielder: *const KernelYielder,
+}
+
 /// Runs thread `index` of `launch` (of `stream`) on the calling thread, on `stack`, until
 /// it returns (`Ok`, with the stack for the next one), or until it waits past `deadline`,
-/// where it is suspended and returned (`Err`).
+/// where it is suspended and returned (`Err`). Meanwhile, if this thread opened the
+/// process's runner ([`super::corun`]), kernel threads donated by other host threads take
+/// turns with it at every wait; those not finished when it returns or is suspended go to
+/// pool threads.
 ///
 /// The caller has claimed thread `index` (no other thread runs it) and reports it done
 /// once it returns here or in [`Suspended::finish`].
@@ -99,22 +172,121 @@ pub(crate) fn run(
     stack: Stack,
     deadline: Option<Instant>,
 ) -> Result<Stack, Box<Suspended>> {
-    let kernel_launch = launch.clone();
-    let mut coroutine = KernelCoroutine::with_stack(stack, move |yielder, _| {
-        enter_inline(yielder);
-        kernel_launch.run_thread(index);
-    });
-    let previous = install(deadline);
-    let outcome = coroutine.resume(None);
+    let own = Turn {
+        coroutine: kernel_coroutine(launch, index, stack),
+        donated: None,
+        context: None,
+        yielder: std::ptr::null(),
+    };
+    let runner = corun::open(stream, launch);
+    let previous = install(deadline, runner.is_some());
+    let (own, late) = take_turns(own, runner.as_ref());
     uninstall(previous);
-    match outcome {
-        CoroutineResult::Return(()) => Ok(coroutine.into_stack()),
-        CoroutineResult::Yield(context) => Err(Box::new(Suspended {
-            coroutine,
+    // Closing the runner sends donations it never took to pool threads.
+    drop(runner);
+    match late {
+        None => Ok(own.coroutine.into_stack()),
+        Some(context) => Err(Box::new(Suspended {
+            coroutine: own.coroutine,
             stream: stream.clone(),
             launch: launch.clone(),
-            context,
+            context: Some(context),
         })),
+    }
+}
+
+/// Runs `own` and the kernel threads donated to `runner` in turns until `own` returns or
+/// one of them waits past the host's deadline; donated threads not finished by then go to
+/// pool threads. Returns `own`, and if it is late the context to resume it with.
+fn take_turns(own: Turn, runner: Option<&Runner>) -> (Turn, Option<DetachedContext>) {
+    let mut own = own;
+    let mut guests: VecDeque<Turn> = VecDeque::new();
+    let outcome = loop {
+        if let Some(runner) = runner
+            && corun::mail()
+        {
+            guests.extend(runner.take_mail().into_iter().map(|d| Turn {
+                coroutine: kernel_coroutine(&d.launch, d.index, d.stack),
+                donated: Some((d.stream, d.launch)),
+                context: None,
+                yielder: std::ptr::null(),
+            }));
+        }
+        set_turns(!guests.is_empty());
+        match own.step() {
+            Step::Returned => break None,
+            Step::Late(context) => break Some(Some(context)),
+            Step::Turn => {}
+        }
+        // Each guest once, then the own thread again.
+        let mut late = false;
+        for _ in 0..guests.len() {
+            let Some(mut guest) = guests.pop_front() else {
+                break;
+            };
+            match guest.step() {
+                Step::Returned => {
+                    recycle(guest.coroutine.into_stack());
+                    if let Some((stream, launch)) = guest.donated {
+                        stream.thread_done(launch);
+                    }
+                }
+                Step::Turn => guests.push_back(guest),
+                Step::Late(context) => {
+                    // The host's deadline passed while a guest ran: the own kernel
+                    // thread is late too; the guest goes to a pool thread with the rest.
+                    guest.context = Some(context);
+                    guests.push_back(guest);
+                    late = true;
+                    break;
+                }
+            }
+        }
+        if late {
+            break Some(None);
+        }
+    };
+    set_turns(false);
+    for guest in guests {
+        if let Some((stream, launch)) = guest.donated {
+            to_pool(Box::new(Suspended {
+                coroutine: guest.coroutine,
+                stream,
+                launch,
+                context: guest.context,
+            }));
+        }
+    }
+    match outcome {
+        None => (own, None),
+        Some(context) => {
+            let context = context.or_else(|| own.context.take());
+            (own, context)
+        }
+    }
+}
+
+/// What one turn of a kernel thread ended with.
+enum Step {
+    Returned,
+    Late(DetachedContext),
+    Turn,
+}
+
+impl Turn {
+    /// Runs the kernel thread until its next wait that ends its turn, its deadline, or its
+    /// end.
+    fn step(&mut self) -> Step {
+        set_yielder(self.yielder);
+        match self.coroutine.resume(self.context.take()) {
+            CoroutineResult::Return(()) => Step::Returned,
+            CoroutineResult::Yield(Pause::Late(context)) => Step::Late(context),
+            CoroutineResult::Yield(Pause::Turn(context)) => {
+                self.context = Some(context);
+                self.yielder = yielder();
+                Step::Turn
+            }
+        }
     }
 }
 
@@ -151,18 +323,33 @@ std::thread_local! {
     /// The deadline of the kernel thread this thread runs in [`run`].
     static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
     /// The yielder of the coroutine this thread runs in [`run`] (null outside one).
-    static YIELDER: Cell<*const Yielder<Option<DetachedContext>, DetachedContext>> =
-        const { Cell::new(std::ptr::null()) };
+    static YIELDER: Cell<*const KernelYielder> = const { Cell::new(std::ptr::null()) };
+    /// What this thread is to the kernel threads it runs (see [`Hosting`]).
+    static HOSTING: Cell<Hosting> = const { Cell::new(Hosting::Not) };
+}
+
+/// What a host thread is to the kernel threads it runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hosting {
+    /// Runs none (outside [`run`]; pool threads).
+    Not,
+    /// Runs its own, alone.
+    Own,
+    /// The process's runner, running its own alone so far: its waits look for donations.
+    Runner,
+    /// The runner, with donated kernel threads: every wait ends a turn.
+    Turns,
 }
 
 /// What [`install`] replaced on the calling thread, for [`uninstall`].
 struct Installed {
     hook: Option<oxccl_device::arch::host::WaitHook>,
     deadline: Option<Instant>,
+    hosting: Hosting,
 }
 
-/// Makes the calling (host) thread's waits call [`wait_hook`] and sets the deadline past
-/// which it suspends the kernel thread it runs.
+/// Makes the calling (host) thread's waits call [`wait_hook`], sets the deadline past
+/// which it suspends the kernel thread it runs, and says whether it is the runner.
 ///
 /// Never inlined, as every function here that reaches a thread-local: the compiler takes a
 /// thread-local's address to be the same for the whole of a function, and may compute it
@@ -172,65 +359,117 @@ struct Installed {
 /// inlines the rest (a source rule checks it: the test `thread_locals_only_in_never_inlined_fns`
 /// of `xtask`).
 #[inline(never)]
-fn install(deadline: Option<Instant>) -> Installed {
+fn install(deadline: Option<Instant>, runner: bool) -> Installed {
+    let hosting = if runner {
+        Hosting::Runner
+    } else {
+        Hosting::Own
+    };
     Installed {
         hook: set_wait_hook(Some(wait_hook)),
         deadline: DEADLINE.with(|d| d.replace(deadline)),
+        hosting: HOSTING.with(|h| h.replace(hosting)),
     }
 }
 
-/// Undoes [`install`] once the coroutine returned or suspended: the thread is no longer
+/// Undoes [`install`] once the coroutines returned or suspended: the thread is no longer
 /// running a kernel thread of its own.
 #[inline(never)]
 fn uninstall(previous: Installed) {
     DEADLINE.with(|d| d.set(previous.deadline));
     YIELDER.with(|y| y.set(std::ptr::null()));
+    HOSTING.with(|h| h.set(previous.hosting));
     set_wait_hook(previous.hook);
 }
 
-/// Records the running coroutine's yielder for [`wait_hook`]; runs on the host thread, in
-/// the coroutine, before the kernel thread starts. Never inlined (see [`install`]).
+/// Says whether the runner has donated kernel threads (every wait then ends a turn).
+/// Never inlined (see [`install`]).
 #[inline(never)]
-fn enter_inline(yielder: &Yielder<Option<DetachedContext>, DetachedContext>) {
+fn set_turns(guests: bool) {
+    HOSTING.with(|h| {
+        if matches!(h.get(), Hosting::Runner | Hosting::Turns) {
+            h.set(if guests {
+                Hosting::Turns
+            } else {
+                Hosting::Runner
+            });
+        }
+    });
+}
+
+/// Makes `yielder` (null: none yet) the one [`wait_hook`] suspends with, before a
+/// coroutine is resumed here. Never inlined (see [`install`]).
+#[inline(never)]
+fn set_yielder(yielder: *const KernelYielder) {
     YIELDER.with(|y| y.set(yielder));
 }
 
-/// The yielder to suspend with, if the kernel thread run here is past its deadline (and
-/// not unwinding: a thread that suspends mid-panic would leave this thread's panic count
-/// raised for good).
+/// The yielder of the coroutine that yielded last here. Never inlined (see [`install`]).
 #[inline(never)]
-fn due() -> Option<&'static Yielder<Option<DetachedContext>, DetachedContext>> {
-    let deadline = DEADLINE.with(Cell::get)?;
+fn yielder() -> *const KernelYielder {
+    YIELDER.with(Cell::get)
+}
+
+/// Records the running coroutine's yielder for [`wait_hook`]; runs in the coroutine, before
+/// the kernel thread starts, on a host thread in [`run`] (a donated kernel thread started
+/// on a pool thread has no hook, and records nothing). Never inlined (see [`install`]).
+#[inline(never)]
+fn enter_inline(yielder: &KernelYielder) {
+    if HOSTING.with(Cell::get) != Hosting::Not {
+        YIELDER.with(|y| y.set(yielder));
+    }
+}
+
+/// Whether the kernel thread run here stops at this wait, and why: past its deadline, or
+/// to let another kernel thread take its turn; never while unwinding (a thread that
+/// suspends mid-panic would leave this thread's panic count raised for good).
+#[inline(never)]
+fn due() -> Option<(&'static KernelYielder, bool)> {
+    let turn = match HOSTING.with(Cell::get) {
+        Hosting::Turns => true,
+        Hosting::Runner => corun::mail(),
+        Hosting::Own | Hosting::Not => false,
+    };
     // The clock every `CLOCK_EVERY` waits: reading it at each spin of a short wait cost
     // about 5% of a 1 KiB all-reduce.
-    if !WAITS
-        .with(|w| w.replace(w.get().wrapping_add(1)))
-        .is_multiple_of(CLOCK_EVERY)
-    {
+    let late = DEADLINE.with(Cell::get).is_some_and(|deadline| {
+        WAITS
+            .with(|w| w.replace(w.get().wrapping_add(1)))
+            .is_multiple_of(CLOCK_EVERY)
+            && Instant::now() >= deadline
+    });
+    if !turn && !late {
         return None;
     }
     let yielder = YIELDER.with(Cell::get);
-    if yielder.is_null() || Instant::now() < deadline || std::thread::panicking() {
+    if yielder.is_null() || std::thread::panicking() {
         return None;
     }
-    // SAFETY: `YIELDER` is set by the coroutine this thread is running, whose yielder lives
-    // until it returns; it is cleared as soon as `resume` returns in `run`, and the hook
-    // runs only inside that `resume`.
-    Some(unsafe { &*yielder })
+    // SAFETY: `YIELDER` is set for the coroutine this thread is running, whose yielder
+    // lives until it returns; it is cleared as soon as `run` ends, and the hook runs only
+    // inside a `resume` of `run`.
+    Some((unsafe { &*yielder }, late))
 }
 
-/// The wait hook of a host thread running a kernel thread: past the deadline, suspends it
-/// (taking the emulator's context off this thread), and, once resumed on a pool thread,
-/// puts the context there.
-fn wait_hook() {
-    let Some(yielder) = due() else {
-        return;
+/// The wait hook of a host thread running kernel threads: past the deadline, suspends the
+/// running one (taking the emulator's context off this thread), and, once resumed on a
+/// pool thread, puts the context there; between turns, suspends it the same way until the
+/// runner resumes it here.
+fn wait_hook() -> bool {
+    let Some((yielder, late)) = due() else {
+        return false;
     };
-    let back = yielder.suspend(detach());
-    // Now on the pool thread that resumed the coroutine.
+    let context = detach();
+    let back = yielder.suspend(if late {
+        Pause::Late(context)
+    } else {
+        Pause::Turn(context)
+    });
+    // Now on the thread that resumed the coroutine.
     if let Some(context) = back {
         attach(context);
     }
+    true
 }
 
 #[cfg(test)]

@@ -190,6 +190,7 @@ impl Launch {
         };
         let entry = self.kernel.host_entry;
         let params = self.params.pointers.as_ptr();
+        let _running = super::corun::KernelThreadCount::start();
         let guard = enter(ctx);
         // SAFETY: `params` holds one pointer per parameter of `self.kernel`, each aligned
         // for and pointing to a copy of a valid value of that parameter's type

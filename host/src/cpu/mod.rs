@@ -13,6 +13,7 @@
 //! park), so that several ranks, each with kernel threads and a proxy, progress on few
 //! cores.
 
+pub(crate) mod corun;
 pub(crate) mod inline;
 pub(crate) mod launch;
 pub(crate) mod memory;
@@ -57,6 +58,9 @@ pub(crate) struct CpuDevice {
     stuck: AtomicBool,
     /// Numbers the device's streams, for messages.
     next_stream: AtomicU64,
+    /// Whether its streams' kernel threads may take turns with those of other such devices
+    /// on one host thread (see [`corun`]): set for the device of a communicator's rank.
+    pub(crate) corun: AtomicBool,
 }
 
 impl CpuDevice {
@@ -67,6 +71,7 @@ impl CpuDevice {
             idle: Signal::default(),
             stuck: AtomicBool::new(false),
             next_stream: AtomicU64::new(0),
+            corun: AtomicBool::new(false),
         }
     }
 

@@ -21,6 +21,7 @@
 //! that the report completes (or the next one it starts) finds the worker idle instead of
 //! spawning another.
 
+use super::corun;
 use super::inline::Suspended;
 use super::launch::Launch;
 use super::stream::CpuStream;
@@ -222,6 +223,11 @@ impl Worker {
                     Some(index) => {
                         // Ours now: nothing to take back (and no cycle through the slot).
                         launch.worker.lock().take();
+                        if corun::donate(&stream, &launch, index).is_ok() {
+                            // The process's runner runs it in turns with its own.
+                            pool.put_back(self.clone());
+                            continue;
+                        }
                         launch.run_thread(index);
                         (stream, launch)
                     }
@@ -237,6 +243,10 @@ impl Worker {
             while let Some((next, index)) =
                 stream.thread_done_on_worker(done, || pool.put_back(self.clone()))
             {
+                if corun::donate(&stream, &next, index).is_ok() {
+                    pool.put_back(self.clone());
+                    break;
+                }
                 next.run_thread(index);
                 done = next;
             }

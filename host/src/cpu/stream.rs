@@ -23,7 +23,7 @@
 
 use super::launch::{FailureKind, Launch};
 use super::pool::pool;
-use super::{CpuDevice, Signal, inline};
+use super::{CpuDevice, Signal, corun, inline};
 use crate::Error;
 use oxccl_device::launch::{KernelInfo, LaunchConfig};
 use parking_lot::Mutex;
@@ -278,6 +278,14 @@ impl CpuStream {
                 break;
             }
             if let Some((launch, index)) = self.claim_for_helper() {
+                if corun::donate(self, &launch, index).is_ok() {
+                    // The runner of the process runs it, taking turns with its own kernel
+                    // thread; wait for it below as for a pool thread.
+                    if !self.wait_past(seen, deadline) {
+                        break;
+                    }
+                    continue;
+                }
                 match inline::run(self, &launch, index, stack, deadline) {
                     Ok(back) => {
                         stack = back;
@@ -286,15 +294,7 @@ impl CpuStream {
                     Err(suspended) => {
                         // Past the deadline: a worker finishes the kernel thread, and
                         // `synchronize` reports the timeout.
-                        if let Err((suspended, err)) = pool().resume(suspended) {
-                            tracing::error!(
-                                stream = self.id,
-                                %err,
-                                "no thread to move a late kernel thread to; it ends here"
-                            );
-                            let (stream, launch) = (*suspended).finish();
-                            stream.thread_done(launch);
-                        }
+                        inline::to_pool(suspended);
                         self.stop_helping();
                         return;
                     }
@@ -313,15 +313,20 @@ impl CpuStream {
             // or the deadline. A helper that gave up after a while left the rest of a long
             // queue to the pool thread, which then competed for the cores with this thread
             // and with other ranks' threads.
-            let next = seen + 1;
-            // SeqCst: as in `done`, and the waiter's half of the `Signal` handshake.
-            let progressed = || self.completed.load(Ordering::SeqCst) >= next;
-            if !self.progress.wait_for(next, progressed, deadline) {
+            if !self.wait_past(seen, deadline) {
                 break;
             }
         }
         inline::recycle(stack);
         self.stop_helping();
+    }
+
+    /// Waits until more than `seen` launches have completed, or the deadline (then false).
+    fn wait_past(&self, seen: u64, deadline: Option<Instant>) -> bool {
+        let next = seen + 1;
+        // SeqCst: as in `done`, and the waiter's half of the `Signal` handshake.
+        let progressed = || self.completed.load(Ordering::SeqCst) >= next;
+        self.progress.wait_for(next, progressed, deadline)
     }
 
     /// Completed launches kept for reuse now.

@@ -104,9 +104,11 @@ impl SpinHistory {
 const SWITCH_COST: Duration = Duration::from_micros(1);
 
 /// What the emulator has a thread run at each wait of the kernel thread it runs (see
-/// [`set_wait_hook`]). It may return on another OS thread than the one that called it.
+/// [`set_wait_hook`]). It may return on another OS thread than the one that called it;
+/// it returns whether it suspended the kernel thread (other work ran meanwhile, which
+/// stands in for the wait's spinning).
 #[cfg(not(oxccl_loom))]
-pub type WaitHook = fn();
+pub type WaitHook = fn() -> bool;
 
 #[cfg(not(oxccl_loom))]
 std::thread_local! {
@@ -129,9 +131,11 @@ pub fn set_wait_hook(hook: Option<WaitHook>) -> Option<WaitHook> {
 }
 
 /// One back-off step of a wait at poll `iteration` (0 for the first poll of each wait):
-/// spin, then yield the core, then sleep, from 1 µs doubling up to a cap; then the thread's
-/// wait hook, if the emulator installed one (after which the caller may be on another OS
-/// thread).
+/// the thread's wait hook, if the emulator installed one (after which the caller may be on
+/// another OS thread); then spin, then yield the core, then sleep, from 1 µs doubling up to
+/// a cap. A poll at which the hook suspended the kernel thread does not spin: the kernel
+/// threads that ran meanwhile were its pause (it still yields and sleeps past the spin
+/// budget, so a thread whose kernel threads all wait lets others have the core).
 ///
 /// How long a thread spins adapts to how its previous waits ended: the first call of a wait (`iteration == 0`) judges the last.
 #[inline]
@@ -143,12 +147,10 @@ pub fn spin_pause(iteration: u32) {
     }
     #[cfg(not(oxccl_loom))]
     {
-        pause(iteration);
-        // Last: the hook may move the kernel thread to another OS thread, and nothing of
-        // this call may run after that.
-        if let Some(hook) = wait_hook() {
-            hook();
-        }
+        // The hook may move the kernel thread to another OS thread: `pause` is never
+        // inlined, and reaches the thread-locals of the thread it runs on then.
+        let suspended = wait_hook().is_some_and(|hook| hook());
+        pause(iteration, suspended);
     }
 }
 
@@ -163,7 +165,7 @@ fn wait_hook() -> Option<WaitHook> {
 /// [`set_wait_hook`]).
 #[cfg(not(oxccl_loom))]
 #[inline(never)]
-fn pause(iteration: u32) {
+fn pause(iteration: u32, suspended: bool) {
     let history = SPIN_HISTORY.with(|h| {
         let mut history = h.get();
         if iteration == 0 {
@@ -181,7 +183,9 @@ fn pause(iteration: u32) {
     });
     let spin = history.limit;
     if iteration < spin {
-        core::hint::spin_loop();
+        if !suspended {
+            core::hint::spin_loop();
+        }
     } else if iteration < spin + YIELD_ITERATIONS {
         if history.shared >= SHARED_WAITS && escape(history) {
             return;

@@ -8,6 +8,7 @@
 //! different outcome (`Timeout` where `Ok` was due, or the reverse), or as a hang that a
 //! watchdog ends.
 
+use crate::cpu::corun;
 use crate::cpu::stream::CpuStream;
 use crate::{Device, Error, Stream};
 use oxccl_device::arch;
@@ -642,4 +643,152 @@ fn helper_waits_for_a_pool_thread_and_runs_what_follows() {
         seen.iter().all(|w| w.1 == me),
         "not run by the helper: {seen:?}"
     );
+}
+
+/// The hand-over token of [`take_turns`]: kernel thread `parity` may go when it is
+/// `2 * round + parity`.
+static TOKEN: AtomicU32 = AtomicU32::new(0);
+/// Set by the first of [`take_turns`]'s kernel threads when it starts.
+static TURNS_STARTED: AtomicBool = AtomicBool::new(false);
+/// Where each of [`take_turns`]'s kernel threads started and ended: `(parity, start, end)`.
+static TURNS_WHERE: Mutex<Vec<(u32, ThreadId, ThreadId)>> = Mutex::new(Vec::new());
+
+/// Hands the token back and forth with the other `take_turns` thread for `rounds` rounds,
+/// waiting through the device library's back-off.
+#[kernel]
+fn take_turns(parity: u32, rounds: u32) {
+    let start = std::thread::current().id();
+    if parity == 0 {
+        TURNS_STARTED.store(true, Ordering::Release);
+    }
+    for round in 0..rounds {
+        let mine = 2 * round + parity;
+        let mut i = 0;
+        while TOKEN.load(Ordering::Acquire) != mine {
+            arch::spin_pause(i);
+            i = i.saturating_add(1);
+        }
+        TOKEN.store(mine + 1, Ordering::Release);
+    }
+    TURNS_WHERE
+        .lock()
+        .push((parity, start, std::thread::current().id()));
+}
+
+/// Guards against co-running that does not happen, or loses a kernel thread: two devices of
+/// communicator ranks (co-running allowed), each a one-thread kernel that waits for the
+/// other's hand-over 2000 times. The first runs on the host thread that synchronizes its
+/// stream (the process's runner); the second, launched once the first has started, must
+/// start on that same host thread (donated by whichever thread claimed it), and both must
+/// finish every round, the second possibly on a pool thread once the first has returned.
+#[test]
+fn kernel_threads_of_two_devices_take_turns_on_the_runner() {
+    corun::set_policy(corun::CorunPolicy::Always);
+    let rounds = 2000;
+    let (first, opener) = stream_held(42);
+    let second = Device::cpu(43).stream().unwrap();
+    for stream in [&first, &second] {
+        stream
+            .cpu_stream()
+            .device
+            .corun
+            .store(true, Ordering::Relaxed);
+    }
+    take_turns::launch(&first, LaunchConfig::grid(1), 0, rounds).unwrap();
+    let runner = std::thread::spawn(move || {
+        sync(&first, LONG).unwrap();
+        std::thread::current().id()
+    });
+    let deadline = std::time::Instant::now() + WATCHDOG;
+    while !TURNS_STARTED.load(Ordering::Acquire) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first kernel never started"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    take_turns::launch(&second, LaunchConfig::grid(1), 1, rounds).unwrap();
+    sync(&second, LONG).unwrap();
+    let runner = runner.join().unwrap();
+    opener.join().unwrap();
+    assert_eq!(TOKEN.load(Ordering::Acquire), 2 * rounds);
+    let mut seen = TURNS_WHERE.lock().clone();
+    seen.sort_by_key(|s| s.0);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!((seen[0].1, seen[0].2), (runner, runner), "first: {seen:?}");
+    assert_eq!(
+        seen[1].1, runner,
+        "the second did not start on the runner: {seen:?}"
+    );
+}
+
+/// Set by [`late_runner`] when it starts.
+static RUNNER_STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Notes that it started, then waits for `gate`.
+#[kernel]
+fn late_runner(gate: u32) {
+    RUNNER_STARTED.store(true, Ordering::Release);
+    pass(gate);
+}
+
+/// Set by [`gated_guest`] when it starts.
+static GUEST_STARTED: AtomicBool = AtomicBool::new(false);
+/// Where [`gated_guest`] started and ended.
+static GUEST_WHERE: Mutex<Option<(ThreadId, ThreadId)>> = Mutex::new(None);
+
+/// Notes where it starts, waits for `gate`, notes where it ends.
+#[kernel]
+fn gated_guest(gate: u32) {
+    let start = std::thread::current().id();
+    GUEST_STARTED.store(true, Ordering::Release);
+    pass(gate);
+    *GUEST_WHERE.lock() = Some((start, std::thread::current().id()));
+}
+
+/// Guards against a donated kernel thread lost, or kept on the runner's host thread, when
+/// the runner's own kernel thread passes its deadline: the runner's `synchronize` times
+/// out, both kernel threads move to pool threads and finish there once their gates open.
+#[test]
+fn donated_kernel_thread_moves_to_a_pool_thread_when_the_runner_is_late() {
+    corun::set_policy(corun::CorunPolicy::Always);
+    let (first, opener) = stream_held(44);
+    let second = Device::cpu(45).stream().unwrap();
+    for stream in [&first, &second] {
+        stream
+            .cpu_stream()
+            .device
+            .corun
+            .store(true, Ordering::Relaxed);
+    }
+    let (own_gate, guest_gate) = (gate(), gate());
+    late_runner::launch(&first, LaunchConfig::grid(1), own_gate).unwrap();
+    let runner = std::thread::spawn(move || {
+        let late = sync(&first, SHORT);
+        (std::thread::current().id(), late, first)
+    });
+    // The guest comes once the runner runs its own kernel thread (it is donated to it).
+    let started = std::time::Instant::now();
+    while !RUNNER_STARTED.load(Ordering::Acquire) {
+        assert!(
+            started.elapsed() < WATCHDOG,
+            "the runner's kernel never started"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    gated_guest::launch(&second, LaunchConfig::grid(1), guest_gate).unwrap();
+    while !GUEST_STARTED.load(Ordering::Acquire) {
+        assert!(started.elapsed() < WATCHDOG, "the guest never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (runner, late, first) = runner.join().unwrap();
+    opener.join().unwrap();
+    assert!(matches!(late, Err(Error::Timeout { .. })), "{late:?}");
+    open(guest_gate);
+    sync(&second, LONG).unwrap();
+    open(own_gate);
+    sync(&first, LONG).unwrap();
+    let (start, end) = GUEST_WHERE.lock().expect("the guest finished");
+    assert_eq!(start, runner, "the guest did not start on the runner");
+    assert_ne!(end, runner, "the guest stayed on the runner's host thread");
 }

@@ -1,0 +1,253 @@
+//! Kernel threads of several streams taking turns on one host thread (co-running).
+//!
+//! Two ranks of one process whose one-thread kernels wait for each other (a ping-pong, a
+//! small collective) each run their kernel thread on their own host thread (see
+//! [`super::inline`]). Where the process has fewer cores than threads with work (the two
+//! kernel threads and the proxy threads that carry their signals, on a 2-core machine),
+//! those threads hand the cores to each other through the OS at every wait: each hand-off
+//! is a yield and a context switch, some 0.7 µs on a 2-core VM, several per round trip. A
+//! GPU runs both kernels at once; the emulator gets closest by running them on one OS
+//! thread as coroutines that take turns at their waits (a coroutine switch costs tens of
+//! nanoseconds), leaving the other cores to the proxies.
+//!
+//! Who: the streams of devices that communicators run on (a rank's device; see
+//! `Communicator::new`); other devices' kernel threads keep their own host threads.
+//!
+//! How: the first host thread that runs a one-thread kernel thread itself opens the
+//! process's *runner* ([`open`]). Another host thread about to run a one-thread kernel
+//! thread of its own stream instead *donates* it ([`donate`]), with a stack, and waits for
+//! its launch to complete as it would for a pool thread. The runner takes donations at its
+//! next wait and from then on switches kernel threads at every wait (the wait hook of
+//! [`super::inline`]). When its own kernel thread returns (or passes its host's deadline)
+//! the runner closes, and every kernel thread it still holds goes to a pool thread of its
+//! own, as a kernel thread suspended at the deadline does: no kernel thread ever waits for
+//! the runner's host code.
+//!
+//! When: [`CorunPolicy`], from `OXCCL_CPU_CORUN`. By default (`auto`) a kernel thread is
+//! donated only when the process already runs at least as many kernel threads as it has
+//! cores less one (one is left for the proxies): where cores are plenty, each rank keeps
+//! its own, and kernel threads run in parallel as on a GPU.
+//!
+//! A kernel thread that never waits keeps its turn until it returns, as it would keep its
+//! core (a kernel that spins without the device library's waits starves the others until
+//! the runner's deadline moves them to pool threads).
+
+use super::inline::Stack;
+use super::launch::Launch;
+use super::stream::CpuStream;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::thread::ThreadId;
+
+/// When kernel threads of different streams take turns on one host thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CorunPolicy {
+    /// When the process runs at least as many kernel threads as it has cores less one.
+    Auto,
+    /// Whenever another host thread runs a one-thread kernel thread (tests, and machines
+    /// busy with other work).
+    Always,
+    /// Never: each host thread runs its own kernel thread.
+    Never,
+}
+
+impl CorunPolicy {
+    /// The policy `OXCCL_CPU_CORUN` names (`auto`, `always`, `never`; unset: `auto`); an
+    /// unknown name is logged and taken as `auto`.
+    pub(crate) fn from_env() -> Self {
+        match std::env::var("OXCCL_CPU_CORUN").as_deref() {
+            Err(_) | Ok("auto") => CorunPolicy::Auto,
+            Ok("always") => CorunPolicy::Always,
+            Ok("never") => CorunPolicy::Never,
+            Ok(other) => {
+                tracing::warn!(
+                    value = other,
+                    "OXCCL_CPU_CORUN is not auto, always or never; taking auto"
+                );
+                CorunPolicy::Auto
+            }
+        }
+    }
+}
+
+/// A one-thread kernel thread given to the runner, claimed by its donor (no one else runs
+/// it), with a stack to run it on.
+pub(crate) struct Donation {
+    pub(crate) stream: Arc<CpuStream>,
+    pub(crate) launch: Arc<Launch>,
+    pub(crate) index: u32,
+    pub(crate) stack: Stack,
+}
+
+/// The process's runner and the donations it has not taken yet.
+struct Registry {
+    runner: Option<ThreadId>,
+    inbox: Vec<Donation>,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    runner: None,
+    inbox: Vec::new(),
+});
+
+/// Raised (Release) when the inbox gets a donation; the runner's waits read it (Relaxed, a
+/// shared cache line that changes once per donation) and take the inbox under its lock.
+static MAIL: AtomicBool = AtomicBool::new(false);
+
+/// Kernel threads running in this process now (see [`KernelThreadCount`]).
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+
+/// The policy: 0 not read yet, else 1 + the [`CorunPolicy`] index.
+static POLICY: AtomicU8 = AtomicU8::new(0);
+
+/// The policy in force (from `OXCCL_CPU_CORUN` on first use, unless set).
+pub(crate) fn policy() -> CorunPolicy {
+    match POLICY.load(Ordering::Relaxed) {
+        1 => CorunPolicy::Auto,
+        2 => CorunPolicy::Always,
+        3 => CorunPolicy::Never,
+        _ => {
+            let policy = CorunPolicy::from_env();
+            set_policy(policy);
+            policy
+        }
+    }
+}
+
+/// Sets the policy for the rest of the process (the environment is not read again).
+pub(crate) fn set_policy(policy: CorunPolicy) {
+    let code = match policy {
+        CorunPolicy::Auto => 1,
+        CorunPolicy::Always => 2,
+        CorunPolicy::Never => 3,
+    };
+    POLICY.store(code, Ordering::Relaxed);
+}
+
+/// This machine's cores (as the process may use them), read once.
+fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Counts a kernel thread as running while it lives: one per `Launch::run_thread`.
+pub(crate) struct KernelThreadCount(());
+
+impl KernelThreadCount {
+    pub(crate) fn start() -> Self {
+        RUNNING.fetch_add(1, Ordering::Relaxed);
+        KernelThreadCount(())
+    }
+}
+
+impl Drop for KernelThreadCount {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether one more kernel thread should take turns with the runner's instead of getting
+/// a host thread of its own.
+fn wanted() -> bool {
+    match policy() {
+        CorunPolicy::Always => true,
+        CorunPolicy::Never => false,
+        // The count includes the runner's kernel thread; the one to place makes one more.
+        CorunPolicy::Auto => {
+            RUNNING.load(Ordering::Relaxed) + 1 >= cores().saturating_sub(1).max(2)
+        }
+    }
+}
+
+/// Gives thread `index` of one-thread `launch` (of `stream`), claimed by the caller, to the
+/// runner, if there is one on another thread and the policy wants it; else hands it back.
+///
+/// On `Ok` the runner completes the thread (reports it done); the caller waits for its
+/// launch as for a pool thread's.
+pub(crate) fn donate(stream: &Arc<CpuStream>, launch: &Arc<Launch>, index: u32) -> Result<(), ()> {
+    if launch.total_threads() != 1 || !stream.device.corun.load(Ordering::Relaxed) || !wanted() {
+        return Err(());
+    }
+    // Cheap look first: most calls find no runner.
+    let me = std::thread::current().id();
+    {
+        let registry = REGISTRY.lock();
+        if registry.runner.is_none_or(|r| r == me) {
+            return Err(());
+        }
+    }
+    let Some(stack) = super::inline::stack() else {
+        return Err(());
+    };
+    let mut registry = REGISTRY.lock();
+    if registry.runner.is_none_or(|r| r == me) {
+        drop(registry);
+        super::inline::recycle(stack);
+        return Err(());
+    }
+    registry.inbox.push(Donation {
+        stream: stream.clone(),
+        launch: launch.clone(),
+        index,
+        stack,
+    });
+    // Release: with the inbox's lock, the runner that sees it finds the donation.
+    MAIL.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// The runner of this process, held by the host thread that opened it; closed when
+/// dropped: no more donations, and those not taken yet go to pool threads.
+pub(crate) struct Runner {
+    _not_send: core::marker::PhantomData<*const ()>,
+}
+
+/// Makes the calling host thread the process's runner, if there is none and its kernel
+/// thread (of a `launch` of `stream` about to run here) may take turns.
+pub(crate) fn open(stream: &CpuStream, launch: &Launch) -> Option<Runner> {
+    if launch.total_threads() != 1
+        || !stream.device.corun.load(Ordering::Relaxed)
+        || policy() == CorunPolicy::Never
+    {
+        return None;
+    }
+    let mut registry = REGISTRY.lock();
+    if registry.runner.is_some() {
+        return None;
+    }
+    registry.runner = Some(std::thread::current().id());
+    Some(Runner {
+        _not_send: core::marker::PhantomData,
+    })
+}
+
+/// Whether a donation waits for the runner (read at its waits).
+#[inline]
+pub(crate) fn mail() -> bool {
+    MAIL.load(Ordering::Relaxed)
+}
+
+impl Runner {
+    /// The donations given since the last call.
+    pub(crate) fn take_mail(&self) -> Vec<Donation> {
+        let mut registry = REGISTRY.lock();
+        MAIL.store(false, Ordering::Relaxed);
+        std::mem::take(&mut registry.inbox)
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        let left = {
+            let mut registry = REGISTRY.lock();
+            registry.runner = None;
+            MAIL.store(false, Ordering::Relaxed);
+            std::mem::take(&mut registry.inbox)
+        };
+        for donation in left {
+            super::inline::to_pool(super::inline::Suspended::fresh(donation));
+        }
+    }
+}
