@@ -127,7 +127,8 @@ pub struct CommunicatorConfig {
     /// ranks' kernel threads need (the in-process ranks of `oxccl::in_process` on a small
     /// machine); one thread serves every FIFO in turn, so it is the wrong choice for
     /// ranks that move much data through their proxies on a large machine. A GPU's proxy
-    /// (which polls) always has its own thread.
+    /// (which polls) always has its own thread. The default is `OXCCL_PROXY_THREAD`
+    /// (`shared`, `own`; anything else: `None`).
     pub shared_proxy_thread: Option<bool>,
     /// How collectives run: scratch sizes, launch shape, algorithm.
     pub collectives: CollectiveConfig,
@@ -149,7 +150,11 @@ impl Default for CommunicatorConfig {
             wait_timeout: Duration::from_secs(30),
             proxy_assist: true,
             proxy_idle: None,
-            shared_proxy_thread: None,
+            shared_proxy_thread: match std::env::var("OXCCL_PROXY_THREAD").as_deref() {
+                Ok("shared") => Some(true),
+                Ok("own") => Some(false),
+                _ => None,
+            },
             collectives: CollectiveConfig::default(),
             transport: TransportChoice::from_env()
                 .ok()

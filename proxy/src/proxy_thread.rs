@@ -26,7 +26,7 @@ use crate::proxy_service::{Consumer, Shared, SpinBudget, StallWatch, drain, drai
 use parking_lot::lock_api::ArcMutexGuard;
 use parking_lot::{Mutex, RawMutex};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::Thread;
 use std::time::Duration;
 
@@ -104,6 +104,42 @@ impl ProxyThread {
     }
 }
 
+/// Proxy threads of this process that serve a FIFO without assist (see
+/// [`unassisted_threads`]).
+static UNASSISTED: AtomicUsize = AtomicUsize::new(0);
+
+/// How many proxy threads of this process serve at least one FIFO without assist: threads
+/// that execute every trigger themselves and stay hot between triggers, so they want a core
+/// while kernels push (a FIFO with assist has its triggers executed by the pushing kernel
+/// threads, and its thread parks as soon as the ring is empty). The CPU emulator counts
+/// them among the threads that want a core.
+pub fn unassisted_threads() -> usize {
+    UNASSISTED.load(Ordering::Relaxed)
+}
+
+/// Counts the calling proxy thread in [`unassisted_threads`] while it serves a FIFO
+/// without assist.
+struct Unassisted(bool);
+
+impl Unassisted {
+    fn set(&mut self, unassisted: bool) {
+        if unassisted != self.0 {
+            self.0 = unassisted;
+            if unassisted {
+                UNASSISTED.fetch_add(1, Ordering::Relaxed);
+            } else {
+                UNASSISTED.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for Unassisted {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
 /// The process's shared proxy thread, while it has members.
 static SHARED_THREAD: Mutex<Option<Arc<ProxyThread>>> = Mutex::new(None);
 
@@ -162,6 +198,7 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
     let mut spin = SpinBudget::default();
     let mut idle = 0u32;
     let mut park_timeout = PARK_TIMEOUT;
+    let mut unassisted = Unassisted(false);
     loop {
         // Acquire: pairs with the Release in `join`.
         if door.mail.swap(false, Ordering::Acquire) {
@@ -171,6 +208,7 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
                 watch: StallWatch::default(),
                 stalled: false,
             }));
+            unassisted.set(members.iter().any(|s| !s.member.assist));
         }
         let mut executed_any = false;
         // Whether an empty FIFO is looked at for a stall this poll (the idle polls counted
@@ -208,6 +246,7 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
                 // Release: the service's `stop` reads it with Acquire, after which nothing
                 // of its FIFO is touched here.
                 gone.member.shared.attached.store(false, Ordering::Release);
+                unassisted.set(members.iter().any(|s| !s.member.assist));
                 continue;
             }
             if drained == Some(0) && (s.stalled || stall_look) {

@@ -24,9 +24,20 @@
 //! the runner's host code.
 //!
 //! When: [`CorunPolicy`], from `OXCCL_CPU_CORUN`. By default (`auto`) a kernel thread is
-//! donated only when the process already runs at least as many kernel threads as it has
-//! cores less one (one is left for the proxies): where cores are plenty, each rank keeps
-//! its own, and kernel threads run in parallel as on a GPU.
+//! donated only when it would make more threads want a core than the process has cores:
+//! the kernel threads running (the runner's among them) and the proxy threads that execute
+//! triggers themselves and stay hot between them (those serving a FIFO without proxy
+//! assist; [`oxccl_proxy::proxy_thread::unassisted_threads`]), plus itself. Where cores
+//! are enough, each kernel thread keeps its own and they run in parallel, as on a GPU: two
+//! ranks' port all-reduce of 64 KiB-4 MiB on 2 cores with proxy assist (its kernel threads
+//! executing their own triggers, the proxy parked) took 1.3-3 times as long co-run, their
+//! element-wise work done on one core instead of two. Counting the proxy threads polling
+//! at the moment of the launch instead left a ping-pong without assist apart for whole
+//! launches, when its proxy happened to be parked between them.
+//!
+//! And for how long: a kernel thread whose turns run kernel code longer than
+//! [`TURN_LIMIT`] (two timed turns in a row) computes more than it waits; the runner then
+//! closes, its guests go to pool threads, and that kernel runs apart for [`SOLO_FOR`].
 //!
 //! A kernel thread that never waits keeps its turn until it returns, as it would keep its
 //! core (a kernel that spins without the device library's waits starves the others until
@@ -36,15 +47,18 @@ use super::inline::Stack;
 use super::launch::Launch;
 use super::stream::CpuStream;
 use parking_lot::Mutex;
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::thread::ThreadId;
+use std::time::{Duration, Instant};
 
 /// When kernel threads of different streams take turns on one host thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CorunPolicy {
-    /// When the process runs at least as many kernel threads as it has cores less one.
+    /// When one more kernel thread would make more threads want a core than there are
+    /// cores (see the module docs).
     Auto,
     /// Whenever another host thread runs a one-thread kernel thread (tests, and machines
     /// busy with other work).
@@ -81,16 +95,46 @@ pub(crate) struct Donation {
     pub(crate) stack: Stack,
 }
 
-/// The process's runner and the donations it has not taken yet.
+/// Two timed turns in a row longer than this (kernel code run, not counting a wait's
+/// yields and sleeps) end co-running for the runner's launch: the kernel thread that took
+/// them computes more than it waits, and the others are better off on cores of their own.
+/// A polling turn takes some 0.1 µs; one turn alone may be the OS taking the core mid-turn.
+pub(crate) const TURN_LIMIT: Duration = Duration::from_micros(5);
+
+/// How long a kernel whose turn passed [`TURN_LIMIT`] runs apart (neither runner nor
+/// guest) before it is given turns again.
+const SOLO_FOR: Duration = Duration::from_millis(50);
+
+/// The process's runner, the donations it has not taken yet, and the kernels that run
+/// apart for now.
 struct Registry {
     runner: Option<ThreadId>,
     inbox: Vec<Donation>,
+    /// Kernels (their `KernelInfo` addresses) that took a turn longer than [`TURN_LIMIT`],
+    /// and until when they run apart; a few at most (entries past their time are dropped
+    /// when one is added).
+    solo: Vec<(usize, Instant)>,
+}
+
+impl Registry {
+    fn apart(&self, launch: &Launch) -> bool {
+        let kernel = kernel_key(launch);
+        self.solo
+            .iter()
+            .any(|&(k, until)| k == kernel && Instant::now() < until)
+    }
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     runner: None,
     inbox: Vec::new(),
+    solo: Vec::new(),
 });
+
+/// What identifies a launch's kernel in [`Registry::solo`].
+pub(crate) fn kernel_key(launch: &Launch) -> usize {
+    launch.kernel as *const _ as usize
+}
 
 /// Raised (Release) when the inbox gets a donation; the runner's waits read it (Relaxed, a
 /// shared cache line that changes once per donation) and take the inbox under its lock.
@@ -156,7 +200,8 @@ fn wanted() -> bool {
         CorunPolicy::Never => false,
         // The count includes the runner's kernel thread; the one to place makes one more.
         CorunPolicy::Auto => {
-            RUNNING.load(Ordering::Relaxed) + 1 >= cores().saturating_sub(1).max(2)
+            RUNNING.load(Ordering::Relaxed) + oxccl_proxy::proxy_thread::unassisted_threads() + 1
+                > cores()
         }
     }
 }
@@ -174,7 +219,7 @@ pub(crate) fn donate(stream: &Arc<CpuStream>, launch: &Arc<Launch>, index: u32) 
     let me = std::thread::current().id();
     {
         let registry = REGISTRY.lock();
-        if registry.runner.is_none_or(|r| r == me) {
+        if registry.runner.is_none_or(|r| r == me) || registry.apart(launch) {
             return Err(());
         }
     }
@@ -198,9 +243,12 @@ pub(crate) fn donate(stream: &Arc<CpuStream>, launch: &Arc<Launch>, index: u32) 
     Ok(())
 }
 
-/// The runner of this process, held by the host thread that opened it; closed when
-/// dropped: no more donations, and those not taken yet go to pool threads.
+/// The runner of this process, held by the host thread that opened it; closed by
+/// [`Runner::close`] or when dropped: no more donations, and those not taken yet go to pool
+/// threads.
 pub(crate) struct Runner {
+    me: ThreadId,
+    closed: Cell<bool>,
     _not_send: core::marker::PhantomData<*const ()>,
 }
 
@@ -214,11 +262,14 @@ pub(crate) fn open(stream: &CpuStream, launch: &Launch) -> Option<Runner> {
         return None;
     }
     let mut registry = REGISTRY.lock();
-    if registry.runner.is_some() {
+    if registry.runner.is_some() || registry.apart(launch) {
         return None;
     }
-    registry.runner = Some(std::thread::current().id());
+    let me = std::thread::current().id();
+    registry.runner = Some(me);
     Some(Runner {
+        me,
+        closed: Cell::new(false),
         _not_send: core::marker::PhantomData,
     })
 }
@@ -230,18 +281,38 @@ pub(crate) fn mail() -> bool {
 }
 
 impl Runner {
-    /// The donations given since the last call.
+    /// The donations given since the last call (none once closed).
     pub(crate) fn take_mail(&self) -> Vec<Donation> {
+        if self.closed.get() {
+            return Vec::new();
+        }
         let mut registry = REGISTRY.lock();
         MAIL.store(false, Ordering::Relaxed);
         std::mem::take(&mut registry.inbox)
     }
-}
 
-impl Drop for Runner {
-    fn drop(&mut self) {
+    /// Closes the runner after a turn of `kernel` (see [`kernel_key`]) took longer than
+    /// [`TURN_LIMIT`]: that kernel runs apart for a while.
+    pub(crate) fn close_after_long_turn(&self, kernel: usize) {
+        {
+            let mut registry = REGISTRY.lock();
+            let now = Instant::now();
+            registry.solo.retain(|&(_, until)| until > now);
+            registry.solo.push((kernel, now + SOLO_FOR));
+        }
+        self.close();
+    }
+
+    /// No more donations; those not taken yet go to pool threads.
+    pub(crate) fn close(&self) {
+        if self.closed.replace(true) {
+            return;
+        }
         let left = {
             let mut registry = REGISTRY.lock();
+            if registry.runner != Some(self.me) {
+                return;
+            }
             registry.runner = None;
             MAIL.store(false, Ordering::Relaxed);
             std::mem::take(&mut registry.inbox)
@@ -249,5 +320,11 @@ impl Drop for Runner {
         for donation in left {
             super::inline::to_pool(super::inline::Suspended::fresh(donation));
         }
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        self.close();
     }
 }

@@ -41,7 +41,7 @@ use super::pool::{WORKER_STACK, pool};
 use super::stream::CpuStream;
 pub(crate) use corosensei::stack::DefaultStack as Stack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
-use oxccl_device::arch::host::{DetachedContext, attach, detach, set_wait_hook};
+use oxccl_device::arch::host::{DetachedContext, attach, detach, set_wait_hook, time_given_up};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -154,6 +154,9 @@ struct Turn {
     context: Option<DetachedContext>,
     /// Its coroutine's yielder, once it has run (null before).
     yielder: *const KernelYielder,
+    /// Whether its last timed turn ran longer than [`corun::TURN_LIMIT`] (its next turn
+    /// is timed too).
+    suspect: bool,
 }
 
 /// Runs thread `index` of `launch` (of `stream`) on the calling thread, on `stack`, until
@@ -177,10 +180,11 @@ pub(crate) fn run(
         donated: None,
         context: None,
         yielder: std::ptr::null(),
+        suspect: false,
     };
     let runner = corun::open(stream, launch);
     let previous = install(deadline, runner.is_some());
-    let (own, late) = take_turns(own, runner.as_ref());
+    let (own, late) = take_turns(own, launch, runner.as_ref());
     uninstall(previous);
     // Closing the runner sends donations it never took to pool threads.
     drop(runner);
@@ -195,12 +199,24 @@ pub(crate) fn run(
     }
 }
 
-/// Runs `own` and the kernel threads donated to `runner` in turns until `own` returns or
-/// one of them waits past the host's deadline; donated threads not finished by then go to
-/// pool threads. Returns `own`, and if it is late the context to resume it with.
-fn take_turns(own: Turn, runner: Option<&Runner>) -> (Turn, Option<DetachedContext>) {
+/// Runs `own` (a thread of `launch`) and the kernel threads donated to `runner` in turns
+/// until `own` returns or one of them waits past the host's deadline; donated threads not
+/// finished by then go to pool threads, as they do as soon as a turn passes
+/// [`corun::TURN_LIMIT`] (the runner then closes, and `own` runs on alone). Returns `own`,
+/// and if it is late the context to resume it with.
+fn take_turns(
+    own: Turn,
+    launch: &Launch,
+    runner: Option<&Runner>,
+) -> (Turn, Option<DetachedContext>) {
     let mut own = own;
     let mut guests: VecDeque<Turn> = VecDeque::new();
+    // Turns so far, for timing one in `TIME_EVERY`.
+    let mut turns = 0u32;
+    let mut timed = |suspect: bool| {
+        turns = turns.wrapping_add(1);
+        (suspect || turns.is_multiple_of(TIME_EVERY)).then(TurnClock::start)
+    };
     let outcome = loop {
         if let Some(runner) = runner
             && corun::mail()
@@ -210,10 +226,26 @@ fn take_turns(own: Turn, runner: Option<&Runner>) -> (Turn, Option<DetachedConte
                 donated: Some((d.stream, d.launch)),
                 context: None,
                 yielder: std::ptr::null(),
+                suspect: false,
             }));
         }
         set_turns(!guests.is_empty());
-        match own.step() {
+        // Turns are timed only while there are others to take them.
+        let began = if guests.is_empty() {
+            None
+        } else {
+            timed(own.suspect)
+        };
+        let step = own.step();
+        if let Some(began) = began
+            && own.judge(began)
+            && let Some(runner) = runner
+        {
+            runner.close_after_long_turn(corun::kernel_key(launch));
+            stop_turns();
+            evict(&mut guests);
+        }
+        match step {
             Step::Returned => break None,
             Step::Late(context) => break Some(Some(context)),
             Step::Turn => {}
@@ -224,7 +256,11 @@ fn take_turns(own: Turn, runner: Option<&Runner>) -> (Turn, Option<DetachedConte
             let Some(mut guest) = guests.pop_front() else {
                 break;
             };
-            match guest.step() {
+            let kernel = guest.donated.as_ref().map(|(_, l)| corun::kernel_key(l));
+            let began = timed(guest.suspect);
+            let step = guest.step();
+            let long = began.is_some_and(|b| guest.judge(b));
+            match step {
                 Step::Returned => {
                     recycle(guest.coroutine.into_stack());
                     if let Some((stream, launch)) = guest.donated {
@@ -241,13 +277,60 @@ fn take_turns(own: Turn, runner: Option<&Runner>) -> (Turn, Option<DetachedConte
                     break;
                 }
             }
+            if long && let Some(runner) = runner {
+                runner.close_after_long_turn(kernel.unwrap_or_else(|| corun::kernel_key(launch)));
+                stop_turns();
+                evict(&mut guests);
+                break;
+            }
         }
         if late {
             break Some(None);
         }
     };
     set_turns(false);
-    for guest in guests {
+    evict(&mut guests);
+    match outcome {
+        None => (own, None),
+        Some(context) => {
+            let context = context.or_else(|| own.context.take());
+            (own, context)
+        }
+    }
+}
+
+/// One turn in this many is timed against [`corun::TURN_LIMIT`]: a clock read costs some
+/// 25 ns here, as much as a turn of a kernel thread that only polls, and a kernel thread
+/// that computes more than it waits takes long turns often enough to be caught by one.
+const TIME_EVERY: u32 = 8;
+
+/// When a timed turn began, and the time its thread had given up in waits by then.
+#[derive(Clone, Copy)]
+struct TurnClock {
+    at: Instant,
+    given_up: std::time::Duration,
+}
+
+impl TurnClock {
+    fn start() -> Self {
+        TurnClock {
+            at: Instant::now(),
+            given_up: time_given_up(),
+        }
+    }
+
+    /// How long the turn ran kernel code: its time less what its waits spent yielding the
+    /// core or asleep (a kernel thread whose wait sleeps is waiting, not computing).
+    fn ran(self) -> std::time::Duration {
+        self.at
+            .elapsed()
+            .saturating_sub(time_given_up().saturating_sub(self.given_up))
+    }
+}
+
+/// Sends every donated kernel thread in `guests` to a pool thread of its own.
+fn evict(guests: &mut VecDeque<Turn>) {
+    for guest in guests.drain(..) {
         if let Some((stream, launch)) = guest.donated {
             to_pool(Box::new(Suspended {
                 coroutine: guest.coroutine,
@@ -255,13 +338,6 @@ fn take_turns(own: Turn, runner: Option<&Runner>) -> (Turn, Option<DetachedConte
                 launch,
                 context: guest.context,
             }));
-        }
-    }
-    match outcome {
-        None => (own, None),
-        Some(context) => {
-            let context = context.or_else(|| own.context.take());
-            (own, context)
         }
     }
 }
@@ -274,6 +350,16 @@ enum Step {
 }
 
 impl Turn {
+    /// Whether the turn timed by `clock` (just ended) makes this kernel thread one to run
+    /// apart: its second timed turn in a row that ran kernel code longer than
+    /// [`corun::TURN_LIMIT`] (one alone may be the OS taking the core mid-turn).
+    fn judge(&mut self, clock: TurnClock) -> bool {
+        let long = clock.ran() > corun::TURN_LIMIT;
+        let apart = long && self.suspect;
+        self.suspect = long;
+        apart
+    }
+
     /// Runs the kernel thread until its next wait that ends its turn, its deadline, or its
     /// end.
     fn step(&mut self) -> Step {
@@ -393,6 +479,17 @@ fn set_turns(guests: bool) {
             } else {
                 Hosting::Runner
             });
+        }
+    });
+}
+
+/// Ends co-running on this thread: its own kernel thread runs on alone, its waits no
+/// longer end turns. Never inlined (see [`install`]).
+#[inline(never)]
+fn stop_turns() {
+    HOSTING.with(|h| {
+        if matches!(h.get(), Hosting::Runner | Hosting::Turns) {
+            h.set(Hosting::Own);
         }
     });
 }

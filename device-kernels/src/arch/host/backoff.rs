@@ -113,6 +113,26 @@ pub type WaitHook = fn() -> bool;
 #[cfg(not(oxccl_loom))]
 std::thread_local! {
     static WAIT_HOOK: Cell<Option<WaitHook>> = const { Cell::new(None) };
+    /// Time this OS thread has spent yielding the core or asleep in waits (see
+    /// [`time_given_up`]).
+    static GIVEN_UP: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+}
+
+/// How long the calling OS thread has spent, in all, yielding its core or asleep in the
+/// waits of the kernel threads it ran: time it waited, not ran kernel code. The emulator
+/// subtracts it from a turn of a kernel thread to tell a thread that computes from one that
+/// waits.
+#[cfg(not(oxccl_loom))]
+#[inline(never)]
+pub fn time_given_up() -> Duration {
+    GIVEN_UP.with(Cell::get)
+}
+
+/// Adds `d` to [`time_given_up`]. Never inlined: it reaches a thread-local.
+#[cfg(not(oxccl_loom))]
+#[inline(never)]
+fn give_up(d: Duration) {
+    GIVEN_UP.with(|g| g.set(g.get().saturating_add(d)));
 }
 
 /// Makes every [`spin_pause`] of the calling OS thread end by calling `hook` (none: nothing);
@@ -192,7 +212,9 @@ fn pause(iteration: u32, suspended: bool) {
         }
         let before = Instant::now();
         std::thread::yield_now();
-        if !history.handed_over && before.elapsed() >= SWITCH_COST {
+        let yielded = before.elapsed();
+        give_up(yielded);
+        if !history.handed_over && yielded >= SWITCH_COST {
             SPIN_HISTORY.with(|h| {
                 h.set(SpinHistory {
                     handed_over: true,
@@ -203,7 +225,9 @@ fn pause(iteration: u32, suspended: bool) {
     } else {
         let doublings = (iteration - spin - YIELD_ITERATIONS) / 64;
         let micros = 1u64 << doublings.min(8);
+        let before = Instant::now();
         std::thread::sleep(Duration::from_micros(micros).min(MAX_SLEEP));
+        give_up(before.elapsed());
     }
 }
 
@@ -244,7 +268,9 @@ fn escape(history: SpinHistory) -> bool {
     if escaping {
         // The shortest sleep there is; the OS rounds it up (by its timer slack, 50 µs by
         // default on Linux).
+        let before = Instant::now();
         std::thread::sleep(Duration::from_micros(1));
+        give_up(before.elapsed());
     }
     escaping
 }

@@ -546,6 +546,7 @@ fn gated_ring(
 /// mapping was unmapped at once until it learned to wait for the device, as buffers do).
 #[test]
 fn communicator_dropped_while_its_kernel_thread_is_moved() {
+    let _turns = Turns::with(corun::CorunPolicy::Auto);
     let g = gate();
     let mut config = crate::in_process::InProcessConfig::default();
     // Bounds each rank's teardown (its wait for the stuck kernel) and the kernels' waits.
@@ -645,6 +646,28 @@ fn helper_waits_for_a_pool_thread_and_runs_what_follows() {
     );
 }
 
+/// Held by each test whose kernels may take turns (devices of communicators, or marked so):
+/// the process has one runner, and a test's kernel thread adopted by another test's runner
+/// would break what either asserts. Each leaves the policy as it found it (`auto`).
+static TAKING_TURNS: Mutex<()> = Mutex::new(());
+
+/// Holds [`TAKING_TURNS`] with `policy` in force, back to `auto` when dropped.
+struct Turns(#[allow(dead_code)] parking_lot::MutexGuard<'static, ()>);
+
+impl Turns {
+    fn with(policy: corun::CorunPolicy) -> Turns {
+        let guard = TAKING_TURNS.lock();
+        corun::set_policy(policy);
+        Turns(guard)
+    }
+}
+
+impl Drop for Turns {
+    fn drop(&mut self) {
+        corun::set_policy(corun::CorunPolicy::Auto);
+    }
+}
+
 /// The hand-over token of [`take_turns`]: kernel thread `parity` may go when it is
 /// `2 * round + parity`.
 static TOKEN: AtomicU32 = AtomicU32::new(0);
@@ -683,7 +706,7 @@ fn take_turns(parity: u32, rounds: u32) {
 /// finish every round, the second possibly on a pool thread once the first has returned.
 #[test]
 fn kernel_threads_of_two_devices_take_turns_on_the_runner() {
-    corun::set_policy(corun::CorunPolicy::Always);
+    let _turns = Turns::with(corun::CorunPolicy::Always);
     let rounds = 2000;
     let (first, opener) = stream_held(42);
     let second = Device::cpu(43).stream().unwrap();
@@ -751,7 +774,7 @@ fn gated_guest(gate: u32) {
 /// out, both kernel threads move to pool threads and finish there once their gates open.
 #[test]
 fn donated_kernel_thread_moves_to_a_pool_thread_when_the_runner_is_late() {
-    corun::set_policy(corun::CorunPolicy::Always);
+    let _turns = Turns::with(corun::CorunPolicy::Always);
     let (first, opener) = stream_held(44);
     let second = Device::cpu(45).stream().unwrap();
     for stream in [&first, &second] {
@@ -791,4 +814,99 @@ fn donated_kernel_thread_moves_to_a_pool_thread_when_the_runner_is_late() {
     let (start, end) = GUEST_WHERE.lock().expect("the guest finished");
     assert_eq!(start, runner, "the guest did not start on the runner");
     assert_ne!(end, runner, "the guest stayed on the runner's host thread");
+}
+
+/// The hand-over token of [`compute_turns`].
+static BUSY_TOKEN: AtomicU32 = AtomicU32::new(0);
+/// Set by the first of [`compute_turns`]'s kernel threads when it starts.
+static BUSY_STARTED: AtomicBool = AtomicBool::new(false);
+/// Where each of [`compute_turns`]'s kernel threads started and ended.
+static BUSY_WHERE: Mutex<Vec<(u32, ThreadId, ThreadId)>> = Mutex::new(Vec::new());
+
+/// [`take_turns`] with `busy_us` microseconds of work (no wait) before each hand-over; the
+/// first (`parity` 0) returns only after the second.
+#[kernel]
+fn compute_turns(parity: u32, rounds: u32, busy_us: u32) {
+    let start = std::thread::current().id();
+    if parity == 0 {
+        BUSY_STARTED.store(true, Ordering::Release);
+    }
+    for round in 0..rounds {
+        let mine = 2 * round + parity;
+        let mut i = 0;
+        while BUSY_TOKEN.load(Ordering::Acquire) != mine {
+            arch::spin_pause(i);
+            i = i.saturating_add(1);
+        }
+        let until = std::time::Instant::now() + Duration::from_micros(u64::from(busy_us));
+        while std::time::Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        BUSY_TOKEN.store(mine + 1, Ordering::Release);
+    }
+    BUSY_WHERE
+        .lock()
+        .push((parity, start, std::thread::current().id()));
+    // The first ends after the second: a second still on the runner ends there.
+    if parity == 0 {
+        let mut i = 0;
+        while !BUSY_SECOND_DONE.load(Ordering::Acquire) {
+            arch::spin_pause(i);
+            i = i.saturating_add(1);
+        }
+    } else {
+        BUSY_SECOND_DONE.store(true, Ordering::Release);
+    }
+}
+
+/// Set by the second of [`compute_turns`]'s kernel threads when it is done.
+static BUSY_SECOND_DONE: AtomicBool = AtomicBool::new(false);
+
+/// Guards against co-running that keeps kernel threads that compute more than they wait on
+/// one host thread (their work then takes twice as long as on two cores): two kernel
+/// threads that each work 300 µs between hand-overs start taking turns on the runner, and
+/// the donated one must leave it for a pool thread before it ends, both finishing every
+/// round.
+#[test]
+fn kernel_threads_that_compute_leave_the_runner() {
+    let _turns = Turns::with(corun::CorunPolicy::Always);
+    let rounds = 40;
+    let (first, opener) = stream_held(46);
+    let second = Device::cpu(47).stream().unwrap();
+    for stream in [&first, &second] {
+        stream
+            .cpu_stream()
+            .device
+            .corun
+            .store(true, Ordering::Relaxed);
+    }
+    compute_turns::launch(&first, LaunchConfig::grid(1), 0, rounds, 300).unwrap();
+    let runner = std::thread::spawn(move || {
+        sync(&first, LONG).unwrap();
+        std::thread::current().id()
+    });
+    let deadline = std::time::Instant::now() + WATCHDOG;
+    while !BUSY_STARTED.load(Ordering::Acquire) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first kernel never started"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    compute_turns::launch(&second, LaunchConfig::grid(1), 1, rounds, 300).unwrap();
+    sync(&second, LONG).unwrap();
+    let runner = runner.join().unwrap();
+    opener.join().unwrap();
+    assert_eq!(BUSY_TOKEN.load(Ordering::Acquire), 2 * rounds);
+    let mut seen = BUSY_WHERE.lock().clone();
+    seen.sort_by_key(|s| s.0);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(
+        seen[1].1, runner,
+        "the second did not start on the runner: {seen:?}"
+    );
+    assert_ne!(
+        seen[1].2, runner,
+        "the second stayed on the runner: {seen:?}"
+    );
 }
