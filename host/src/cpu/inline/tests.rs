@@ -668,80 +668,117 @@ impl Drop for Turns {
     }
 }
 
-/// The hand-over token of [`take_turns`]: kernel thread `parity` may go when it is
-/// `2 * round + parity`.
-static TOKEN: AtomicU32 = AtomicU32::new(0);
-/// Set by the first of [`take_turns`]'s kernel threads when it starts.
-static TURNS_STARTED: AtomicBool = AtomicBool::new(false);
-/// Where each of [`take_turns`]'s kernel threads started and ended: `(parity, start, end)`.
-static TURNS_WHERE: Mutex<Vec<(u32, ThreadId, ThreadId)>> = Mutex::new(Vec::new());
+/// Per test using [`hand_over`]: the hand-over token (kernel thread `parity` may go when
+/// it is `2 * round + parity`), whether the first has started, whether the second is done,
+/// and where each started and ended (`(parity, start, end)`).
+static TOKENS: [AtomicU32; 2] = [const { AtomicU32::new(0) }; 2];
+static FIRST_STARTED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
+static SECOND_DONE: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
+static HANDED_WHERE: [Mutex<Vec<(u32, ThreadId, ThreadId)>>; 2] =
+    [const { Mutex::new(Vec::new()) }; 2];
 
-/// Hands the token back and forth with the other `take_turns` thread for `rounds` rounds,
-/// waiting through the device library's back-off.
+/// Waits through the device library's back-off until `done` holds.
+fn wait_until(done: impl Fn() -> bool) {
+    let mut i = 0;
+    while !done() {
+        arch::spin_pause(i);
+        i = i.saturating_add(1);
+    }
+}
+
+/// Hands the token of `slot` back and forth with the other `hand_over` thread for `rounds`
+/// rounds, working `busy_us` microseconds (no wait) before each hand-over; the first
+/// (`parity` 0) returns only after the second.
 #[kernel]
-fn take_turns(parity: u32, rounds: u32) {
+fn hand_over(slot: u32, parity: u32, rounds: u32, busy_us: u32) {
+    let slot = slot as usize;
     let start = std::thread::current().id();
     if parity == 0 {
-        TURNS_STARTED.store(true, Ordering::Release);
+        FIRST_STARTED[slot].store(true, Ordering::Release);
     }
     for round in 0..rounds {
         let mine = 2 * round + parity;
-        let mut i = 0;
-        while TOKEN.load(Ordering::Acquire) != mine {
-            arch::spin_pause(i);
-            i = i.saturating_add(1);
+        wait_until(|| TOKENS[slot].load(Ordering::Acquire) == mine);
+        let until = std::time::Instant::now() + Duration::from_micros(u64::from(busy_us));
+        while std::time::Instant::now() < until {
+            std::hint::spin_loop();
         }
-        TOKEN.store(mine + 1, Ordering::Release);
+        TOKENS[slot].store(mine + 1, Ordering::Release);
     }
-    TURNS_WHERE
+    HANDED_WHERE[slot]
         .lock()
         .push((parity, start, std::thread::current().id()));
+    // A second still on the runner when it ends ends there.
+    if parity == 0 {
+        wait_until(|| SECOND_DONE[slot].load(Ordering::Acquire));
+    } else {
+        SECOND_DONE[slot].store(true, Ordering::Release);
+    }
 }
 
-/// Guards against co-running that does not happen, or loses a kernel thread: two devices of
-/// communicator ranks (co-running allowed), each a one-thread kernel that waits for the
-/// other's hand-over 2000 times. The first runs on the host thread that synchronizes its
-/// stream (the process's runner); the second, launched once the first has started, must
-/// start on that same host thread (donated by whichever thread claimed it), and both must
-/// finish every round, the second possibly on a pool thread once the first has returned.
-#[test]
-fn kernel_threads_of_two_devices_take_turns_on_the_runner() {
-    let _turns = Turns::with(corun::CorunPolicy::Always);
-    let rounds = 2000;
-    let (first, opener) = stream_held(42);
-    let second = Device::cpu(43).stream().unwrap();
+/// A held stream of device `ordinal` (see [`stream_held`]) and a stream of device
+/// `ordinal + 1`, both devices allowed to take turns (as a communicator's are).
+fn streams_taking_turns(ordinal: usize) -> (Stream, std::thread::JoinHandle<()>, Stream) {
+    let (first, opener) = stream_held(ordinal);
+    let second = Device::cpu(ordinal + 1).stream().unwrap();
     for stream in [&first, &second] {
-        stream
-            .cpu_stream()
-            .device
-            .corun
-            .store(true, Ordering::Relaxed);
+        let device = &stream.cpu_stream().device;
+        device.corun.store(true, Ordering::Relaxed);
     }
-    take_turns::launch(&first, LaunchConfig::grid(1), 0, rounds).unwrap();
+    (first, opener, second)
+}
+
+/// Runs [`hand_over`] (`slot`, `rounds`, `busy_us`) with co-running always allowed: the
+/// first on a device of `ordinal` whose synchronizing thread runs it (so opens the
+/// process's runner), the second on device `ordinal + 1` once the first has started.
+/// Returns the runner's thread and where each kernel thread started and ended, in parity
+/// order, after checking that every round was played.
+fn hand_over_on_two_devices(
+    slot: u32,
+    ordinal: usize,
+    rounds: u32,
+    busy_us: u32,
+) -> (ThreadId, Vec<(u32, ThreadId, ThreadId)>) {
+    let _turns = Turns::with(corun::CorunPolicy::Always);
+    let (first, opener, second) = streams_taking_turns(ordinal);
+    hand_over::launch(&first, LaunchConfig::grid(1), slot, 0, rounds, busy_us).unwrap();
     let runner = std::thread::spawn(move || {
         sync(&first, LONG).unwrap();
         std::thread::current().id()
     });
     let deadline = std::time::Instant::now() + WATCHDOG;
-    while !TURNS_STARTED.load(Ordering::Acquire) {
+    while !FIRST_STARTED[slot as usize].load(Ordering::Acquire) {
         assert!(
             std::time::Instant::now() < deadline,
             "the first kernel never started"
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    take_turns::launch(&second, LaunchConfig::grid(1), 1, rounds).unwrap();
+    hand_over::launch(&second, LaunchConfig::grid(1), slot, 1, rounds, busy_us).unwrap();
     sync(&second, LONG).unwrap();
     let runner = runner.join().unwrap();
     opener.join().unwrap();
-    assert_eq!(TOKEN.load(Ordering::Acquire), 2 * rounds);
-    let mut seen = TURNS_WHERE.lock().clone();
+    assert_eq!(TOKENS[slot as usize].load(Ordering::Acquire), 2 * rounds);
+    let mut seen = HANDED_WHERE[slot as usize].lock().clone();
     seen.sort_by_key(|s| s.0);
     assert_eq!(seen.len(), 2, "{seen:?}");
+    (runner, seen)
+}
+
+/// Guards against co-running that does not happen, or loses a kernel thread: two devices of
+/// communicator ranks (co-running allowed), each a one-thread kernel that waits for the
+/// other's hand-over 2000 times. The first runs on the host thread that synchronizes its
+/// stream (the process's runner); the second, launched once the first has started, must
+/// start and end on that same host thread (donated by whichever thread claimed it), both
+/// finishing every round.
+#[test]
+fn kernel_threads_of_two_devices_take_turns_on_the_runner() {
+    let (runner, seen) = hand_over_on_two_devices(0, 42, 2000, 0);
     assert_eq!((seen[0].1, seen[0].2), (runner, runner), "first: {seen:?}");
     assert_eq!(
-        seen[1].1, runner,
-        "the second did not start on the runner: {seen:?}"
+        (seen[1].1, seen[1].2),
+        (runner, runner),
+        "the second did not run on the runner: {seen:?}"
     );
 }
 
@@ -775,15 +812,7 @@ fn gated_guest(gate: u32) {
 #[test]
 fn donated_kernel_thread_moves_to_a_pool_thread_when_the_runner_is_late() {
     let _turns = Turns::with(corun::CorunPolicy::Always);
-    let (first, opener) = stream_held(44);
-    let second = Device::cpu(45).stream().unwrap();
-    for stream in [&first, &second] {
-        stream
-            .cpu_stream()
-            .device
-            .corun
-            .store(true, Ordering::Relaxed);
-    }
+    let (first, opener, second) = streams_taking_turns(44);
     let (own_gate, guest_gate) = (gate(), gate());
     late_runner::launch(&first, LaunchConfig::grid(1), own_gate).unwrap();
     let runner = std::thread::spawn(move || {
@@ -816,52 +845,6 @@ fn donated_kernel_thread_moves_to_a_pool_thread_when_the_runner_is_late() {
     assert_ne!(end, runner, "the guest stayed on the runner's host thread");
 }
 
-/// The hand-over token of [`compute_turns`].
-static BUSY_TOKEN: AtomicU32 = AtomicU32::new(0);
-/// Set by the first of [`compute_turns`]'s kernel threads when it starts.
-static BUSY_STARTED: AtomicBool = AtomicBool::new(false);
-/// Where each of [`compute_turns`]'s kernel threads started and ended.
-static BUSY_WHERE: Mutex<Vec<(u32, ThreadId, ThreadId)>> = Mutex::new(Vec::new());
-
-/// [`take_turns`] with `busy_us` microseconds of work (no wait) before each hand-over; the
-/// first (`parity` 0) returns only after the second.
-#[kernel]
-fn compute_turns(parity: u32, rounds: u32, busy_us: u32) {
-    let start = std::thread::current().id();
-    if parity == 0 {
-        BUSY_STARTED.store(true, Ordering::Release);
-    }
-    for round in 0..rounds {
-        let mine = 2 * round + parity;
-        let mut i = 0;
-        while BUSY_TOKEN.load(Ordering::Acquire) != mine {
-            arch::spin_pause(i);
-            i = i.saturating_add(1);
-        }
-        let until = std::time::Instant::now() + Duration::from_micros(u64::from(busy_us));
-        while std::time::Instant::now() < until {
-            std::hint::spin_loop();
-        }
-        BUSY_TOKEN.store(mine + 1, Ordering::Release);
-    }
-    BUSY_WHERE
-        .lock()
-        .push((parity, start, std::thread::current().id()));
-    // The first ends after the second: a second still on the runner ends there.
-    if parity == 0 {
-        let mut i = 0;
-        while !BUSY_SECOND_DONE.load(Ordering::Acquire) {
-            arch::spin_pause(i);
-            i = i.saturating_add(1);
-        }
-    } else {
-        BUSY_SECOND_DONE.store(true, Ordering::Release);
-    }
-}
-
-/// Set by the second of [`compute_turns`]'s kernel threads when it is done.
-static BUSY_SECOND_DONE: AtomicBool = AtomicBool::new(false);
-
 /// Guards against co-running that keeps kernel threads that compute more than they wait on
 /// one host thread (their work then takes twice as long as on two cores): two kernel
 /// threads that each work 300 µs between hand-overs start taking turns on the runner, and
@@ -869,38 +852,7 @@ static BUSY_SECOND_DONE: AtomicBool = AtomicBool::new(false);
 /// round.
 #[test]
 fn kernel_threads_that_compute_leave_the_runner() {
-    let _turns = Turns::with(corun::CorunPolicy::Always);
-    let rounds = 40;
-    let (first, opener) = stream_held(46);
-    let second = Device::cpu(47).stream().unwrap();
-    for stream in [&first, &second] {
-        stream
-            .cpu_stream()
-            .device
-            .corun
-            .store(true, Ordering::Relaxed);
-    }
-    compute_turns::launch(&first, LaunchConfig::grid(1), 0, rounds, 300).unwrap();
-    let runner = std::thread::spawn(move || {
-        sync(&first, LONG).unwrap();
-        std::thread::current().id()
-    });
-    let deadline = std::time::Instant::now() + WATCHDOG;
-    while !BUSY_STARTED.load(Ordering::Acquire) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the first kernel never started"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    compute_turns::launch(&second, LaunchConfig::grid(1), 1, rounds, 300).unwrap();
-    sync(&second, LONG).unwrap();
-    let runner = runner.join().unwrap();
-    opener.join().unwrap();
-    assert_eq!(BUSY_TOKEN.load(Ordering::Acquire), 2 * rounds);
-    let mut seen = BUSY_WHERE.lock().clone();
-    seen.sort_by_key(|s| s.0);
-    assert_eq!(seen.len(), 2, "{seen:?}");
+    let (runner, seen) = hand_over_on_two_devices(1, 46, 40, 300);
     assert_eq!(
         seen[1].1, runner,
         "the second did not start on the runner: {seen:?}"
