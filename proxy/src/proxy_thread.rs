@@ -28,12 +28,14 @@ use parking_lot::{Mutex, RawMutex};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::Thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Idle polls (without assist) before the proxy thread parks, the first [`SpinBudget`] of
 /// them spinning and the rest yielding the core: a few milliseconds at most, after which it
 /// waits for a push to wake it.
 const YIELD_POLLS: u32 = 4096;
+/// Longest the thread yields between polls before it parks, whatever [`YIELD_POLLS`] says.
+const MAX_YIELDING: Duration = Duration::from_millis(5);
 /// First park of an idle spell: a second guard behind the doorbell (a push to a parked
 /// proxy wakes it; the timeout only bounds what the doorbell could miss, and paces the
 /// stall watch).
@@ -198,6 +200,8 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
     let mut spin = SpinBudget::default();
     let mut idle = 0u32;
     let mut park_timeout = PARK_TIMEOUT;
+    // When the current idle spell started yielding, if it has.
+    let mut yielding_since: Option<Instant> = None;
     let mut unassisted = Unassisted(false);
     loop {
         // Acquire: pairs with the Release in `join`.
@@ -260,6 +264,7 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
         if executed_any {
             spin.work_found_after(idle);
             idle = 0;
+            yielding_since = None;
             park_timeout = PARK_TIMEOUT;
             continue;
         }
@@ -275,11 +280,18 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
         if idle < yield_polls && !all_stalled {
             if idle <= spin.polls() {
                 std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+                continue;
             }
-            continue;
+            // Yielding: bounded in time too, since each yield may give the core away for
+            // a whole time slice where other threads want it (with two busy loops beside
+            // it on 2 cores, 4096 yields took longer than 5 s).
+            let since = *yielding_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < MAX_YIELDING {
+                std::thread::yield_now();
+                continue;
+            }
         }
+        yielding_since = None;
         // Leaving the hot phase: let go of the consumers, so nothing waits on a thread
         // that is about to park.
         for s in &mut members {

@@ -428,3 +428,39 @@ fn services_share_one_proxy_thread_and_leave_it_one_by_one() {
     eventually("a new shared thread", || threads_named("oxccl-proxy") == 1);
     c.signal();
 }
+
+/// Guards the bound on an idle proxy's hot phase: with every core taken by busy threads,
+/// each yield of the proxy thread may give its core away for a whole time slice, and a
+/// phase counted only in polls (4096 yields) lasted longer than 5 s. A proxy without
+/// assist must still park (mark the head) soon after its last trigger.
+#[test]
+fn an_idle_proxy_parks_while_every_core_is_busy() {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy: Vec<_> = (0..cores)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let parking = Counted::started(IdlePolicy::Doorbell);
+    parking.signal();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut parked = false;
+    while Instant::now() < deadline && !parked {
+        parked = parking.head() & PROXY_ASLEEP != 0;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for b in busy {
+        b.join().unwrap();
+    }
+    assert!(
+        parked,
+        "the idle proxy did not park within 5 s beside busy cores"
+    );
+}
