@@ -128,7 +128,7 @@ pub struct CommunicatorConfig {
     /// machine); one thread serves every FIFO in turn, so it is the wrong choice for
     /// ranks that move much data through their proxies on a large machine. A GPU's proxy
     /// (which polls) always has its own thread. The default is `OXCCL_PROXY_THREAD`
-    /// (`shared`, `own`; anything else: `None`).
+    /// (`shared`, `own`; unset: `None`; anything else: `None`, with a warning).
     pub shared_proxy_thread: Option<bool>,
     /// How collectives run: scratch sizes, launch shape, algorithm.
     pub collectives: CollectiveConfig,
@@ -153,7 +153,14 @@ impl Default for CommunicatorConfig {
             shared_proxy_thread: match std::env::var("OXCCL_PROXY_THREAD").as_deref() {
                 Ok("shared") => Some(true),
                 Ok("own") => Some(false),
-                _ => None,
+                Err(_) => None,
+                Ok(other) => {
+                    tracing::warn!(
+                        value = other,
+                        "OXCCL_PROXY_THREAD is not shared or own; choosing by the core count"
+                    );
+                    None
+                }
             },
             collectives: CollectiveConfig::default(),
             transport: TransportChoice::from_env()
