@@ -143,6 +143,28 @@ enum Outcome {
     NotRun,
 }
 
+/// One CI step: its name, the command line it shows, and what runs it.
+type Step<'a> = (&'static str, String, Box<dyn FnOnce() -> Result<()> + 'a>);
+
+/// A step that runs `clippy` over a build with a feature, then that build's tests
+/// (`what`), and fails if no test ran.
+fn clippy_then_tests<'a>(
+    name: &'static str,
+    mut clippy: Command,
+    mut test: Command,
+    what: &'static str,
+) -> Step<'a> {
+    (
+        name,
+        format!("{}, then {}", show(&clippy), show(&test)),
+        Box::new(move || {
+            run_bounded(&mut clippy, STEP_TIME_LIMIT)?;
+            let stdout = run_bounded_tee(&mut test, STEP_TIME_LIMIT)?;
+            check_ran(what, &libtest::summaries(&stdout))
+        }),
+    )
+}
+
 /// Runs every CI step; see the module docs.
 pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
     if is_ci() {
@@ -188,7 +210,6 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
         allow_spills: opts.allow_spills,
     };
 
-    type Step<'a> = (&'static str, String, Box<dyn FnOnce() -> Result<()> + 'a>);
     let steps: Vec<Step> = vec![
         (
             "fmt",
@@ -210,15 +231,7 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
             show(&test),
             Box::new(move || Ok(run_bounded(&mut test, STEP_TIME_LIMIT)?)),
         ),
-        (
-            "ib",
-            format!("{}, then {}", show(&ib_clippy), show(&ib_test)),
-            Box::new(move || {
-                run_bounded(&mut ib_clippy, STEP_TIME_LIMIT)?;
-                let stdout = run_bounded_tee(&mut ib_test, STEP_TIME_LIMIT)?;
-                check_ran("the ib build's tests", &libtest::summaries(&stdout))
-            }),
-        ),
+        clippy_then_tests("ib", ib_clippy, ib_test, "the ib build's tests"),
         (
             "netns",
             match crate::netns_test::unsupported() {
@@ -254,14 +267,11 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
                 )
             }),
         ),
-        (
+        clippy_then_tests(
             "embed-ptx",
-            format!("{}, then {}", show(&embed_clippy), show(&embed_test)),
-            Box::new(move || {
-                run_bounded(&mut embed_clippy, STEP_TIME_LIMIT)?;
-                let stdout = run_bounded_tee(&mut embed_test, STEP_TIME_LIMIT)?;
-                check_ran("the embed-ptx build's tests", &libtest::summaries(&stdout))
-            }),
+            embed_clippy,
+            embed_test,
+            "the embed-ptx build's tests",
         ),
         (
             "gpu-bundle",
