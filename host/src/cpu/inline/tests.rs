@@ -686,11 +686,10 @@ fn wait_until(done: impl Fn() -> bool) {
     }
 }
 
-/// Hands the token of `slot` back and forth with the other `hand_over` thread for `rounds`
-/// rounds, working `busy_us` microseconds (no wait) before each hand-over; the first
-/// (`parity` 0) returns only after the second.
-#[kernel]
-fn hand_over(slot: u32, parity: u32, rounds: u32, busy_us: u32) {
+/// Hands the token of `slot` back and forth with the other thread for `rounds` rounds,
+/// working `busy_us` microseconds (no wait) before each hand-over; the first (`parity` 0)
+/// returns only after the second. The body of [`hand_over`] and [`hand_over_busy`].
+fn play_hand_over(slot: u32, parity: u32, rounds: u32, busy_us: u32) {
     let slot = slot as usize;
     let start = std::thread::current().id();
     if parity == 0 {
@@ -716,6 +715,20 @@ fn hand_over(slot: u32, parity: u32, rounds: u32, busy_us: u32) {
     }
 }
 
+/// [`play_hand_over`] with no work between hand-overs.
+#[kernel]
+fn hand_over(slot: u32, parity: u32, rounds: u32) {
+    play_hand_over(slot, parity, rounds, 0);
+}
+
+/// [`play_hand_over`] with `busy_us` of work between hand-overs. A kernel of its own: the
+/// emulator keeps a kernel whose turns run long apart for a while, by kernel, and a kernel
+/// shared with [`hand_over`] would then keep the next test's threads apart too.
+#[kernel]
+fn hand_over_busy(slot: u32, parity: u32, rounds: u32, busy_us: u32) {
+    play_hand_over(slot, parity, rounds, busy_us);
+}
+
 /// A held stream of device `ordinal` (see [`stream_held`]) and a stream of device
 /// `ordinal + 1`, both devices allowed to take turns (as a communicator's are).
 fn streams_taking_turns(ordinal: usize) -> (Stream, std::thread::JoinHandle<()>, Stream) {
@@ -728,9 +741,10 @@ fn streams_taking_turns(ordinal: usize) -> (Stream, std::thread::JoinHandle<()>,
     (first, opener, second)
 }
 
-/// Runs [`hand_over`] (`slot`, `rounds`, `busy_us`) with co-running always allowed: the
-/// first on a device of `ordinal` whose synchronizing thread runs it (so opens the
-/// process's runner), the second on device `ordinal + 1` once the first has started.
+/// Runs [`hand_over`] (or, with `busy_us`, [`hand_over_busy`]) for `slot` and `rounds`
+/// with co-running always allowed: the first on a device of `ordinal` whose synchronizing
+/// thread runs it (so opens the process's runner), the second on device `ordinal + 1` once
+/// the first has started.
 /// Returns the runner's thread and where each kernel thread started and ended, in parity
 /// order, after checking that every round was played.
 fn hand_over_on_two_devices(
@@ -741,7 +755,15 @@ fn hand_over_on_two_devices(
 ) -> (ThreadId, Vec<(u32, ThreadId, ThreadId)>) {
     let _turns = Turns::with(corun::CorunPolicy::Always);
     let (first, opener, second) = streams_taking_turns(ordinal);
-    hand_over::launch(&first, LaunchConfig::grid(1), slot, 0, rounds, busy_us).unwrap();
+    let launch = |stream: &Stream, parity| {
+        let one = LaunchConfig::grid(1);
+        match busy_us {
+            0 => hand_over::launch(stream, one, slot, parity, rounds),
+            _ => hand_over_busy::launch(stream, one, slot, parity, rounds, busy_us),
+        }
+        .unwrap()
+    };
+    launch(&first, 0);
     let runner = std::thread::spawn(move || {
         sync(&first, LONG).unwrap();
         std::thread::current().id()
@@ -754,7 +776,7 @@ fn hand_over_on_two_devices(
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    hand_over::launch(&second, LaunchConfig::grid(1), slot, 1, rounds, busy_us).unwrap();
+    launch(&second, 1);
     sync(&second, LONG).unwrap();
     let runner = runner.join().unwrap();
     opener.join().unwrap();
