@@ -220,29 +220,15 @@ impl FifoCells {
     /// it (the pusher sees the bit and rings) or before it (this RMW sees the claimed
     /// position and we do not park).
     pub fn park_consumer(&self, timeout: std::time::Duration, stop: impl Fn() -> bool) -> bool {
-        self.park(timeout, stop, false)
-    }
-
-    /// [`Self::park_consumer`], parking even though a claimed position is unexecuted: for a
-    /// consumer that knows that position will never be published (a push gave up), and
-    /// would otherwise never park again.
-    pub fn park_consumer_stalled(
-        &self,
-        timeout: std::time::Duration,
-        stop: impl Fn() -> bool,
-    ) -> bool {
-        self.park(timeout, stop, true)
-    }
-
-    fn park(&self, timeout: std::time::Duration, stop: impl Fn() -> bool, stalled: bool) -> bool {
-        Self::park_consumers(&[(self, stalled)], timeout, stop)
+        Self::park_consumers(&[(self, false)], timeout, stop)
     }
 
     /// [`Self::park_consumer`] for a thread that consumes several rings: parks only if every
-    /// ring is empty (or, flagged `true`, stalled: see [`Self::park_consumer_stalled`]), with
-    /// every ring's sleep bit set, so a push to any of them rings its doorbell, which wakes
-    /// the calling thread. Returns false at once, without parking, as the single form does
-    /// for any of them (no ring at all: false).
+    /// ring is empty or, flagged `true`, stalled (its claimed position will never be
+    /// published, because its push gave up: such a ring would otherwise never let the
+    /// thread park again), with every ring's sleep bit set, so a push to any of them rings
+    /// its doorbell, which wakes the calling thread. Returns false at once, without
+    /// parking, as the single form does for any of them (no ring at all: false).
     pub fn park_consumers(
         rings: &[(&FifoCells, bool)],
         timeout: std::time::Duration,

@@ -120,7 +120,7 @@ pub fn unassisted_threads() -> usize {
 }
 
 /// Counts the calling proxy thread in [`unassisted_threads`] while it serves a FIFO
-/// without assist.
+/// without assist; says whether it does.
 struct Unassisted(bool);
 
 impl Unassisted {
@@ -271,11 +271,7 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
         idle = idle.saturating_add(1);
         // How long the thread stays hot after its last execution: not at all if every
         // member has assist.
-        let yield_polls = if members.iter().all(|s| s.member.assist) {
-            0
-        } else {
-            YIELD_POLLS
-        };
+        let yield_polls = if unassisted.0 { YIELD_POLLS } else { 0 };
         let all_stalled = !members.is_empty() && members.iter().all(|s| s.stalled);
         if idle < yield_polls && !all_stalled {
             if idle <= spin.polls() {

@@ -123,6 +123,17 @@ impl Registry {
             .iter()
             .any(|&(k, until)| k == kernel && Instant::now() < until)
     }
+
+    /// Whether a runner on another thread than `me` would take a thread of `launch`.
+    fn takes(&self, me: ThreadId, launch: &Launch) -> bool {
+        self.runner.is_some_and(|r| r != me) && !self.apart(launch)
+    }
+}
+
+/// Whether a kernel thread of `launch` (of `stream`) may take turns at
+/// all: the only thread of its launch, on a device that allows it.
+fn may_take_turns(stream: &CpuStream, launch: &Launch) -> bool {
+    launch.total_threads() == 1 && stream.device.corun.load(Ordering::Relaxed)
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
@@ -212,22 +223,19 @@ fn wanted() -> bool {
 /// On `Ok` the runner completes the thread (reports it done); the caller waits for its
 /// launch as for a pool thread's.
 pub(crate) fn donate(stream: &Arc<CpuStream>, launch: &Arc<Launch>, index: u32) -> Result<(), ()> {
-    if launch.total_threads() != 1 || !stream.device.corun.load(Ordering::Relaxed) || !wanted() {
+    if !may_take_turns(stream, launch) || !wanted() {
         return Err(());
     }
-    // Cheap look first: most calls find no runner.
+    // Cheap look first: most calls find no runner (the stack is got outside the lock).
     let me = std::thread::current().id();
-    {
-        let registry = REGISTRY.lock();
-        if registry.runner.is_none_or(|r| r == me) || registry.apart(launch) {
-            return Err(());
-        }
+    if !REGISTRY.lock().takes(me, launch) {
+        return Err(());
     }
     let Some(stack) = super::inline::stack() else {
         return Err(());
     };
     let mut registry = REGISTRY.lock();
-    if registry.runner.is_none_or(|r| r == me) {
+    if !registry.takes(me, launch) {
         drop(registry);
         super::inline::recycle(stack);
         return Err(());
@@ -255,10 +263,7 @@ pub(crate) struct Runner {
 /// Makes the calling host thread the process's runner, if there is none and its kernel
 /// thread (of a `launch` of `stream` about to run here) may take turns.
 pub(crate) fn open(stream: &CpuStream, launch: &Launch) -> Option<Runner> {
-    if launch.total_threads() != 1
-        || !stream.device.corun.load(Ordering::Relaxed)
-        || policy() == CorunPolicy::Never
-    {
+    if !may_take_turns(stream, launch) || policy() == CorunPolicy::Never {
         return None;
     }
     let mut registry = REGISTRY.lock();

@@ -175,13 +175,7 @@ pub(crate) fn run(
     stack: Stack,
     deadline: Option<Instant>,
 ) -> Result<Stack, Box<Suspended>> {
-    let own = Turn {
-        coroutine: kernel_coroutine(launch, index, stack),
-        donated: None,
-        context: None,
-        yielder: std::ptr::null(),
-        suspect: false,
-    };
+    let own = Turn::new(kernel_coroutine(launch, index, stack), None);
     let runner = corun::open(stream, launch);
     let previous = install(deadline, runner.is_some());
     let (own, late) = take_turns(own, launch, runner.as_ref());
@@ -221,12 +215,9 @@ fn take_turns(
         if let Some(runner) = runner
             && corun::mail()
         {
-            guests.extend(runner.take_mail().into_iter().map(|d| Turn {
-                coroutine: kernel_coroutine(&d.launch, d.index, d.stack),
-                donated: Some((d.stream, d.launch)),
-                context: None,
-                yielder: std::ptr::null(),
-                suspect: false,
+            guests.extend(runner.take_mail().into_iter().map(|d| {
+                let coroutine = kernel_coroutine(&d.launch, d.index, d.stack);
+                Turn::new(coroutine, Some((d.stream, d.launch)))
             }));
         }
         set_turns(!guests.is_empty());
@@ -241,9 +232,7 @@ fn take_turns(
             && own.judge(began)
             && let Some(runner) = runner
         {
-            runner.close_after_long_turn(corun::kernel_key(launch));
-            stop_turns();
-            evict(&mut guests);
+            run_apart(runner, corun::kernel_key(launch), &mut guests);
         }
         match step {
             Step::Returned => break None,
@@ -278,9 +267,8 @@ fn take_turns(
                 }
             }
             if long && let Some(runner) = runner {
-                runner.close_after_long_turn(kernel.unwrap_or_else(|| corun::kernel_key(launch)));
-                stop_turns();
-                evict(&mut guests);
+                let kernel = kernel.unwrap_or_else(|| corun::kernel_key(launch));
+                run_apart(runner, kernel, &mut guests);
                 break;
             }
         }
@@ -328,6 +316,15 @@ impl TurnClock {
     }
 }
 
+/// Ends co-running after long turns of `kernel` (see [`corun::kernel_key`]): the runner
+/// closes and keeps that kernel apart for a while, the host's own kernel thread runs on
+/// alone, and `guests` go to pool threads.
+fn run_apart(runner: &Runner, kernel: usize, guests: &mut VecDeque<Turn>) {
+    runner.close_after_long_turn(kernel);
+    stop_turns();
+    evict(guests);
+}
+
 /// Sends every donated kernel thread in `guests` to a pool thread of its own.
 fn evict(guests: &mut VecDeque<Turn>) {
     for guest in guests.drain(..) {
@@ -350,6 +347,18 @@ enum Step {
 }
 
 impl Turn {
+    /// A kernel thread on `coroutine`, not started yet; `donated` names the stream and
+    /// launch of a donated one.
+    fn new(coroutine: KernelCoroutine, donated: Option<(Arc<CpuStream>, Arc<Launch>)>) -> Self {
+        Turn {
+            coroutine,
+            donated,
+            context: None,
+            yielder: std::ptr::null(),
+            suspect: false,
+        }
+    }
+
     /// Whether the turn timed by `clock` (just ended) makes this kernel thread one to run
     /// apart: its second timed turn in a row that ran kernel code longer than
     /// [`corun::TURN_LIMIT`] (one alone may be the OS taking the core mid-turn).
