@@ -46,6 +46,7 @@ use oxccl_build::arch::DEFAULT_ARCHES;
 use oxccl_build::bounded::{fmt_duration, run_bounded, run_bounded_tee, show};
 use oxccl_build::tool::{Tool, is_ci};
 use oxccl_build::toolchain::{self, ensure_components};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -138,8 +139,10 @@ pub struct CiOptions {
 }
 
 enum Outcome {
-    Passed(Duration),
-    Failed(Duration),
+    /// Passed after this long, leaving this much disk free.
+    Passed(Duration, Option<u64>),
+    /// Failed after this long, leaving this much disk free.
+    Failed(Duration, Option<u64>),
     NotRun,
 }
 
@@ -165,8 +168,43 @@ fn clippy_then_tests<'a>(
     )
 }
 
+/// Free space below which `ci` warns before it starts: a full run from a clean clone writes
+/// about 4 GiB into the target directory (more on a warm one, whose old artifacts stay).
+pub const LOW_DISK_WARNING: u64 = 6 << 30;
+
+/// Free space below which a failed step is reported as probably caused by a full disk (a
+/// linker then dies of a bus error or `No space left on device`, far from the real cause).
+pub const DISK_FULL: u64 = 512 << 20;
+
+/// Bytes free to an unprivileged writer on the file system holding `dir`; `None` where it
+/// cannot be read (the directory does not exist yet, say).
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    let mut dir = dir;
+    while !dir.exists() {
+        dir = dir.parent()?;
+    }
+    let st = rustix::fs::statvfs(dir).ok()?;
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// `bytes` in GiB with one decimal, for the summary.
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
 /// Runs every CI step; see the module docs.
 pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
+    let free = || free_bytes(&ws.target_dir);
+    match free() {
+        Some(b) if b < LOW_DISK_WARNING => println!(
+            "ci: WARNING only {} free for {}: a full run writes about {}",
+            gib(b),
+            ws.target_dir.display(),
+            gib(LOW_DISK_WARNING)
+        ),
+        Some(b) => println!("ci: {} free for {}", gib(b), ws.target_dir.display()),
+        None => {}
+    }
     if is_ci() {
         let mut all = vec!["rustfmt", "clippy"];
         all.extend_from_slice(toolchain::COMPONENTS);
@@ -288,10 +326,19 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
     for (i, (name, what, step)) in steps.into_iter().enumerate() {
         println!("\n==== ci [{}/{total}] {name}: {what}", i + 1);
         let t = Instant::now();
-        match step() {
-            Ok(()) => outcomes.push(Outcome::Passed(t.elapsed())),
-            Err(e) => {
-                outcomes.push(Outcome::Failed(t.elapsed()));
+        let result = step();
+        let left = free();
+        match result {
+            Ok(()) => outcomes.push(Outcome::Passed(t.elapsed(), left)),
+            Err(mut e) => {
+                outcomes.push(Outcome::Failed(t.elapsed(), left));
+                if let Some(b) = left.filter(|&b| b < DISK_FULL) {
+                    e = e.context(format!(
+                        "the disk holding {} is full ({} free): free space and run again",
+                        ws.target_dir.display(),
+                        gib(b)
+                    ));
+                }
                 error = Some((name, e));
                 break;
             }
@@ -303,12 +350,13 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
 
     println!("\n==== ci summary");
     for (name, outcome) in names.iter().zip(&outcomes) {
-        let (status, time) = match outcome {
-            Outcome::Passed(d) => ("ok", fmt_duration(*d)),
-            Outcome::Failed(d) => ("FAILED", fmt_duration(*d)),
-            Outcome::NotRun => ("not run", String::new()),
+        let (status, time, left) = match outcome {
+            Outcome::Passed(d, left) => ("ok", fmt_duration(*d), *left),
+            Outcome::Failed(d, left) => ("FAILED", fmt_duration(*d), *left),
+            Outcome::NotRun => ("not run", String::new(), None),
         };
-        println!("  {name:<10} {status:<8} {time:>9}");
+        let left = left.map_or(String::new(), |b| format!("  {} free after", gib(b)));
+        println!("  {name:<10} {status:<8} {time:>9}{left}");
     }
     let elapsed = fmt_duration(started.elapsed());
     match error {
