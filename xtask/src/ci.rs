@@ -169,7 +169,8 @@ fn clippy_then_tests<'a>(
 }
 
 /// Free space below which `ci` warns before it starts: a full run from a clean clone writes
-/// about 4 GiB into the target directory (more on a warm one, whose old artifacts stay).
+/// 4.7 GiB into the target directory (2.5 of them the test build; more on a warm one, whose
+/// old artifacts stay).
 pub const LOW_DISK_WARNING: u64 = 6 << 30;
 
 /// Free space below which a failed step is reported as probably caused by a full disk (a
