@@ -1,7 +1,7 @@
 //! The doorbell a FIFO push rings so that a host proxy executes the published trigger.
 
 use std::boxed::Box;
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread::Thread;
 
 /// Work a doorbell can hand to the ringing thread: drains the FIFO on the caller's thread
@@ -21,14 +21,18 @@ pub type Assist = Box<dyn Fn() -> bool + Send + Sync>;
 ///   A push to an awake proxy without an assist costs nothing here.
 #[derive(Default)]
 pub struct Doorbell {
-    sleeper: OnceLock<Thread>,
+    /// The consumer thread that parked on the ring last. Replaced, not set once: a ring
+    /// outlives the thread that serves it (a proxy service stopped and started again, or
+    /// moved to the process's shared proxy thread), and a doorbell that kept waking the
+    /// first one left the new one asleep until its park timed out.
+    sleeper: Mutex<Option<Thread>>,
     assist: OnceLock<Assist>,
 }
 
 impl core::fmt::Debug for Doorbell {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Doorbell")
-            .field("sleeper", &self.sleeper.get().map(Thread::id))
+            .field("sleeper", &self.sleeper().as_ref().map(Thread::id))
             .field("assist", &self.assist.get().is_some())
             .finish()
     }
@@ -45,9 +49,20 @@ impl Doorbell {
         self.assist.set(assist).is_ok()
     }
 
-    /// Records the calling thread as the one [`Self::wake_sleeper`] unparks.
+    /// Records the calling thread as the one [`Self::wake_sleeper`] unparks (in place of
+    /// the one before, if another).
     pub fn register_sleeper(&self) {
-        let _ = self.sleeper.get_or_init(std::thread::current);
+        let mut sleeper = self.sleeper();
+        let me = std::thread::current();
+        if sleeper.as_ref().is_none_or(|t| t.id() != me.id()) {
+            *sleeper = Some(me);
+        }
+    }
+
+    /// The sleeper's slot. Nothing panics while holding it, so a poisoned lock still holds
+    /// a whole value.
+    fn sleeper(&self) -> MutexGuard<'_, Option<Thread>> {
+        self.sleeper.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Gets published work done: assists if possible, else wakes the sleeper if
@@ -67,7 +82,7 @@ impl Doorbell {
     /// Unparks the registered sleeper, if any (a wake before its park is kept by the OS
     /// thread's token, so it is never lost).
     pub fn wake_sleeper(&self) {
-        if let Some(t) = self.sleeper.get() {
+        if let Some(t) = self.sleeper().as_ref() {
             t.unpark();
         }
     }
@@ -83,6 +98,47 @@ pub(crate) fn ring_doorbell(addr: u64, proxy_asleep: bool) {
         // Under loom the proxy never parks, so nothing rings; kept out of the model.
         if !cfg!(oxccl_loom) {
             bell.ring(proxy_asleep);
+        }
+    }
+}
+
+#[cfg(all(test, not(oxccl_loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    /// Far longer than a wake takes: a sleeper still parked after this was not woken.
+    const NOT_WOKEN: Duration = Duration::from_secs(10);
+
+    /// Guards a FIFO moving to another consumer thread (a proxy service stopped and started
+    /// again, or moved to the shared proxy thread): its doorbell must wake the thread that
+    /// parks on it now, not the first one that ever did, which left the new one asleep
+    /// until its park timed out, at every push.
+    #[test]
+    fn doorbell_wakes_the_thread_that_parked_last() {
+        let bell = Arc::new(Doorbell::new());
+        for sleeper in 0..2 {
+            let (ready, is_ready) = mpsc::channel();
+            let parked = {
+                let bell = bell.clone();
+                std::thread::spawn(move || {
+                    bell.register_sleeper();
+                    ready.send(()).unwrap();
+                    // A wake that comes before the park is kept by the thread's token.
+                    let start = Instant::now();
+                    std::thread::park_timeout(NOT_WOKEN);
+                    start.elapsed()
+                })
+            };
+            is_ready.recv().unwrap();
+            bell.ring(true);
+            let parked = parked.join().unwrap();
+            assert!(
+                parked < NOT_WOKEN,
+                "sleeper {sleeper}: the doorbell did not wake the thread parked on it"
+            );
         }
     }
 }
