@@ -15,7 +15,11 @@ pub(crate) struct Need<'a> {
 }
 
 /// Refuses `collective` unless every buffer holds what the call needs.
-pub(crate) fn buffers_fit(rank: u32, collective: &str, needs: &[Need<'_>]) -> Result<()> {
+pub(crate) fn buffers_fit<'a>(
+    rank: u32,
+    collective: &str,
+    needs: impl IntoIterator<Item = Need<'a>>,
+) -> Result<()> {
     for n in needs {
         if n.len < n.needed {
             return Err(Error::InvalidUsage(format!(
@@ -130,8 +134,8 @@ mod tests {
             len,
             needed,
         };
-        assert!(buffers_fit(1, "all_gather", &[need(8, 8)]).is_ok());
-        let e = buffers_fit(1, "all_gather", &[need(7, 8)]).unwrap_err();
+        assert!(buffers_fit(1, "all_gather", [need(8, 8)]).is_ok());
+        let e = buffers_fit(1, "all_gather", [need(7, 8)]).unwrap_err();
         assert!(
             e.to_string()
                 .contains("the recv buffer holds 7 elements, the call needs 8"),

@@ -677,11 +677,10 @@ impl Communicator {
     }
 
     fn fits(&self, c: Collective, needs: &[(&str, usize, usize)]) -> Result<()> {
-        let needs: Vec<Need<'_>> = needs
+        let needs = needs
             .iter()
-            .map(|&(role, len, needed)| Need { role, len, needed })
-            .collect();
-        buffers_fit(self.rank(), c.name(), &needs)
+            .map(|&(role, len, needed)| Need { role, len, needed });
+        buffers_fit(self.rank(), c.name(), needs)
     }
 
     fn check_root(&self, c: Collective, root: u32) -> Result<()> {

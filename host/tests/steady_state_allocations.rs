@@ -1,0 +1,89 @@
+//! A collective call in the steady state allocates nothing on the host: not in the call,
+//! nor in its launch, nor where the emulator runs its kernel.
+//!
+//! Its own test binary, because it installs a global allocator that counts every
+//! allocation of the process (kernel threads and pool workers included).
+
+use oxccl::in_process::{self, InProcessConfig};
+use oxccl::{Communicator, ReduceOp, Result};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The system allocator, counting allocations.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded contract.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Calls timed in the window.
+const CALLS: u64 = 400;
+
+/// Small all-reduces (the packet algorithm), each synchronized, on every rank; returns the
+/// process's allocations during `CALLS` of them, after a warm-up. (Calls enqueued back to
+/// back reuse launches as deep as the stream's queue has been, up to a limit: see
+/// `a_stream_keeps_the_launches_of_its_deepest_queue` in the emulator's stream.)
+fn allocations_per_window(comm: &mut Communicator) -> Result<u64> {
+    let count = 256;
+    let send = comm.alloc::<f32>(count)?;
+    let mut recv = comm.alloc::<f32>(count)?;
+    let stream = comm.device().stream()?;
+    for _ in 0..64 {
+        comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+        comm.synchronize(&stream)?;
+    }
+    comm.barrier()?;
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..CALLS {
+        comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+        comm.synchronize(&stream)?;
+    }
+    let during = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    comm.barrier()?;
+    Ok(during)
+}
+
+/// Guards the promise that a collective call allocates nothing once set up (the checks of
+/// the call, its launch and parameters, the kernel thread that runs it and, on two ranks,
+/// their taking turns reuse what the calls before them made). The window counts every
+/// thread of the process, so an allocation elsewhere (a thread of the test harness) may
+/// land in it: the bound allows a few, not one a call.
+#[test]
+fn all_reduce_calls_do_not_allocate_in_the_steady_state() {
+    for ranks in [1, 2] {
+        let counts =
+            in_process::run(ranks, InProcessConfig::default(), allocations_per_window).unwrap();
+        let total: u64 = counts.iter().sum();
+        assert!(
+            total < CALLS / 8,
+            "{ranks} rank(s): {total} allocations in {CALLS} all-reduce calls per rank"
+        );
+    }
+}
