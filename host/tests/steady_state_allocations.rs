@@ -7,7 +7,9 @@
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Communicator, ReduceOp, Result};
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// The system allocator, counting allocations.
 struct Counting;
@@ -70,13 +72,8 @@ fn allocations_per_window(comm: &mut Communicator) -> Result<u64> {
     Ok(during)
 }
 
-/// Guards the promise that a collective call allocates nothing once set up (the checks of
-/// the call, its launch and parameters, the kernel thread that runs it and, on two ranks,
-/// their taking turns reuse what the calls before them made). The window counts every
-/// thread of the process, so an allocation elsewhere (a thread of the test harness) may
-/// land in it: the bound allows a few, not one a call.
-#[test]
-fn all_reduce_calls_do_not_allocate_in_the_steady_state() {
+/// Runs `calls` all-reduces a rank on 1 and on 2 ranks and checks the allocations.
+fn check_steady_state() {
     for ranks in [1, 2] {
         let counts =
             in_process::run(ranks, InProcessConfig::default(), allocations_per_window).unwrap();
@@ -86,4 +83,48 @@ fn all_reduce_calls_do_not_allocate_in_the_steady_state() {
             "{ranks} rank(s): {total} allocations in {CALLS} all-reduce calls per rank"
         );
     }
+}
+
+/// Guards the promise that a collective call allocates nothing once set up (the checks of
+/// the call, its launch and parameters, the kernel thread that runs it). The window counts
+/// every thread of the process, so an allocation elsewhere (a thread of the test harness)
+/// may land in it: the bound allows a few, not one a call.
+#[test]
+fn all_reduce_calls_do_not_allocate_in_the_steady_state() {
+    check_steady_state();
+}
+
+/// Longest the run of the test below in a process of its own may take.
+const CHILD_LIMIT: Duration = Duration::from_secs(120);
+
+/// As the test above, with the two ranks' kernel threads taking turns on one host thread
+/// (`OXCCL_CPU_CORUN=always`): donations, the runner's queue of guests and the kernel
+/// threads it hands to pool threads when it closes. The policy is the process's, read
+/// once, so the test runs itself again in a process of its own with it set.
+#[test]
+fn all_reduce_calls_do_not_allocate_while_kernel_threads_take_turns() {
+    const NAME: &str = "all_reduce_calls_do_not_allocate_while_kernel_threads_take_turns";
+    if std::env::var_os("OXCCL_CPU_CORUN").is_some() {
+        return check_steady_state();
+    }
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--test-threads", "1"])
+        .env("OXCCL_CPU_CORUN", "always")
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + CHILD_LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("the run with co-running forced took over {CHILD_LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        status.success(),
+        "the run with co-running forced failed: {status}"
+    );
 }

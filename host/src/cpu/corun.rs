@@ -286,14 +286,15 @@ pub(crate) fn mail() -> bool {
 }
 
 impl Runner {
-    /// The donations given since the last call (none once closed).
-    pub(crate) fn take_mail(&self) -> Vec<Donation> {
+    /// Hands each donation given since the last call to `take` (none once closed), under
+    /// the registry's lock; the inbox keeps its capacity, so donations do not allocate.
+    pub(crate) fn take_mail(&self, mut take: impl FnMut(Donation)) {
         if self.closed.get() {
-            return Vec::new();
+            return;
         }
         let mut registry = REGISTRY.lock();
         MAIL.store(false, Ordering::Relaxed);
-        std::mem::take(&mut registry.inbox)
+        registry.inbox.drain(..).for_each(&mut take);
     }
 
     /// Closes the runner after a turn of `kernel` (see [`kernel_key`]) took longer than
@@ -313,16 +314,20 @@ impl Runner {
         if self.closed.replace(true) {
             return;
         }
-        let left = {
+        {
             let mut registry = REGISTRY.lock();
             if registry.runner != Some(self.me) {
                 return;
             }
             registry.runner = None;
             MAIL.store(false, Ordering::Relaxed);
-            std::mem::take(&mut registry.inbox)
-        };
-        for donation in left {
+        }
+        // One at a time, each out of the lock (a pool thread may be spawned for it); no
+        // donation comes in meanwhile, there being no runner. The inbox keeps its capacity.
+        while let Some(donation) = {
+            let mut registry = REGISTRY.lock();
+            registry.inbox.pop()
+        } {
             super::inline::to_pool(super::inline::Suspended::fresh(donation));
         }
     }

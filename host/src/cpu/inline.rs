@@ -87,19 +87,19 @@ unsafe impl Send for Suspended {}
 
 impl Suspended {
     /// A donated kernel thread, not started, on its donation's stack.
-    pub(crate) fn fresh(donation: Donation) -> Box<Self> {
+    pub(crate) fn fresh(donation: Donation) -> Self {
         let Donation {
             stream,
             launch,
             index,
             stack,
         } = donation;
-        Box::new(Suspended {
+        Suspended {
             coroutine: kernel_coroutine(&launch, index, stack),
             stream,
             launch,
             context: None,
-        })
+        }
     }
 
     /// Runs the kernel thread to its end on the calling (pool) thread; returns its stream
@@ -124,14 +124,15 @@ impl Suspended {
 }
 
 /// Gives `suspended` to a pool thread to finish; if none can be had, finishes it here.
-pub(crate) fn to_pool(suspended: Box<Suspended>) {
-    if let Err((suspended, err)) = pool().resume(suspended) {
+pub(crate) fn to_pool(suspended: Suspended) {
+    if let Err(failed) = pool().resume(suspended) {
+        let (suspended, err) = *failed;
         tracing::error!(
             stream = suspended.stream.id,
             %err,
             "no thread to move a kernel thread to; it ends here"
         );
-        let (stream, launch) = (*suspended).finish();
+        let (stream, launch) = suspended.finish();
         stream.thread_done(launch);
     }
 }
@@ -204,7 +205,9 @@ fn take_turns(
     runner: Option<&Runner>,
 ) -> (Turn, Option<DetachedContext>) {
     let mut own = own;
-    let mut guests: VecDeque<Turn> = VecDeque::new();
+    // This thread's queue of guests, empty between calls: reused, so taking turns does not
+    // allocate.
+    let mut guests = GUESTS.take();
     // Turns so far, for timing one in `TIME_EVERY`.
     let mut turns = 0u32;
     let mut timed = |suspect: bool| {
@@ -215,10 +218,10 @@ fn take_turns(
         if let Some(runner) = runner
             && corun::mail()
         {
-            guests.extend(runner.take_mail().into_iter().map(|d| {
+            runner.take_mail(|d| {
                 let coroutine = kernel_coroutine(&d.launch, d.index, d.stack);
-                Turn::new(coroutine, Some((d.stream, d.launch)))
-            }));
+                guests.push_back(Turn::new(coroutine, Some((d.stream, d.launch))));
+            });
         }
         set_turns(!guests.is_empty());
         // Turns are timed only while there are others to take them.
@@ -278,6 +281,7 @@ fn take_turns(
     };
     set_turns(false);
     evict(&mut guests);
+    GUESTS.set(guests);
     match outcome {
         None => (own, None),
         Some(context) => {
@@ -329,12 +333,12 @@ fn run_apart(runner: &Runner, kernel: usize, guests: &mut VecDeque<Turn>) {
 fn evict(guests: &mut VecDeque<Turn>) {
     for guest in guests.drain(..) {
         if let Some((stream, launch)) = guest.donated {
-            to_pool(Box::new(Suspended {
+            to_pool(Suspended {
                 coroutine: guest.coroutine,
                 stream,
                 launch,
                 context: guest.context,
-            }));
+            });
         }
     }
 }
@@ -421,6 +425,8 @@ std::thread_local! {
     static YIELDER: Cell<*const KernelYielder> = const { Cell::new(std::ptr::null()) };
     /// What this thread is to the kernel threads it runs (see [`Hosting`]).
     static HOSTING: Cell<Hosting> = const { Cell::new(Hosting::Not) };
+    /// The runner's queue of guests, kept empty between its calls of [`take_turns`].
+    static GUESTS: Cell<VecDeque<Turn>> = const { Cell::new(VecDeque::new()) };
 }
 
 /// What a host thread is to the kernel threads it runs.

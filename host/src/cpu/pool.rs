@@ -47,7 +47,7 @@ pub(crate) enum Task {
     /// Run a thread of this launch of this stream that nobody has claimed, if one is left.
     Start(Arc<CpuStream>, Arc<Launch>),
     /// Finish a kernel thread suspended on a host thread.
-    Resume(Box<Suspended>),
+    Resume(Suspended),
 }
 
 /// Workers taken for one task: a launch of a few threads (or one resumed kernel thread)
@@ -133,11 +133,11 @@ impl Pool {
     }
 
     /// Gives `suspended` to a worker of its own to finish; if none can be had, returns it
-    /// with the OS error.
+    /// with the OS error (boxed: only this rare path pays for an allocation).
     pub(crate) fn resume(
         &'static self,
-        suspended: Box<Suspended>,
-    ) -> Result<(), (Box<Suspended>, std::io::Error)> {
+        suspended: Suspended,
+    ) -> Result<(), Box<(Suspended, std::io::Error)>> {
         match self.take(1) {
             Ok(workers) => {
                 if let Some(worker) = workers.into_iter().next() {
@@ -145,7 +145,7 @@ impl Pool {
                 }
                 Ok(())
             }
-            Err(err) => Err((suspended, err)),
+            Err(err) => Err(Box::new((suspended, err))),
         }
     }
 
@@ -237,7 +237,7 @@ impl Worker {
                         continue;
                     }
                 },
-                Task::Resume(suspended) => (*suspended).finish(),
+                Task::Resume(suspended) => suspended.finish(),
             };
             let mut done = launch;
             while let Some((next, index)) =

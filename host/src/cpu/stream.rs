@@ -298,7 +298,7 @@ impl CpuStream {
                     Err(suspended) => {
                         // Past the deadline: a worker finishes the kernel thread, and
                         // `synchronize` reports the timeout.
-                        inline::to_pool(suspended);
+                        inline::to_pool(*suspended);
                         self.stop_helping();
                         return;
                     }
