@@ -5,7 +5,7 @@
 //! allocation of the process (kernel threads and pool workers included).
 
 use oxccl::in_process::{self, InProcessConfig};
-use oxccl::{Communicator, ReduceOp, Result};
+use oxccl::{Communicator, DeviceBuffer, ReduceOp, Result, Stream};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,42 +45,79 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// Calls timed in the window.
-const CALLS: u64 = 400;
+/// Rounds of calls in the window (seven collectives each).
+const ROUNDS: u64 = 60;
 
-/// Small all-reduces (the packet algorithm), each synchronized, on every rank; returns the
-/// process's allocations during `CALLS` of them, after a warm-up. (Calls enqueued back to
-/// back reuse launches as deep as the stream's queue has been, up to a limit: see
+/// Calls in the window on each rank.
+const CALLS: u64 = ROUNDS * 7;
+
+/// One collective call of each kind, each synchronized; `i` picks the root of the rooted
+/// ones.
+fn each_collective(
+    comm: &mut Communicator,
+    bufs: &mut (DeviceBuffer<f32>, DeviceBuffer<f32>),
+    stream: &Stream,
+    i: u64,
+) -> Result<()> {
+    let (send, recv) = (&bufs.0, &mut bufs.1);
+    let n = comm.size() as usize;
+    let root = (i % n as u64) as u32;
+    // The all-to-all-v counts of the all-to-all: COUNT to and from each rank.
+    let counts = [COUNT; MAX_RANKS];
+    let displs: [usize; MAX_RANKS] = std::array::from_fn(|r| r * COUNT);
+    let (counts, displs) = (&counts[..n], &displs[..n]);
+    comm.all_reduce(send, recv, COUNT, ReduceOp::Sum, stream)?;
+    comm.synchronize(stream)?;
+    comm.all_gather(send, recv, COUNT, stream)?;
+    comm.synchronize(stream)?;
+    comm.reduce_scatter(send, recv, COUNT, ReduceOp::Max, stream)?;
+    comm.synchronize(stream)?;
+    comm.broadcast(send, recv, COUNT, root, stream)?;
+    comm.synchronize(stream)?;
+    comm.reduce(send, recv, COUNT, ReduceOp::Sum, root, stream)?;
+    comm.synchronize(stream)?;
+    comm.all_to_all(send, recv, COUNT, stream)?;
+    comm.synchronize(stream)?;
+    comm.all_to_allv(send, counts, displs, recv, counts, displs, stream)?;
+    comm.synchronize(stream)
+}
+
+/// Elements a rank sends to each rank (small: the packet algorithms where there are).
+const COUNT: usize = 64;
+
+/// Most ranks of these tests.
+const MAX_RANKS: usize = 2;
+
+/// Rounds of [`each_collective`] on every rank; returns the process's allocations during
+/// `ROUNDS` of them, after a warm-up. (Calls enqueued back to back reuse launches as deep
+/// as the stream's queue has been, up to a limit: see
 /// `a_stream_keeps_the_launches_of_its_deepest_queue` in the emulator's stream.)
 fn allocations_per_window(comm: &mut Communicator) -> Result<u64> {
-    let count = 256;
-    let send = comm.alloc::<f32>(count)?;
-    let mut recv = comm.alloc::<f32>(count)?;
+    let len = COUNT * comm.size() as usize;
+    let mut bufs = (comm.alloc::<f32>(len)?, comm.alloc::<f32>(len)?);
     let stream = comm.device().stream()?;
-    for _ in 0..64 {
-        comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
-        comm.synchronize(&stream)?;
+    for i in 0..16 {
+        each_collective(comm, &mut bufs, &stream, i)?;
     }
     comm.barrier()?;
     let before = ALLOCATIONS.load(Ordering::Relaxed);
-    for _ in 0..CALLS {
-        comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
-        comm.synchronize(&stream)?;
+    for i in 0..ROUNDS {
+        each_collective(comm, &mut bufs, &stream, i)?;
     }
     let during = ALLOCATIONS.load(Ordering::Relaxed) - before;
     comm.barrier()?;
     Ok(during)
 }
 
-/// Runs `calls` all-reduces a rank on 1 and on 2 ranks and checks the allocations.
+/// Runs the window on 1 and on 2 ranks and checks the allocations.
 fn check_steady_state() {
-    for ranks in [1, 2] {
+    for ranks in 1..=MAX_RANKS as u32 {
         let counts =
             in_process::run(ranks, InProcessConfig::default(), allocations_per_window).unwrap();
         let total: u64 = counts.iter().sum();
         assert!(
             total < CALLS / 8,
-            "{ranks} rank(s): {total} allocations in {CALLS} all-reduce calls per rank"
+            "{ranks} rank(s): {total} allocations in {CALLS} collective calls per rank"
         );
     }
 }
@@ -90,7 +127,7 @@ fn check_steady_state() {
 /// every thread of the process, so an allocation elsewhere (a thread of the test harness)
 /// may land in it: the bound allows a few, not one a call.
 #[test]
-fn all_reduce_calls_do_not_allocate_in_the_steady_state() {
+fn collective_calls_do_not_allocate_in_the_steady_state() {
     check_steady_state();
 }
 
@@ -102,8 +139,8 @@ const CHILD_LIMIT: Duration = Duration::from_secs(120);
 /// threads it hands to pool threads when it closes. The policy is the process's, read
 /// once, so the test runs itself again in a process of its own with it set.
 #[test]
-fn all_reduce_calls_do_not_allocate_while_kernel_threads_take_turns() {
-    const NAME: &str = "all_reduce_calls_do_not_allocate_while_kernel_threads_take_turns";
+fn collective_calls_do_not_allocate_while_kernel_threads_take_turns() {
+    const NAME: &str = "collective_calls_do_not_allocate_while_kernel_threads_take_turns";
     if std::env::var_os("OXCCL_CPU_CORUN").is_some() {
         return check_steady_state();
     }

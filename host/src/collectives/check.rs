@@ -3,6 +3,8 @@
 //! buffer, how many elements it needed and how many it has.
 
 use crate::error::{Error, Result};
+use oxccl_kernels::collectives::AllToAllvCounts;
+use smallvec::SmallVec;
 
 /// What a collective needs of one buffer: at least `needed` elements.
 pub(crate) struct Need<'a> {
@@ -65,7 +67,9 @@ pub(crate) fn counts_and_displs(
             displs.len()
         ));
     }
-    let mut ranges: Vec<(usize, usize, usize)> = Vec::with_capacity(counts.len());
+    // On the stack: a call allocates nothing (`ranks` is at most the kernel's limit, which
+    // the caller checked first).
+    let mut ranges: SmallVec<[(usize, usize, usize); AllToAllvCounts::MAX_RANKS]> = SmallVec::new();
     for (peer, (&count, &displ)) in counts.iter().zip(displs).enumerate() {
         match displ.checked_add(count) {
             Some(end) if end <= len => {

@@ -619,8 +619,7 @@ impl Communicator {
             counts.recv_displs[p] = recv_displs[p] as u64;
         }
         let mut shape = Shape::new(Collective::AllToAllV, T::TYPE, None, 0, None);
-        let as_u64 = |v: &[usize]| v.iter().map(|&c| c as u64).collect::<Vec<u64>>();
-        shape.counts = Some((as_u64(send_counts), as_u64(recv_counts)));
+        shape.counts = Some((counts.send_counts, counts.recv_counts));
         let call = Call {
             shape,
             dtype: T::TYPE,

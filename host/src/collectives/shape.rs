@@ -13,7 +13,11 @@
 use crate::error::{Error, Result};
 use crate::out_of_band::OutOfBand;
 use oxccl_device::reduce::{DataType, ReduceOp};
+use oxccl_kernels::collectives::AllToAllvCounts;
 use serde::{Deserialize, Serialize};
+
+/// A count per rank of an all-to-all-v, as a shape carries it.
+pub(crate) type PeerCounts = [u64; AllToAllvCounts::MAX_RANKS];
 
 /// The collectives, as shapes and errors name them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -70,8 +74,10 @@ pub(crate) struct Shape {
     pub(crate) count: u64,
     /// The root, for rooted collectives.
     pub(crate) root: Option<u32>,
-    /// All-to-all-v: elements this rank sends to each rank, and receives from each.
-    pub(crate) counts: Option<(Vec<u64>, Vec<u64>)>,
+    /// All-to-all-v: elements this rank sends to each rank, and receives from each (zero
+    /// past the communicator's size). Arrays, not vectors: a call makes its shape, and a
+    /// call allocates nothing in the steady state.
+    pub(crate) counts: Option<(PeerCounts, PeerCounts)>,
 }
 
 impl Shape {

@@ -311,7 +311,8 @@ const _: () = assert!(core::mem::align_of::<InlineParams>() == INLINE_PARAM_ALIG
 /// ([`Self::fill`]), and never moves after: `pointers` may point into `inline`.
 ///
 /// Invariants: `heap`, if set, was allocated with its layout (non-zero size) and is freed
-/// only by `Drop` or `clear`; once filled, `pointers[i]` points into `heap` or else
+/// only by `Drop`, or by `fill` when it needs a larger one (`clear` keeps it, so a launch
+/// reused for a kernel of large parameters allocates nothing); once filled, `pointers[i]` points into `heap` or else
 /// `inline`, aligned to `kernel.params[i].align`, with `kernel.params[i].size` initialized
 /// bytes after it inside that storage.
 ///
@@ -339,14 +340,40 @@ impl ParamBlock {
         }
     }
 
-    /// Empties the block, freeing an allocation of its values, for [`Self::fill`] again.
+    /// Empties the block for [`Self::fill`] again (an allocation of its values is kept for
+    /// the next values that need one).
     fn clear(&mut self) {
-        if let Some((heap, layout)) = self.heap.take() {
-            // SAFETY: by the invariant, `heap` came from `alloc(layout)`; taken out of the
-            // block, it is freed once.
-            unsafe { std::alloc::dealloc(heap.as_ptr(), layout) };
-        }
         self.pointers.clear();
+    }
+
+    /// Storage for values of `layout` (larger than the inline storage, or aligned above
+    /// it): the kept allocation if it is large and aligned enough, else a new one (the old
+    /// one freed).
+    fn heap_for(&mut self, layout: Layout, kernel: &KernelInfo) -> crate::Result<NonNull<u8>> {
+        if let Some((heap, kept)) = self.heap {
+            if kept.size() >= layout.size() && kept.align() >= layout.align() {
+                return Ok(heap);
+            }
+            self.heap = None;
+            // SAFETY: by the invariant, `heap` came from `alloc(kept)`; taken out of the
+            // block, it is freed once, and no pointer into it is left (the block is empty).
+            unsafe { std::alloc::dealloc(heap.as_ptr(), kept) };
+        }
+        // SAFETY: `layout` has a non-zero size (larger than the inline storage, or aligned
+        // above 16, hence at least that large).
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let Some(heap) = NonNull::new(raw) else {
+            return Err(crate::Error::System {
+                context: format!(
+                    "allocating {} bytes of parameters for kernel `{}`",
+                    layout.size(),
+                    kernel.name
+                ),
+                source: std::io::ErrorKind::OutOfMemory.into(),
+            });
+        };
+        self.heap = Some((heap, layout));
+        Ok(heap)
     }
 
     /// Copies the values `params` points to into this (empty) block, and makes the pointer
@@ -374,21 +401,7 @@ impl ParamBlock {
             offsets.push(offset);
         }
         let base = if layout.size() > INLINE_PARAM_BYTES || layout.align() > INLINE_PARAM_ALIGN {
-            // SAFETY: `layout` has a non-zero size (larger than the inline storage, or
-            // aligned above 16, hence at least that large).
-            let raw = unsafe { std::alloc::alloc(layout) };
-            let Some(heap) = NonNull::new(raw) else {
-                return Err(crate::Error::System {
-                    context: format!(
-                        "allocating {} bytes of parameters for kernel `{}`",
-                        layout.size(),
-                        kernel.name
-                    ),
-                    source: std::io::ErrorKind::OutOfMemory.into(),
-                });
-            };
-            self.heap = Some((heap, layout));
-            heap.as_ptr()
+            self.heap_for(layout, kernel)?.as_ptr()
         } else {
             self.inline.0.as_mut_ptr().cast::<u8>()
         };
