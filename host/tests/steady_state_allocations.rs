@@ -4,6 +4,7 @@
 //! Its own test binary, because it installs a global allocator that counts every
 //! allocation of the process (kernel threads and pool workers included).
 
+use oxccl::collectives::{Algorithm, AlgorithmChoice};
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Communicator, DeviceBuffer, ReduceOp, Result, Stream};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -109,16 +110,23 @@ fn allocations_per_window(comm: &mut Communicator) -> Result<u64> {
     Ok(during)
 }
 
-/// Runs the window on 1 and on 2 ranks and checks the allocations.
+/// Runs the window on 1 and on 2 ranks, with the algorithms chosen by size (packets and
+/// direct loads and stores at these sizes) and through the proxy (port channels: the
+/// triggers, their execution and the semaphores), and checks the allocations.
 fn check_steady_state() {
-    for ranks in 1..=MAX_RANKS as u32 {
-        let counts =
-            in_process::run(ranks, InProcessConfig::default(), allocations_per_window).unwrap();
-        let total: u64 = counts.iter().sum();
-        assert!(
-            total < CALLS / 8,
-            "{ranks} rank(s): {total} allocations in {CALLS} collective calls per rank"
-        );
+    let ports = AlgorithmChoice::Use(Algorithm::Ports);
+    for algorithm in [AlgorithmChoice::Auto, ports] {
+        for ranks in 1..=MAX_RANKS as u32 {
+            let mut config = InProcessConfig::default();
+            config.communicator.collectives.algorithm = algorithm;
+            let counts = in_process::run(ranks, config, allocations_per_window).unwrap();
+            let total: u64 = counts.iter().sum();
+            assert!(
+                total < CALLS / 8,
+                "{ranks} rank(s), {algorithm:?}: {total} allocations in {CALLS} collective \
+                 calls per rank"
+            );
+        }
     }
 }
 
