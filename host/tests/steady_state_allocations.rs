@@ -52,6 +52,12 @@ const ROUNDS: u64 = 60;
 /// Calls in the window on each rank.
 const CALLS: u64 = ROUNDS * 7;
 
+/// Most allocations a window may see, all ranks together: one a call would be hundreds.
+/// What the runtime itself may allocate meanwhile is allowed for: a pool thread spawned for
+/// a kernel thread handed on (some twenty allocations), a thread of the test harness.
+/// Seen here: 1-8 a window mostly, up to 34 with co-running on a loaded machine.
+const MOST_ALLOCATIONS: u64 = CALLS / 4;
+
 /// One collective call of each kind, each synchronized; `i` picks the root of the rooted
 /// ones.
 fn each_collective(
@@ -122,7 +128,7 @@ fn check_steady_state() {
             let counts = in_process::run(ranks, config, allocations_per_window).unwrap();
             let total: u64 = counts.iter().sum();
             assert!(
-                total < CALLS / 8,
+                total < MOST_ALLOCATIONS,
                 "{ranks} rank(s), {algorithm:?}: {total} allocations in {CALLS} collective \
                  calls per rank"
             );
@@ -130,27 +136,24 @@ fn check_steady_state() {
     }
 }
 
-/// Guards the promise that a collective call allocates nothing once set up (the checks of
-/// the call, its launch and parameters, the kernel thread that runs it). The window counts
-/// every thread of the process, so an allocation elsewhere (a thread of the test harness)
-/// may land in it: the bound allows a few, not one a call.
-#[test]
-fn collective_calls_do_not_allocate_in_the_steady_state() {
-    check_steady_state();
-}
-
-/// Longest the run of the test below in a process of its own may take.
+/// Longest the run with co-running forced, in a process of its own, may take.
 const CHILD_LIMIT: Duration = Duration::from_secs(120);
 
-/// As the test above, with the two ranks' kernel threads taking turns on one host thread
-/// (`OXCCL_CPU_CORUN=always`): donations, the runner's queue of guests and the kernel
-/// threads it hands to pool threads when it closes. The policy is the process's, read
-/// once, so the test runs itself again in a process of its own with it set.
+/// Guards the promise that a collective call allocates nothing once set up (the checks of
+/// the call, its launch and parameters, the kernel thread that runs it); then the same with
+/// the two ranks' kernel threads taking turns on one host thread (`OXCCL_CPU_CORUN=always`:
+/// donations, the runner's queue of guests, the kernel threads it hands to pool threads
+/// when it closes). The policy is the process's, read once, so that part runs this test
+/// again in a process of its own with it set, after the first part (the window counts
+/// every thread of the process: nothing else of the test may run meanwhile). An allocation
+/// of the harness or the runtime may still land in a window: the bound allows a few, not
+/// one a call.
 #[test]
-fn collective_calls_do_not_allocate_while_kernel_threads_take_turns() {
-    const NAME: &str = "collective_calls_do_not_allocate_while_kernel_threads_take_turns";
+fn collective_calls_do_not_allocate_in_the_steady_state() {
+    const NAME: &str = "collective_calls_do_not_allocate_in_the_steady_state";
+    check_steady_state();
     if std::env::var_os("OXCCL_CPU_CORUN").is_some() {
-        return check_steady_state();
+        return;
     }
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", NAME, "--test-threads", "1"])
