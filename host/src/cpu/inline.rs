@@ -207,7 +207,7 @@ fn take_turns(
     let mut own = own;
     // This thread's queue of guests, empty between calls: reused, so taking turns does not
     // allocate.
-    let mut guests = GUESTS.take();
+    let mut guests = take_guest_queue();
     // Turns so far, for timing one in `TIME_EVERY`.
     let mut turns = 0u32;
     let mut timed = |suspect: bool| {
@@ -281,7 +281,7 @@ fn take_turns(
     };
     set_turns(false);
     evict(&mut guests);
-    GUESTS.set(guests);
+    keep_guest_queue(guests);
     match outcome {
         None => (own, None),
         Some(context) => {
@@ -289,6 +289,19 @@ fn take_turns(
             (own, context)
         }
     }
+}
+
+/// This thread's (empty) queue of guests, with the capacity it grew to.
+#[inline(never)]
+fn take_guest_queue() -> VecDeque<Turn> {
+    GUESTS.take()
+}
+
+/// Keeps `guests` (emptied) for this thread's next [`take_turns`].
+#[inline(never)]
+fn keep_guest_queue(guests: VecDeque<Turn>) {
+    debug_assert!(guests.is_empty());
+    GUESTS.set(guests);
 }
 
 /// One turn in this many is timed against [`corun::TURN_LIMIT`]: a clock read costs some
