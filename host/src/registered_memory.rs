@@ -222,8 +222,9 @@ impl RegisteredMemory {
     ///
     /// # Errors
     /// [`Error::InvalidUsage`] for bytes that are not a registered memory of this layout
-    /// version, or one whose description cannot be right: no transport, a host IPC handle
-    /// without the host IPC transport, a range outside its object or misaligned in it.
+    /// version (with nothing after it), or one whose description cannot be right: no
+    /// transport, a host IPC handle without the host IPC transport, a range outside its
+    /// object or misaligned in it.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let malformed =
             |what: String| Error::InvalidUsage(format!("malformed registered memory: {what}"));
@@ -241,8 +242,11 @@ impl RegisteredMemory {
                  layout version {LAYOUT_VERSION}: every rank of a job must run the same oxccl"
             )));
         }
-        let memory: RegisteredMemory =
-            postcard::from_bytes(rest).map_err(|e| malformed(e.to_string()))?;
+        let (memory, rest) = postcard::take_from_bytes::<RegisteredMemory>(rest)
+            .map_err(|e| malformed(e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(malformed(format!("{} bytes after it", rest.len())));
+        }
         memory.validate()?;
         Ok(memory)
     }
@@ -454,6 +458,19 @@ mod tests {
         let mut wrapping = m;
         wrapping.addr = u64::MAX - 16;
         refused(&wrapping, "past the end of the address space");
+    }
+
+    /// Guards against bytes after a peer's registration being ignored: the message is
+    /// exactly one registration, as every other wire format of oxccl refuses trailing bytes.
+    #[test]
+    fn trailing_bytes_are_refused() {
+        let mut bytes = sample().to_bytes().unwrap();
+        bytes.push(0);
+        let err = RegisteredMemory::from_bytes(&bytes).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidUsage(m) if m.contains("1 bytes after it")),
+            "{err}"
+        );
     }
 
     /// Guards against garbage from a peer being accepted as memory to write into.
