@@ -215,7 +215,7 @@ pub fn encode(
 ///
 /// # Errors
 /// Another version, bytes that are not one message, a write longer than
-/// [`MAX_CHUNK_BYTES`].
+/// [`MAX_CHUNK_BYTES`], an error text longer than [`MAX_ERROR_TEXT_BYTES`].
 pub fn decode_header(header: &[u8]) -> Result<Message, WireError> {
     let (version, rest) = postcard::take_from_bytes::<u16>(header)
         .map_err(|e| WireError::Malformed(format!("version: {e}")))?;
@@ -231,10 +231,19 @@ pub fn decode_header(header: &[u8]) -> Result<Message, WireError> {
             message.kind()
         )));
     }
-    if let Message::Write { len, .. } = message
-        && len > MAX_CHUNK_BYTES
-    {
-        return Err(WireError::PayloadTooLong { len: len as u64 });
+    match &message {
+        Message::Write { len, .. } if *len > MAX_CHUNK_BYTES => {
+            return Err(WireError::PayloadTooLong {
+                len: u64::from(*len),
+            });
+        }
+        Message::Error { reason } if reason.len() > MAX_ERROR_TEXT_BYTES => {
+            return Err(WireError::Malformed(format!(
+                "an error text of {} bytes (at most {MAX_ERROR_TEXT_BYTES})",
+                reason.len()
+            )));
+        }
+        _ => {}
     }
     Ok(message)
 }
@@ -458,8 +467,8 @@ mod tests {
     }
 
     /// Guards against a peer's bytes being trusted: an empty or oversized header length, a
-    /// header of another version, garbage, trailing bytes, a write longer than a chunk, a
-    /// frame cut short; each is an error, none panics.
+    /// header of another version, garbage, trailing bytes, a write longer than a chunk, an
+    /// error text longer than allowed, a frame cut short; each is an error, none panics.
     #[test]
     fn bad_frames_are_refused() {
         assert!(matches!(read(&[]), Ok(ReadOutcome::Closed)));
@@ -488,6 +497,10 @@ mod tests {
             len: MAX_CHUNK_BYTES + 1,
         });
         assert!(matches!(read(&big), Err(WireError::PayloadTooLong { .. })));
+        let long_error = frame(&Message::Error {
+            reason: "x".repeat(MAX_ERROR_TEXT_BYTES + 1),
+        });
+        assert!(matches!(read(&long_error), Err(WireError::Malformed(_))));
         let cut = frame(&Message::Flush { seq: 7 });
         assert!(matches!(
             read(&cut[..cut.len() - 1]),
