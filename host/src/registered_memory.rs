@@ -414,7 +414,7 @@ mod tests {
     use super::*;
     use crate::Device;
 
-    fn sample() -> RegisteredMemory {
+    pub(super) fn sample() -> RegisteredMemory {
         let buf = Device::cpu(0).alloc_zeroed::<u8>(8192).unwrap();
         RegisteredMemory::new_local(
             3,
@@ -481,5 +481,70 @@ mod tests {
             Err(Error::InvalidUsage(_))
         ));
         assert!(RegisteredMemory::from_bytes(&vec![1; MAX_ENCODED_BYTES + 1]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::tests::sample;
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use std::sync::LazyLock;
+
+    /// A registration of this process, as a peer would receive it.
+    static SAMPLE_BYTES: LazyLock<Vec<u8>> = LazyLock::new(|| sample().to_bytes().unwrap());
+
+    /// Whether `memory` is what the receiving side may use: held by nobody here, and
+    /// the same after another trip.
+    fn usable(memory: &RegisteredMemory) -> bool {
+        !memory.is_local()
+            && RegisteredMemory::from_bytes(&memory.to_bytes().unwrap())
+                .is_ok_and(|again| again == *memory)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Guards against a panic on any bytes a peer sends after the layout version, or a
+        /// registration decoded from them that does not survive another trip. Every prefix
+        /// is tried: a registration must use all the bytes.
+        #[test]
+        fn arbitrary_bytes_are_an_error_or_a_usable_registration(
+            body in vec(any::<u8>(), 0..160),
+        ) {
+            let mut bytes = postcard::to_stdvec(&LAYOUT_VERSION).unwrap();
+            bytes.extend_from_slice(&body);
+            for len in 0..=bytes.len() {
+                if let Ok(memory) = RegisteredMemory::from_bytes(&bytes[..len]) {
+                    prop_assert!(usable(&memory), "{:?}", memory);
+                }
+            }
+        }
+
+        /// Guards against a corrupted registration (bit flips in its lengths, options,
+        /// transports and ranges, a cut, a byte after it) causing a panic or being accepted
+        /// unchecked.
+        #[test]
+        fn corrupted_registrations_are_an_error_or_usable(
+            flips in vec((any::<usize>(), 1u8..), 1..4),
+            cut in any::<usize>(),
+            extra in any::<u8>(),
+        ) {
+            let mut padded = SAMPLE_BYTES.clone();
+            padded.push(extra);
+            prop_assert!(RegisteredMemory::from_bytes(&padded).is_err());
+            let mut bytes = SAMPLE_BYTES.clone();
+            for (at, mask) in flips {
+                let i = at % bytes.len();
+                bytes[i] ^= mask;
+            }
+            let cut = cut % (bytes.len() + 1);
+            for candidate in [&bytes[..], &bytes[..cut]] {
+                if let Ok(memory) = RegisteredMemory::from_bytes(candidate) {
+                    prop_assert!(usable(&memory), "{:?}", memory);
+                }
+            }
+        }
     }
 }
