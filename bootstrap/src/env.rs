@@ -457,39 +457,36 @@ fn root_from_vars(get: &impl Fn(&str) -> Option<String>, launcher: Launcher) -> 
 
 /// First host of a Slurm host list: `gpu[03-05,9],cpu1` → `gpu03`.
 pub(crate) fn first_host(list: &str) -> Option<String> {
+    let mut host = String::new();
+    let mut entry = first_entry(list);
+    // One bracket group at a time (`rack[1-2]-n[4-5]`: `rack1`, then `-n4`), each read
+    // once: a list of many groups must not take a stack frame, a copy of the host, or
+    // another scan of the list per group.
+    while let Some((prefix, rest)) = entry.split_once('[') {
+        let inner = rest.split(']').next().unwrap_or_default();
+        let first = inner.split(',').next().unwrap_or_default();
+        let lo = first.split('-').next().unwrap_or_default();
+        host.push_str(prefix);
+        host.push_str(lo);
+        entry = rest.split_once(']').map_or("", |(_, suffix)| suffix.trim());
+    }
+    host.push_str(entry);
+    (!host.is_empty()).then_some(host)
+}
+
+/// The first entry of a Slurm host list: up to the first comma outside brackets.
+fn first_entry(list: &str) -> &str {
     let list = list.trim();
-    // The first entry ends at the first comma outside brackets.
     let mut depth = 0usize;
-    let mut end = list.len();
     for (i, c) in list.char_indices() {
         match c {
             '[' => depth += 1,
             ']' => depth = depth.saturating_sub(1),
-            ',' if depth == 0 => {
-                end = i;
-                break;
-            }
+            ',' if depth == 0 => return &list[..i],
             _ => {}
         }
     }
-    let entry = &list[..end];
-    let host = match entry.split_once('[') {
-        None => entry.to_owned(),
-        Some((prefix, rest)) => {
-            let inner = rest.split(']').next()?;
-            let first = inner.split(',').next()?;
-            let lo = first.split('-').next()?;
-            let suffix = rest.split_once(']').map(|(_, s)| s).unwrap_or("");
-            // Later bracket groups (`rack[1-2]-n[4-5]`) expand the same way.
-            let tail = if suffix.is_empty() {
-                String::new()
-            } else {
-                first_host(suffix).unwrap_or_default()
-            };
-            format!("{prefix}{lo}{tail}")
-        }
-    };
-    (!host.is_empty()).then_some(host)
+    list
 }
 
 fn derive_secret(
@@ -563,6 +560,17 @@ mod tests {
             Vec::<&String>::new(),
             "in LAUNCHER_VARS but never read"
         );
+    }
+
+    // Guards against a node list of many bracket groups (a launcher's variable may hold
+    // 128 KiB) exhausting the stack, or taking time that grows with its square.
+    #[test]
+    fn slurm_first_host_of_many_bracket_groups() {
+        let groups = 20_000;
+        let list = "n[1-2]".repeat(groups);
+        let start = std::time::Instant::now();
+        assert_eq!(first_host(&list), Some("n1".repeat(groups)));
+        assert!(start.elapsed() < std::time::Duration::from_secs(1));
     }
 
     // Guards against misreading Slurm's compressed host lists (the root would be a host

@@ -215,7 +215,7 @@ pub fn encode(
 ///
 /// # Errors
 /// Another version, bytes that are not one message, a write longer than
-/// [`MAX_CHUNK_BYTES`].
+/// [`MAX_CHUNK_BYTES`], an error text longer than [`MAX_ERROR_TEXT_BYTES`].
 pub fn decode_header(header: &[u8]) -> Result<Message, WireError> {
     let (version, rest) = postcard::take_from_bytes::<u16>(header)
         .map_err(|e| WireError::Malformed(format!("version: {e}")))?;
@@ -231,10 +231,19 @@ pub fn decode_header(header: &[u8]) -> Result<Message, WireError> {
             message.kind()
         )));
     }
-    if let Message::Write { len, .. } = message
-        && len > MAX_CHUNK_BYTES
-    {
-        return Err(WireError::PayloadTooLong { len: len as u64 });
+    match &message {
+        Message::Write { len, .. } if *len > MAX_CHUNK_BYTES => {
+            return Err(WireError::PayloadTooLong {
+                len: u64::from(*len),
+            });
+        }
+        Message::Error { reason } if reason.len() > MAX_ERROR_TEXT_BYTES => {
+            return Err(WireError::Malformed(format!(
+                "an error text of {} bytes (at most {MAX_ERROR_TEXT_BYTES})",
+                reason.len()
+            )));
+        }
+        _ => {}
     }
     Ok(message)
 }
@@ -458,8 +467,8 @@ mod tests {
     }
 
     /// Guards against a peer's bytes being trusted: an empty or oversized header length, a
-    /// header of another version, garbage, trailing bytes, a write longer than a chunk, a
-    /// frame cut short; each is an error, none panics.
+    /// header of another version, garbage, trailing bytes, a write longer than a chunk, an
+    /// error text longer than allowed, a frame cut short; each is an error, none panics.
     #[test]
     fn bad_frames_are_refused() {
         assert!(matches!(read(&[]), Ok(ReadOutcome::Closed)));
@@ -488,10 +497,182 @@ mod tests {
             len: MAX_CHUNK_BYTES + 1,
         });
         assert!(matches!(read(&big), Err(WireError::PayloadTooLong { .. })));
+        let long_error = frame(&Message::Error {
+            reason: "x".repeat(MAX_ERROR_TEXT_BYTES + 1),
+        });
+        assert!(matches!(read(&long_error), Err(WireError::Malformed(_))));
         let cut = frame(&Message::Flush { seq: 7 });
         assert!(matches!(
             read(&cut[..cut.len() - 1]),
             Err(WireError::Truncated { part: "header", .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    fn arb_message() -> impl Strategy<Value = Message> {
+        prop_oneof![
+            (any::<u32>(), any::<u32>(), any::<[u8; TOKEN_BYTES]>())
+                .prop_map(|(from, to, token)| Message::Hello { from, to, token }),
+            Just(Message::Welcome),
+            (any::<u32>(), any::<u64>(), 0..=MAX_CHUNK_BYTES)
+                .prop_map(|(id, offset, len)| Message::Write { id, offset, len }),
+            (any::<u32>(), any::<u64>(), any::<u64>())
+                .prop_map(|(id, offset, value)| Message::Signal { id, offset, value }),
+            any::<u64>().prop_map(|seq| Message::Flush { seq }),
+            any::<u64>().prop_map(|seq| Message::FlushAck { seq }),
+            ".{0,80}".prop_map(|reason| Message::error(&reason)),
+            Just(Message::Goodbye),
+        ]
+    }
+
+    fn frame(message: &Message) -> Vec<u8> {
+        let mut out = [0u8; MAX_FRAME_HEADER_BYTES];
+        let n = encode(message, &mut out).unwrap();
+        out[..n].to_vec()
+    }
+
+    /// Whether a decoded message keeps the bounds the format promises its readers.
+    fn within_bounds(message: &Message) -> bool {
+        match message {
+            Message::Write { len, .. } => *len <= MAX_CHUNK_BYTES,
+            Message::Error { reason } => reason.len() <= MAX_ERROR_TEXT_BYTES,
+            _ => true,
+        }
+    }
+
+    /// A socket that hands out `bytes` in the pieces `steps` say (0: a read that times out),
+    /// then either ends the stream or times out forever.
+    struct Trickle {
+        bytes: Vec<u8>,
+        at: usize,
+        steps: Vec<usize>,
+        step: usize,
+        ends: bool,
+    }
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let left = self.bytes.len() - self.at;
+            if left == 0 {
+                return if self.ends {
+                    Ok(0)
+                } else {
+                    Err(io::ErrorKind::WouldBlock.into())
+                };
+            }
+            let piece = self.steps[self.step % self.steps.len()];
+            self.step += 1;
+            if piece == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let n = piece.min(left).min(buf.len());
+            buf[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    fn read_from(reader: &mut impl Read, deadline: Instant) -> Result<ReadOutcome, WireError> {
+        read_header(reader, || true, || deadline)
+    }
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Guards against a panic on any bytes a peer sends, or a message decoded from them
+        /// that breaks the bounds readers rely on (a chunk, an error text).
+        #[test]
+        fn arbitrary_bytes_are_an_error_or_a_bounded_message(
+            bytes in vec(any::<u8>(), 0..MAX_FRAME_HEADER_BYTES + 8),
+        ) {
+            match read_from(&mut &bytes[..], far()) {
+                Ok(ReadOutcome::Frame(message)) => prop_assert!(within_bounds(&message)),
+                Ok(ReadOutcome::Closed) => prop_assert!(bytes.is_empty()),
+                Ok(ReadOutcome::Stopped) => prop_assert!(false, "stopped while never idle"),
+                Err(_) => {}
+            }
+        }
+
+        /// Guards against the same on headers of this version, which reach the message
+        /// decoder (random bytes rarely carry the right version). Every prefix of the bytes
+        /// is a header: a header must decode to exactly one message, which random bytes of
+        /// one length rarely do.
+        #[test]
+        fn arbitrary_headers_are_an_error_or_a_bounded_message(
+            kind in 0u8..10,
+            body in vec(any::<u8>(), 0..MAX_HEADER_BYTES - 2),
+        ) {
+            let mut header = vec![WIRE_VERSION as u8, kind];
+            header.extend_from_slice(&body);
+            for len in 1..=header.len() {
+                if let Ok(message) = decode_header(&header[..len]) {
+                    prop_assert!(within_bounds(&message), "{:?}", message);
+                }
+            }
+        }
+
+        /// Guards against encoder and decoder drifting apart for any field values, and
+        /// against a frame read wrongly when it arrives in pieces between read timeouts.
+        #[test]
+        fn messages_round_trip_whatever_the_pieces(
+            message in arb_message(),
+            steps in vec(0usize..8, 1..8),
+        ) {
+            let bytes = frame(&message);
+            prop_assume!(steps.iter().any(|&s| s > 0));
+            let mut reader = Trickle { bytes, at: 0, steps, step: 0, ends: true };
+            match read_from(&mut reader, far()) {
+                Ok(ReadOutcome::Frame(back)) => prop_assert_eq!(back, message),
+                other => prop_assert!(false, "{:?}", other),
+            }
+        }
+
+        /// Guards against a frame cut short being taken for a frame, or waited on forever:
+        /// a stream that ends inside it is `Truncated`, one that goes quiet inside it is
+        /// `Stalled` at the deadline.
+        #[test]
+        fn cut_frames_are_truncated_or_stalled(message in arb_message(), cut in any::<usize>()) {
+            let whole = frame(&message);
+            let cut = 1 + cut % (whole.len() - 1);
+            let ended = read_from(&mut &whole[..cut], far());
+            prop_assert!(matches!(ended, Err(WireError::Truncated { .. })), "{:?}", ended);
+            let mut quiet = Trickle {
+                bytes: whole[..cut].to_vec(),
+                at: 0,
+                steps: vec![cut],
+                step: 0,
+                ends: false,
+            };
+            let stalled = read_from(&mut quiet, Instant::now());
+            prop_assert!(matches!(stalled, Err(WireError::Stalled { .. })), "{:?}", stalled);
+        }
+
+        /// Guards against a corrupted frame (bit flips in lengths, kinds and fields) causing
+        /// a panic or a message outside the bounds.
+        #[test]
+        fn corrupted_frames_are_an_error_or_a_bounded_message(
+            message in arb_message(),
+            flips in vec((any::<usize>(), 1u8..), 1..4),
+        ) {
+            let mut bytes = frame(&message);
+            for (at, mask) in flips {
+                let i = at % bytes.len();
+                bytes[i] ^= mask;
+            }
+            if let Ok(ReadOutcome::Frame(back)) = read_from(&mut &bytes[..], far()) {
+                prop_assert!(within_bounds(&back));
+            }
+        }
     }
 }

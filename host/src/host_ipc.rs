@@ -296,4 +296,35 @@ mod tests {
         assert!(matches!(gone.map(), Err(Error::System { .. })));
         assert!(good.map().is_ok());
     }
+
+    /// Guards against a handle a peer forged from a real one by changing any of its
+    /// numbers (process, descriptor, inode, size; negative, zero, past the end) being
+    /// mapped or making the check panic: only the handle as issued maps.
+    #[test]
+    fn only_the_issued_handle_maps() {
+        use proptest::prelude::*;
+        let mem = HostMemory::new(2 * 4096, Fill::Zero).unwrap();
+        let good = mem.ipc_handle();
+        let config = ProptestConfig {
+            cases: 128,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        };
+        proptest!(config, |(
+            pid in proptest::option::of(prop_oneof![Just(0), Just(1), any::<u32>()]),
+            fd in proptest::option::of(prop_oneof![-2i32..64, any::<i32>()]),
+            inode in proptest::option::of(any::<u64>()),
+            len in proptest::option::of(prop_oneof![0u64..3 * 4096, any::<u64>()]),
+        )| {
+            let forged = HostIpcHandle {
+                pid: pid.unwrap_or(good.pid),
+                fd: fd.unwrap_or(good.fd),
+                inode: inode.unwrap_or(good.inode),
+                len: len.unwrap_or(good.len),
+                ..good.clone()
+            };
+            let mapped = forged.map();
+            prop_assert_eq!(mapped.is_ok(), forged == good, "{:?}: {:?}", forged, mapped);
+        });
+    }
 }

@@ -260,3 +260,72 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    fn arb_endpoint() -> impl Strategy<Value = IbEndpoint> {
+        (
+            any::<u32>(),
+            any::<u32>(),
+            any::<u16>(),
+            any::<[u8; 16]>(),
+            any::<bool>(),
+            prop_oneof![proptest::sample::select(MTUS.to_vec()), any::<u16>()],
+        )
+            .prop_map(|(qp_number, psn, lid, gid, global, mtu)| IbEndpoint {
+                qp_number,
+                psn,
+                lid,
+                gid,
+                global,
+                mtu,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Guards against an endpoint that fits no message of [`MAX_ENDPOINT_BYTES`], and
+        /// against one being accepted that no queue pair could connect to, or refused when
+        /// one could.
+        #[test]
+        fn endpoints_arrive_exactly_when_they_check(endpoint in arb_endpoint()) {
+            let bytes = endpoint.to_bytes().unwrap();
+            prop_assert!(bytes.len() <= MAX_ENDPOINT_BYTES, "{} bytes", bytes.len());
+            match IbEndpoint::from_bytes(&bytes) {
+                Ok(back) => {
+                    prop_assert_eq!(back, endpoint);
+                    prop_assert_eq!(endpoint.check(), Ok(()));
+                }
+                Err(_) => prop_assert!(endpoint.check().is_err()),
+            }
+        }
+
+        /// Guards against a panic on any bytes a peer sends, or an endpoint decoded from
+        /// them that fails the checks. Every prefix is tried: an endpoint must use all the
+        /// bytes, which random bytes of one length rarely do.
+        #[test]
+        fn arbitrary_bytes_are_an_error_or_a_checked_endpoint(
+            versioned in any::<bool>(),
+            body in vec(any::<u8>(), 0..MAX_ENDPOINT_BYTES + 8),
+        ) {
+            let mut bytes = if versioned {
+                postcard::to_stdvec(&IB_WIRE_VERSION).unwrap()
+            } else {
+                Vec::new()
+            };
+            bytes.extend_from_slice(&body);
+            for len in 0..=bytes.len() {
+                if let Ok(endpoint) = IbEndpoint::from_bytes(&bytes[..len]) {
+                    prop_assert_eq!(endpoint.check(), Ok(()));
+                    // Not equal: postcard also reads over-long varints.
+                    prop_assert!(endpoint.to_bytes().unwrap().len() <= len);
+                }
+            }
+        }
+    }
+}

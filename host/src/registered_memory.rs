@@ -222,8 +222,9 @@ impl RegisteredMemory {
     ///
     /// # Errors
     /// [`Error::InvalidUsage`] for bytes that are not a registered memory of this layout
-    /// version, or one whose description cannot be right: no transport, a host IPC handle
-    /// without the host IPC transport, a range outside its object or misaligned in it.
+    /// version (with nothing after it), or one whose description cannot be right: no
+    /// transport, a host IPC handle without the host IPC transport, a range outside its
+    /// object or misaligned in it.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let malformed =
             |what: String| Error::InvalidUsage(format!("malformed registered memory: {what}"));
@@ -241,8 +242,11 @@ impl RegisteredMemory {
                  layout version {LAYOUT_VERSION}: every rank of a job must run the same oxccl"
             )));
         }
-        let memory: RegisteredMemory =
-            postcard::from_bytes(rest).map_err(|e| malformed(e.to_string()))?;
+        let (memory, rest) = postcard::take_from_bytes::<RegisteredMemory>(rest)
+            .map_err(|e| malformed(e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(malformed(format!("{} bytes after it", rest.len())));
+        }
         memory.validate()?;
         Ok(memory)
     }
@@ -410,7 +414,7 @@ mod tests {
     use super::*;
     use crate::Device;
 
-    fn sample() -> RegisteredMemory {
+    pub(super) fn sample() -> RegisteredMemory {
         let buf = Device::cpu(0).alloc_zeroed::<u8>(8192).unwrap();
         RegisteredMemory::new_local(
             3,
@@ -456,6 +460,19 @@ mod tests {
         refused(&wrapping, "past the end of the address space");
     }
 
+    /// Guards against bytes after a peer's registration being ignored: the message is
+    /// exactly one registration, as every other wire format of oxccl refuses trailing bytes.
+    #[test]
+    fn trailing_bytes_are_refused() {
+        let mut bytes = sample().to_bytes().unwrap();
+        bytes.push(0);
+        let err = RegisteredMemory::from_bytes(&bytes).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidUsage(m) if m.contains("1 bytes after it")),
+            "{err}"
+        );
+    }
+
     /// Guards against garbage from a peer being accepted as memory to write into.
     #[test]
     fn garbage_is_refused() {
@@ -464,5 +481,70 @@ mod tests {
             Err(Error::InvalidUsage(_))
         ));
         assert!(RegisteredMemory::from_bytes(&vec![1; MAX_ENCODED_BYTES + 1]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::tests::sample;
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use std::sync::LazyLock;
+
+    /// A registration of this process, as a peer would receive it.
+    static SAMPLE_BYTES: LazyLock<Vec<u8>> = LazyLock::new(|| sample().to_bytes().unwrap());
+
+    /// Whether `memory` is what the receiving side may use: held by nobody here, and
+    /// the same after another trip.
+    fn usable(memory: &RegisteredMemory) -> bool {
+        !memory.is_local()
+            && RegisteredMemory::from_bytes(&memory.to_bytes().unwrap())
+                .is_ok_and(|again| again == *memory)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Guards against a panic on any bytes a peer sends after the layout version, or a
+        /// registration decoded from them that does not survive another trip. Every prefix
+        /// is tried: a registration must use all the bytes.
+        #[test]
+        fn arbitrary_bytes_are_an_error_or_a_usable_registration(
+            body in vec(any::<u8>(), 0..160),
+        ) {
+            let mut bytes = postcard::to_stdvec(&LAYOUT_VERSION).unwrap();
+            bytes.extend_from_slice(&body);
+            for len in 0..=bytes.len() {
+                if let Ok(memory) = RegisteredMemory::from_bytes(&bytes[..len]) {
+                    prop_assert!(usable(&memory), "{:?}", memory);
+                }
+            }
+        }
+
+        /// Guards against a corrupted registration (bit flips in its lengths, options,
+        /// transports and ranges, a cut, a byte after it) causing a panic or being accepted
+        /// unchecked.
+        #[test]
+        fn corrupted_registrations_are_an_error_or_usable(
+            flips in vec((any::<usize>(), 1u8..), 1..4),
+            cut in any::<usize>(),
+            extra in any::<u8>(),
+        ) {
+            let mut padded = SAMPLE_BYTES.clone();
+            padded.push(extra);
+            prop_assert!(RegisteredMemory::from_bytes(&padded).is_err());
+            let mut bytes = SAMPLE_BYTES.clone();
+            for (at, mask) in flips {
+                let i = at % bytes.len();
+                bytes[i] ^= mask;
+            }
+            let cut = cut % (bytes.len() + 1);
+            for candidate in [&bytes[..], &bytes[..cut]] {
+                if let Ok(memory) = RegisteredMemory::from_bytes(candidate) {
+                    prop_assert!(usable(&memory), "{:?}", memory);
+                }
+            }
+        }
     }
 }
