@@ -120,8 +120,11 @@ impl HostIpcHandle {
                 target.to_string_lossy()
             )));
         }
-        let fd = rustix::fs::open(&path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
-            .map_err(|e| system("opening", e))?;
+        // The owner could swap its descriptor between the look above and this open: whatever
+        // it names then must neither block the open (a FIFO), become our terminal, nor be
+        // mapped (checked below). A memfd ignores both flags.
+        let flags = OFlags::RDWR | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        let fd = rustix::fs::open(&path, flags, Mode::empty()).map_err(|e| system("opening", e))?;
         // Checked on the open descriptor: what we map is what we checked.
         self.check_object(&fd).map_err(refuse)?;
         let len = usize::try_from(self.len)
