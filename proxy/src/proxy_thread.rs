@@ -25,6 +25,7 @@ use crate::fifo::FifoCells;
 use crate::proxy_service::{Consumer, Shared, SpinBudget, StallWatch, drain, drain_held};
 use parking_lot::lock_api::ArcMutexGuard;
 use parking_lot::{Mutex, RawMutex};
+use smallvec::SmallVec;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::Thread;
@@ -49,6 +50,9 @@ const MAX_PARK_TIMEOUT: Duration = Duration::from_millis(50);
 /// stall is only reported after a whole wait limit, so a look every few thousand polls
 /// (microseconds) loses nothing.
 pub(crate) const STALL_CHECK_EVERY: u32 = 4096;
+
+/// Members a proxy thread looks at without allocating when it parks (more still work).
+const MEMBERS_INLINE: usize = 8;
 
 /// One service as a proxy thread serves it.
 pub(crate) struct Member {
@@ -299,7 +303,9 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
                     .iter()
                     .any(|s| s.member.shared.shutdown.load(Ordering::Acquire))
         };
-        let rings: Vec<(&FifoCells, bool)> = members
+        // On the stack: a park refused (a claimed position not published yet, an assistant
+        // draining) is tried again at once, so this runs in a loop while kernels push.
+        let rings: SmallVec<[(&FifoCells, bool); MEMBERS_INLINE]> = members
             .iter()
             .map(|s| (&*s.member.cells, s.stalled))
             .collect();
