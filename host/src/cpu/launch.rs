@@ -297,6 +297,10 @@ const INLINE_PARAM_ALIGN: usize = 16;
 /// Parameters whose pointers a launch keeps in itself (more take an allocation).
 const INLINE_PARAMS: usize = 16;
 
+/// Largest allocation of parameter values a launch keeps for its reuse (see
+/// `ParamBlock::clear`).
+const KEPT_PARAM_BYTES: usize = 4 << 10;
+
 /// Storage for the parameter values of a launch that fit in it.
 #[repr(C, align(16))]
 struct InlineParams([MaybeUninit<u8>; INLINE_PARAM_BYTES]);
@@ -311,9 +315,10 @@ const _: () = assert!(core::mem::align_of::<InlineParams>() == INLINE_PARAM_ALIG
 /// ([`Self::fill`]), and never moves after: `pointers` may point into `inline`.
 ///
 /// Invariants: `heap`, if set, was allocated with its layout (non-zero size) and is freed
-/// only by `Drop`, or by `fill` when it needs a larger one (`clear` keeps it, so a launch
-/// reused for a kernel of large parameters allocates nothing); once filled, `pointers[i]` points into `heap` or else
-/// `inline`, aligned to `kernel.params[i].align`, with `kernel.params[i].size` initialized
+/// only by `Drop`, by `clear` if it is larger than [`KEPT_PARAM_BYTES`], or by `fill` when
+/// it needs a larger one (a launch reused for a kernel of large parameters, such as an
+/// all-to-all-v's 1 KiB of counts, allocates nothing); once filled, `pointers[i]` points
+/// into `heap` or else `inline`, aligned to `kernel.params[i].align`, with `kernel.params[i].size` initialized
 /// bytes after it inside that storage.
 ///
 /// [`ParamLayout`]: oxccl_device::launch::ParamLayout
@@ -340,10 +345,19 @@ impl ParamBlock {
         }
     }
 
-    /// Empties the block for [`Self::fill`] again (an allocation of its values is kept for
-    /// the next values that need one).
+    /// Empties the block for [`Self::fill`] again. An allocation of its values is kept for
+    /// the next values that need one, unless larger than [`KEPT_PARAM_BYTES`] (a stream
+    /// keeps hundreds of launches for reuse).
     fn clear(&mut self) {
         self.pointers.clear();
+        if let Some((heap, layout)) = self.heap
+            && layout.size() > KEPT_PARAM_BYTES
+        {
+            self.heap = None;
+            // SAFETY: by the invariant, `heap` came from `alloc(layout)`; taken out of the
+            // block, it is freed once, and no pointer into it is left (the block is empty).
+            unsafe { std::alloc::dealloc(heap.as_ptr(), layout) };
+        }
     }
 
     /// Storage for values of `layout` (larger than the inline storage, or aligned above
