@@ -315,11 +315,12 @@ const _: () = assert!(core::mem::align_of::<InlineParams>() == INLINE_PARAM_ALIG
 /// ([`Self::fill`]), and never moves after: `pointers` may point into `inline`.
 ///
 /// Invariants: `heap`, if set, was allocated with its layout (non-zero size) and is freed
-/// only by `Drop`, by `clear` if it is larger than [`KEPT_PARAM_BYTES`], or by `fill` when
-/// it needs a larger one (a launch reused for a kernel of large parameters, such as an
-/// all-to-all-v's 1 KiB of counts, allocates nothing); once filled, `pointers[i]` points
-/// into `heap` or else `inline`, aligned to `kernel.params[i].align`, with `kernel.params[i].size` initialized
-/// bytes after it inside that storage.
+/// only by `free_heap` (from `Drop`; from `clear` if it is larger than
+/// [`KEPT_PARAM_BYTES`]; from `fill` when it needs a larger one: a launch reused for a
+/// kernel of large parameters, such as an all-to-all-v's 1 KiB of counts, allocates
+/// nothing); once filled, `pointers[i]` points into `heap` or else `inline`, aligned to
+/// `kernel.params[i].align`, with `kernel.params[i].size` initialized bytes after it inside
+/// that storage.
 ///
 /// [`ParamLayout`]: oxccl_device::launch::ParamLayout
 struct ParamBlock {
@@ -350,12 +351,20 @@ impl ParamBlock {
     /// keeps hundreds of launches for reuse).
     fn clear(&mut self) {
         self.pointers.clear();
-        if let Some((heap, layout)) = self.heap
-            && layout.size() > KEPT_PARAM_BYTES
+        if self
+            .heap
+            .is_some_and(|(_, layout)| layout.size() > KEPT_PARAM_BYTES)
         {
-            self.heap = None;
+            self.free_heap();
+        }
+    }
+
+    /// Frees the allocation of values, if any. The block must hold no pointer into it
+    /// (empty, or being dropped).
+    fn free_heap(&mut self) {
+        if let Some((heap, layout)) = self.heap.take() {
             // SAFETY: by the invariant, `heap` came from `alloc(layout)`; taken out of the
-            // block, it is freed once, and no pointer into it is left (the block is empty).
+            // block, it is freed once, and no pointer into it is used again.
             unsafe { std::alloc::dealloc(heap.as_ptr(), layout) };
         }
     }
@@ -368,10 +377,7 @@ impl ParamBlock {
             if kept.size() >= layout.size() && kept.align() >= layout.align() {
                 return Ok(heap);
             }
-            self.heap = None;
-            // SAFETY: by the invariant, `heap` came from `alloc(kept)`; taken out of the
-            // block, it is freed once, and no pointer into it is left (the block is empty).
-            unsafe { std::alloc::dealloc(heap.as_ptr(), kept) };
+            self.free_heap();
         }
         // SAFETY: `layout` has a non-zero size (larger than the inline storage, or aligned
         // above 16, hence at least that large).
@@ -434,11 +440,7 @@ impl ParamBlock {
 
 impl Drop for ParamBlock {
     fn drop(&mut self) {
-        if let Some((heap, layout)) = self.heap {
-            // SAFETY: by the invariant, `heap` came from `alloc(layout)` and is freed only
-            // here.
-            unsafe { std::alloc::dealloc(heap.as_ptr(), layout) };
-        }
+        self.free_heap();
     }
 }
 

@@ -45,7 +45,7 @@ pub(crate) const ROOM_WAIT_LIMIT: Duration = Duration::from_secs(60);
 /// calls enqueued back to back run ahead of their kernels, and with only a few kept, every
 /// launch past them was allocated anew (and freed once run), in every burst of calls. At
 /// some 600 bytes a launch, at most about 150 KiB a stream.
-pub(crate) const SPARE_LAUNCHES: usize = 256;
+const SPARE_LAUNCHES: usize = 256;
 
 /// The shared state of one stream.
 pub(crate) struct CpuStream {
@@ -579,11 +579,11 @@ mod tests {
 
     static ORDER: Mutex<Vec<(u64, ThreadId)>> = Mutex::new(Vec::new());
 
-    /// Appends `seq` and its OS thread to `ORDER`.
     /// Does nothing.
     #[kernel]
     fn nothing() {}
 
+    /// Appends `seq` and its OS thread to `ORDER`.
     #[kernel]
     fn append(seq: u64) {
         ORDER.lock().push((seq, std::thread::current().id()));
