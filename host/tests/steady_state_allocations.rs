@@ -118,19 +118,23 @@ fn allocations_per_window(comm: &mut Communicator) -> Result<u64> {
 
 /// Runs the window on 1 and on 2 ranks, with the algorithms chosen by size (packets and
 /// direct loads and stores at these sizes) and through the proxy (port channels: the
-/// triggers, their execution and the semaphores), and checks the allocations.
+/// triggers, their execution and the semaphores, with proxy assist and without), and
+/// checks the allocations.
 fn check_steady_state() {
     let ports = AlgorithmChoice::Use(Algorithm::Ports);
-    for algorithm in [AlgorithmChoice::Auto, ports] {
+    // Through the proxy both ways: the pushing kernel threads executing their triggers
+    // (assist), and the proxy thread executing them itself.
+    for (algorithm, assist) in [(AlgorithmChoice::Auto, true), (ports, true), (ports, false)] {
         for ranks in 1..=MAX_RANKS as u32 {
             let mut config = InProcessConfig::default();
             config.communicator.collectives.algorithm = algorithm;
+            config.communicator.proxy_assist = assist;
             let counts = in_process::run(ranks, config, allocations_per_window).unwrap();
             let total: u64 = counts.iter().sum();
             assert!(
                 total < MOST_ALLOCATIONS,
-                "{ranks} rank(s), {algorithm:?}: {total} allocations in {CALLS} collective \
-                 calls per rank"
+                "{ranks} rank(s), {algorithm:?}, assist {assist}: {total} allocations in \
+                 {CALLS} collective calls per rank"
             );
         }
     }
