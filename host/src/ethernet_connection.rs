@@ -14,12 +14,16 @@
 //! `ethernet_staging.rs`).
 //!
 //! The first failure breaks the connection for good (a frame may be half sent): every
-//! later call returns it.
+//! later call returns it. A connection that ends or is reset under a send or a flush without
+//! the peer's reason is the peer lost ([`ProxyError::PeerLost`]), the same error the rank's
+//! receiver reports when the peer's half closes without a goodbye: a survivor says the same
+//! thing whichever of its threads noticed first.
 
 use crate::error::{Error, Result};
 use crate::ethernet_staging::Stager;
 use crate::ethernet_wire::{
-    MAX_CHUNK_BYTES, Message, ReadOutcome, TOKEN_BYTES, read_header, send_frame,
+    MAX_CHUNK_BYTES, Message, ReadOutcome, TOKEN_BYTES, WireError, peer_gone, read_header,
+    send_frame,
 };
 use oxccl_proxy::{Connection, MemoryRegion, ProxyError};
 use parking_lot::Mutex;
@@ -48,10 +52,34 @@ struct State {
     /// Sequence number of the last flush.
     flushes: u64,
     /// Why the connection is unusable, once it is.
-    broken: Option<String>,
+    broken: Option<Broken>,
     /// Where the source of a write is copied to before it is sent, if the host cannot read
     /// it at its address.
     stager: Option<Box<dyn Stager>>,
+}
+
+/// Why a connection is unusable.
+#[derive(Debug)]
+struct Broken {
+    why: String,
+    /// The peer's end went away (closed or reset without a reason): the peer is lost.
+    peer_gone: bool,
+}
+
+/// Why the peer's reply did not come.
+enum NoReply {
+    /// The connection ended or was reset without an error frame: the peer is gone.
+    Gone(String),
+    /// The peer refused, did not answer in time, or the socket failed here.
+    Failed(String),
+}
+
+impl std::fmt::Display for NoReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoReply::Gone(why) | NoReply::Failed(why) => f.write_str(why),
+        }
+    }
 }
 
 impl EthernetConnection {
@@ -144,7 +172,7 @@ impl EthernetConnection {
         match self.read_reply(&mut state) {
             Ok(Message::Welcome) => Ok(()),
             Ok(other) => Err(self.setup_error(format!("answered {} to its Hello", other.kind()))),
-            Err(why) => Err(self.setup_error(why)),
+            Err(why) => Err(self.setup_error(why.to_string())),
         }
     }
 
@@ -157,7 +185,7 @@ impl EthernetConnection {
 
     /// The next frame the peer sends back, within the limit; an error frame or a closed
     /// connection is an error saying so.
-    fn read_reply(&self, state: &mut State) -> Result<Message, String> {
+    fn read_reply(&self, state: &mut State) -> Result<Message, NoReply> {
         let deadline = Instant::now() + self.timeout;
         let outcome = read_header(
             &mut &state.stream,
@@ -166,27 +194,36 @@ impl EthernetConnection {
         );
         match outcome {
             Ok(ReadOutcome::Frame(Message::Error { reason })) => {
-                Err(format!("the peer refused: {reason}"))
+                Err(NoReply::Failed(format!("the peer refused: {reason}")))
             }
             Ok(ReadOutcome::Frame(message)) => Ok(message),
-            Ok(ReadOutcome::Closed) => Err("the peer closed the connection".into()),
-            Ok(ReadOutcome::Stopped) => Err(format!("no answer within {:?}", self.timeout)),
-            Err(e) => Err(e.to_string()),
+            Ok(ReadOutcome::Closed) => Err(NoReply::Gone(
+                "the peer closed the connection without an answer".into(),
+            )),
+            Ok(ReadOutcome::Stopped) => Err(NoReply::Failed(format!(
+                "no answer within {:?}",
+                self.timeout
+            ))),
+            Err(e @ WireError::Reset(_)) => Err(NoReply::Gone(e.to_string())),
+            Err(e) => Err(NoReply::Failed(e.to_string())),
         }
     }
 
     /// Sends one frame; a failure breaks the connection, with the peer's reason if it sent
     /// one.
     fn send(&self, state: &mut State, message: &Message, payload: &[u8]) -> Result<(), ProxyError> {
-        if let Some(why) = &state.broken {
-            return Err(broken(why));
+        if let Some(broken) = &state.broken {
+            return Err(self.broken_earlier(broken));
         }
         if let Err(e) = send_frame(&state.stream, message, payload) {
-            let why = match self.peer_reason(state) {
-                Some(reason) => format!("sending {message}: the peer refused: {reason}"),
-                None => format!("sending {message}: {e}"),
-            };
-            return Err(self.breaks(state, why));
+            return Err(match self.peer_reason(state) {
+                Some(reason) => self.breaks(
+                    state,
+                    format!("sending {message}: the peer refused: {reason}"),
+                ),
+                None if peer_gone(&e) => self.loses(state, format!("sending {message}: {e}")),
+                None => self.breaks(state, format!("sending {message}: {e}")),
+            });
         }
         Ok(())
     }
@@ -208,15 +245,41 @@ impl EthernetConnection {
         }
     }
 
+    /// Breaks the connection for good on a failure of this side or the peer's refusal.
     fn breaks(&self, state: &mut State, why: String) -> ProxyError {
-        let _ = state.stream.shutdown(std::net::Shutdown::Both);
-        state.broken = Some(why.clone());
-        ProxyError::Transport(why)
+        self.mark_broken(state, why, false)
     }
-}
 
-fn broken(why: &str) -> ProxyError {
-    ProxyError::Transport(format!("the connection broke earlier: {why}"))
+    /// Breaks the connection for good because the peer's end is gone.
+    fn loses(&self, state: &mut State, why: String) -> ProxyError {
+        self.mark_broken(state, why, true)
+    }
+
+    fn mark_broken(&self, state: &mut State, why: String, peer_gone: bool) -> ProxyError {
+        let _ = state.stream.shutdown(std::net::Shutdown::Both);
+        let error = self.failure(&why, peer_gone);
+        state.broken = Some(Broken { why, peer_gone });
+        error
+    }
+
+    /// What a call on a connection broken by an earlier one returns.
+    fn broken_earlier(&self, broken: &Broken) -> ProxyError {
+        let why = format!("the connection broke earlier: {}", broken.why);
+        self.failure(&why, broken.peer_gone)
+    }
+
+    fn failure(&self, why: &str, peer_gone: bool) -> ProxyError {
+        if peer_gone {
+            ProxyError::PeerLost {
+                rank: self.rank,
+                peer: self.peer,
+                transport: "ethernet",
+                message: format!("{why}: its process ended, or it dropped the connection mid-run"),
+            }
+        } else {
+            ProxyError::Transport(why.to_owned())
+        }
+    }
 }
 
 /// The peer's registration id of `region`, which names it on the wire.
@@ -303,7 +366,10 @@ impl Connection for EthernetConnection {
                 let why = format!("answered {other} to Flush {{ seq {seq} }}");
                 Err(self.breaks(&mut state, why))
             }
-            Err(why) => Err(self.breaks(&mut state, format!("flush {seq}: {why}"))),
+            Err(NoReply::Gone(why)) => Err(self.loses(&mut state, format!("flush {seq}: {why}"))),
+            Err(NoReply::Failed(why)) => {
+                Err(self.breaks(&mut state, format!("flush {seq}: {why}")))
+            }
         }
     }
 

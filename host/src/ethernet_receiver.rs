@@ -182,6 +182,19 @@ fn receive(stream: TcpStream, peer: u32, context: &ReceiverContext, stop: &Atomi
                 return;
             }
             Err(_) if stop.load(Ordering::Relaxed) => return,
+            Err(e @ WireError::Reset(_)) => {
+                // Between frames, as a close without a goodbye: the peer is gone.
+                context.failures.record(ProxyError::PeerLost {
+                    rank: context.rank,
+                    peer,
+                    transport: "ethernet",
+                    message: format!(
+                        "peer {peer}'s connection ended without a goodbye ({e}): its process \
+                         ended, or it dropped the connection mid-run"
+                    ),
+                });
+                return;
+            }
             Err(e) => return refuse(&stream, peer, context, e.to_string()),
         };
         let buffer = Buffer {

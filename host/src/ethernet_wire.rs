@@ -185,9 +185,33 @@ pub enum WireError {
         /// Bytes the frame needs.
         wanted: usize,
     },
+    /// The peer's end of the connection is gone without a clean close (reset or aborted):
+    /// its process ended with bytes unread, or its host dropped the connection.
+    #[error("the peer reset the connection: {0}")]
+    Reset(String),
     /// The socket failed.
     #[error("socket: {0}")]
     Io(String),
+}
+
+/// Whether a socket error means the peer's end is gone (reset, aborted, or a broken pipe)
+/// rather than a local failure.
+pub fn peer_gone(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    )
+}
+
+/// The error of a failed socket read.
+fn read_failed(error: &io::Error) -> WireError {
+    if peer_gone(error) {
+        WireError::Reset(error.to_string())
+    } else {
+        WireError::Io(error.to_string())
+    }
 }
 
 /// Encodes `message` as a frame (length prefix and header; a write's payload goes after
@@ -303,7 +327,7 @@ pub fn read_header(
                 Some(_) => {}
             },
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(WireError::Io(e.to_string())),
+            Err(e) => return Err(read_failed(&e)),
         }
     }
     let len = u16::from_le_bytes(prefix) as usize;
@@ -348,7 +372,7 @@ pub fn read_exact_by(
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(WireError::Io(e.to_string())),
+            Err(e) => return Err(read_failed(&e)),
         }
     }
     Ok(())

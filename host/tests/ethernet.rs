@@ -6,6 +6,7 @@ mod common;
 
 use common::{assert_all_gathered, config_with_assist, ring_buffer};
 use oxccl::ethernet::new_token;
+use oxccl::ethernet_connection::EthernetConnection;
 use oxccl::ethernet_wire::{
     MAX_CHUNK_BYTES, MAX_FRAME_HEADER_BYTES, Message, ReadOutcome, TOKEN_BYTES, encode, read_header,
 };
@@ -17,10 +18,10 @@ use oxccl_device::port_channel::PortChannelDeviceHandle;
 use oxccl_device::{DeviceError, kernel};
 use oxccl_kernels::device_check::put_then_flush;
 use oxccl_kernels::ring_exchange::port_ring_exchange;
-use oxccl_proxy::ProxyError;
+use oxccl_proxy::{Connection, ProxyError};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 fn ethernet(assist: bool) -> InProcessConfig {
@@ -587,4 +588,70 @@ fn ethernet_stalled_frame_is_refused_at_the_limit() {
         Ok(())
     })
     .unwrap();
+}
+
+/// A fake acceptor: admits one connection, answers nothing after the Welcome, and ends the
+/// connection when `gone_after` frames have arrived (0: at once), without a goodbye or a
+/// reason, as a killed process does.
+fn vanishing_peer(gone_after: usize) -> (SocketAddr, std::thread::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let hello = next_frame(&mut stream);
+        assert!(
+            matches!(hello, Ok(ReadOutcome::Frame(Message::Hello { .. }))),
+            "{hello:?}"
+        );
+        stream.write_all(&frame(&Message::Welcome)).unwrap();
+        for _ in 0..gone_after {
+            let next = next_frame(&mut stream);
+            assert!(matches!(next, Ok(ReadOutcome::Frame(_))), "{next:?}");
+        }
+    });
+    (addr, peer)
+}
+
+/// Guards against a survivor reporting a killed peer in two ways depending on which of its
+/// threads noticed first: the receiver says "lost peer", and a flush that saw the connection
+/// end (or be reset) must say the same, then and on every later call, not report a transport
+/// failure.
+#[test]
+fn ethernet_peer_gone_mid_flush_is_a_lost_peer() {
+    for gone_after in [1, 0] {
+        let (addr, peer) = vanishing_peer(gone_after);
+        let mut peer = Some(peer);
+        let limit = Duration::from_secs(10);
+        let connection =
+            EthernetConnection::connect(0, 1, addr, new_token().unwrap(), limit).unwrap();
+        connection.wait_welcome().unwrap();
+        if gone_after == 0 {
+            peer.take().unwrap().join().unwrap();
+        }
+        let started = Instant::now();
+        for call in 0..3 {
+            let error = connection.flush().unwrap_err();
+            assert!(
+                matches!(
+                    error,
+                    ProxyError::PeerLost {
+                        rank: 0,
+                        peer: 1,
+                        ..
+                    }
+                ),
+                "peer gone after {gone_after} frames, flush {call}: {error}"
+            );
+        }
+        assert!(
+            started.elapsed() < limit / 2,
+            "the flush waited out its limit"
+        );
+        if let Some(peer) = peer {
+            peer.join().unwrap();
+        }
+    }
 }

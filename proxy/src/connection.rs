@@ -2,6 +2,11 @@
 //!
 //! The proxy calls a connection only with ranges it has checked against the registered
 //! sizes. Calls for one connection come from one proxy thread, in trigger order.
+//!
+//! A call that finds the peer gone (its end of the connection closed or reset with no
+//! reason given) returns [`ProxyError::PeerLost`], which the proxy reports as it is, the
+//! same error other watchers of the peer report; any other failure is reported as the
+//! channel's [`ProxyError::Connection`] failure.
 
 use crate::error::ProxyError;
 use crate::memory_region::MemoryRegion;

@@ -973,12 +973,17 @@ fn fail(shared: &Shared, channel: &Channel, id: u32, error: ProxyError) {
         DeviceOp::Unknown,
         [0; 3],
     );
-    shared.record(ProxyError::Connection {
-        rank: shared.rank,
-        peer: channel.connection.peer(),
-        transport: channel.connection.transport(),
-        channel: id,
-        message: error.to_string(),
+    shared.record(match error {
+        // Already names the rank, the peer and the transport; the same error the rank's
+        // other threads report when they notice the loss first.
+        lost @ ProxyError::PeerLost { .. } => lost,
+        other => ProxyError::Connection {
+            rank: shared.rank,
+            peer: channel.connection.peer(),
+            transport: channel.connection.transport(),
+            channel: id,
+            message: other.to_string(),
+        },
     });
 }
 
