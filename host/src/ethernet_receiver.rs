@@ -23,11 +23,12 @@
 use crate::error::{Error, Result};
 use crate::ethernet_registry::EthernetRegistry;
 use crate::ethernet_staging::{Stager, Staging};
+use crate::ethernet_whole_payload::wait_whole_payload;
 use crate::ethernet_wire::{
     MAX_CHUNK_BYTES, Message, ReadOutcome, WireError, read_exact_by, read_header, send_frame,
 };
 use oxccl_proxy::{FailureSink, ProxyError};
-use std::io::BufReader;
+use std::io::{BufRead, BufReader};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,7 +44,7 @@ const LINGER: Duration = Duration::from_millis(200);
 const LINGER_BYTES: usize = 1 << 20;
 
 /// Buffered bytes of a receiver's socket reads: many small frames per system call.
-const READ_BUFFER_BYTES: usize = 64 << 10;
+const READ_BUFFER_BYTES: usize = 4 << 10;
 
 /// What a receiver needs to know and where it reports.
 #[derive(Clone, Debug)]
@@ -249,6 +250,9 @@ fn apply(
                 return unsafe { stager.copy_in(addr, len) }
                     .map_err(|e| format!("copying into memory: {e}"));
             }
+            if read_in_place(reader, addr, len, deadline)? {
+                return Ok(());
+            }
             let chunk = buffer.chunk;
             if chunk.len() < len {
                 chunk.resize(len, 0);
@@ -293,6 +297,34 @@ fn apply(
         Message::Error { ref reason } => Err(format!("the peer gave up: {reason}")),
         ref other => Err(format!("a {} frame has no place here", other.kind())),
     }
+}
+
+/// Reads a write's `len` payload bytes straight into its destination at `addr`, if all of
+/// them are already buffered or queued on the socket by `deadline` (so the reads cannot
+/// come up short and nothing of a frame that ends early is written); returns whether it
+/// did. See `ethernet_whole_payload.rs`.
+fn read_in_place(
+    reader: &mut BufReader<TcpStream>,
+    addr: u64,
+    len: usize,
+    deadline: Instant,
+) -> Result<bool, String> {
+    let buffered = reader.buffer().len().min(len);
+    let whole = wait_whole_payload(reader.get_ref(), len - buffered, deadline)
+        .map_err(|e| format!("waiting for the payload: {e}"))?;
+    if !whole {
+        return Ok(false);
+    }
+    // SAFETY: `addr..addr + len` lies inside a registration of this rank (resolved by the
+    // caller), which the registry keeps allocated while it lives; the channel's contract
+    // gives this put's destination to the receiver alone until the signal that follows it,
+    // so nothing else accesses these bytes while the slice lives.
+    let dst = unsafe { std::slice::from_raw_parts_mut(addr as usize as *mut u8, len) };
+    dst[..buffered].copy_from_slice(&reader.buffer()[..buffered]);
+    reader.consume(buffered);
+    read_exact_by(reader.get_mut(), &mut dst[buffered..], deadline, "payload")
+        .map_err(|e| e.to_string())?;
+    Ok(true)
 }
 
 /// Records the refusal, tells the peer why, and closes the connection.

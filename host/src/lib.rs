@@ -20,6 +20,7 @@ pub mod ethernet_connection;
 mod ethernet_receiver;
 pub mod ethernet_registry;
 mod ethernet_staging;
+mod ethernet_whole_payload;
 pub mod ethernet_wire;
 pub mod grid_barrier;
 pub mod host_ipc;

@@ -279,7 +279,9 @@ fn ethernet_receiver_refuses_what_a_lying_registration_allowed() {
     .unwrap();
 }
 
-const RECEIVER_BYTES: usize = 4096;
+/// Larger than a receiver's read buffer, so that a payload cut short may lie partly in
+/// the socket's queue.
+const RECEIVER_BYTES: usize = 64 << 10;
 const FILL: u8 = 0x5a;
 
 /// One frame of the wire format, as a test client sends it.
@@ -317,18 +319,25 @@ fn cases(id: u32) -> Vec<Case> {
         len: 64,
     });
     cut.extend_from_slice(&[1; 32]);
+    // Most of a long payload: the part past the receiver's read buffer waits in the socket.
+    let mut long_cut = frame(&Message::Write {
+        id,
+        offset: 0,
+        len: 48 << 10,
+    });
+    long_cut.extend_from_slice(&[1; 40 << 10]);
     vec![
         Case {
             name: "write past the registration",
             bytes: write_frame(id, RECEIVER_BYTES as u64 - 8, &[1; 16]),
             cut: false,
-            why: "outside its 4096 bytes",
+            why: "outside its 65536 bytes",
         },
         Case {
             name: "write at an offset that overflows",
             bytes: write_frame(id, u64::MAX - 2, &[1; 8]),
             cut: false,
-            why: "outside its 4096 bytes",
+            why: "outside its 65536 bytes",
         },
         Case {
             name: "unknown registration id",
@@ -339,6 +348,12 @@ fn cases(id: u32) -> Vec<Case> {
         Case {
             name: "truncated payload",
             bytes: cut,
+            cut: true,
+            why: "truncated frame",
+        },
+        Case {
+            name: "truncated long payload",
+            bytes: long_cut,
             cut: true,
             why: "truncated frame",
         },
@@ -378,7 +393,7 @@ fn cases(id: u32) -> Vec<Case> {
                 value: 1,
             }),
             cut: false,
-            why: "outside its 4096 bytes",
+            why: "outside its 65536 bytes",
         },
         Case {
             name: "misaligned signal",
@@ -500,7 +515,7 @@ fn rejects_out_of_bounds_write(config: InProcessConfig) {
             let cases = cases(0);
             return raw_client(comm, &cases);
         }
-        let buf = comm.device().alloc_from(&[FILL; RECEIVER_BYTES])?;
+        let buf = comm.device().alloc_from(&vec![FILL; RECEIVER_BYTES])?;
         let registered = comm.register(&buf)?;
         let id = registered.ethernet_id().expect("an Ethernet registration");
         let cases = cases(id);
@@ -571,7 +586,7 @@ fn ethernet_stalled_frame_is_refused_at_the_limit() {
             assert!(started.elapsed() < Duration::from_secs(5));
             return oob.send(0, 1, Vec::new());
         }
-        let buf = comm.device().alloc_from(&[FILL; RECEIVER_BYTES])?;
+        let buf = comm.device().alloc_from(&vec![FILL; RECEIVER_BYTES])?;
         let id = comm.register(&buf)?.ethernet_id().unwrap();
         let token = new_token()?;
         let addr = comm.ethernet_endpoint()?.local_addr();
