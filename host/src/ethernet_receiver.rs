@@ -309,6 +309,9 @@ fn read_in_place(
     len: usize,
     deadline: Instant,
 ) -> Result<bool, String> {
+    if len == 0 {
+        return Ok(true);
+    }
     let buffered = reader.buffer().len().min(len);
     let whole = wait_whole_payload(reader.get_ref(), len - buffered, deadline)
         .map_err(|e| format!("waiting for the payload: {e}"))?;
