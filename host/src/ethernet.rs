@@ -19,7 +19,7 @@ use crate::ethernet_receiver::{Receiver, ReceiverContext};
 use crate::ethernet_registry::EthernetRegistry;
 use crate::ethernet_staging::Staging;
 use crate::ethernet_wire::{Message, ReadOutcome, TOKEN_BYTES, read_header, send_frame};
-use oxccl_proxy::FailureSink;
+use oxccl_proxy::{FailureSink, ProxyError};
 use parking_lot::Mutex;
 use rustix::event::{PollFd, PollFlags, Timespec};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -47,6 +47,17 @@ pub fn new_token() -> Result<[u8; TOKEN_BYTES]> {
         source: std::io::Error::other(e.to_string()),
     })?;
     Ok(token)
+}
+
+/// The error of `peer` lost mid-run, as this rank (`rank`) saw it over Ethernet: `what` says
+/// how (its connection closed or reset without a goodbye, under a receive, send or flush).
+pub(crate) fn lost_peer(rank: u32, peer: u32, what: &str) -> ProxyError {
+    ProxyError::PeerLost {
+        rank,
+        peer,
+        transport: "ethernet",
+        message: format!("{what}: its process ended, or it dropped the connection mid-run"),
+    }
 }
 
 /// A rank's Ethernet listener and the receivers of the connections it admitted.

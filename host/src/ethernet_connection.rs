@@ -20,6 +20,7 @@
 //! thing whichever of its threads noticed first.
 
 use crate::error::{Error, Result};
+use crate::ethernet::lost_peer;
 use crate::ethernet_staging::Stager;
 use crate::ethernet_wire::{
     MAX_CHUNK_BYTES, Message, ReadOutcome, TOKEN_BYTES, WireError, peer_gone, read_header,
@@ -221,8 +222,7 @@ impl EthernetConnection {
                     state,
                     format!("sending {message}: the peer refused: {reason}"),
                 ),
-                None if peer_gone(&e) => self.loses(state, format!("sending {message}: {e}")),
-                None => self.breaks(state, format!("sending {message}: {e}")),
+                None => self.mark_broken(state, format!("sending {message}: {e}"), peer_gone(&e)),
             });
         }
         Ok(())
@@ -270,12 +270,7 @@ impl EthernetConnection {
 
     fn failure(&self, why: &str, peer_gone: bool) -> ProxyError {
         if peer_gone {
-            ProxyError::PeerLost {
-                rank: self.rank,
-                peer: self.peer,
-                transport: "ethernet",
-                message: format!("{why}: its process ended, or it dropped the connection mid-run"),
-            }
+            lost_peer(self.rank, self.peer, why)
         } else {
             ProxyError::Transport(why.to_owned())
         }

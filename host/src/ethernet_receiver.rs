@@ -21,6 +21,7 @@
 //! [`Message::Error`] frame, and the connection is closed.
 
 use crate::error::{Error, Result};
+use crate::ethernet::lost_peer;
 use crate::ethernet_registry::EthernetRegistry;
 use crate::ethernet_staging::{Stager, Staging};
 use crate::ethernet_whole_payload::wait_whole_payload;
@@ -171,30 +172,18 @@ fn receive(stream: TcpStream, peer: u32, context: &ReceiverContext, stop: &Atomi
                 // No goodbye: the peer's process ended (or its socket was closed) mid-run.
                 // Recording raises this rank's stop word, so kernels waiting for the peer
                 // end now, with this error, instead of at their wait limit.
-                context.failures.record(ProxyError::PeerLost {
-                    rank: context.rank,
-                    peer,
-                    transport: "ethernet",
-                    message: format!(
-                        "peer {peer} closed its connection without a goodbye: its process \
-                         ended, or it dropped the connection mid-run"
-                    ),
-                });
-                return;
+                let what = format!("peer {peer} closed its connection without a goodbye");
+                return context
+                    .failures
+                    .record(lost_peer(context.rank, peer, &what));
             }
             Err(_) if stop.load(Ordering::Relaxed) => return,
             Err(e @ WireError::Reset(_)) => {
                 // Between frames, as a close without a goodbye: the peer is gone.
-                context.failures.record(ProxyError::PeerLost {
-                    rank: context.rank,
-                    peer,
-                    transport: "ethernet",
-                    message: format!(
-                        "peer {peer}'s connection ended without a goodbye ({e}): its process \
-                         ended, or it dropped the connection mid-run"
-                    ),
-                });
-                return;
+                let what = format!("peer {peer}'s connection ended without a goodbye ({e})");
+                return context
+                    .failures
+                    .record(lost_peer(context.rank, peer, &what));
             }
             Err(e) => return refuse(&stream, peer, context, e.to_string()),
         };

@@ -50,11 +50,8 @@ fn poll_for(stream: &TcpStream, bytes: usize, deadline: Instant) -> io::Result<b
         if left.is_zero() {
             return Ok(false);
         }
-        let tick = left.min(POLL_TICK);
-        let timeout = Timespec {
-            tv_sec: tick.as_secs() as i64,
-            tv_nsec: i64::from(tick.subsec_nanos()),
-        };
+        // At most `POLL_TICK`, which the conversion always takes.
+        let timeout = Timespec::try_from(left.min(POLL_TICK)).unwrap_or_default();
         let mut fds = [PollFd::new(stream, PollFlags::IN)];
         match poll(&mut fds, Some(&timeout)) {
             Ok(0) => continue,
