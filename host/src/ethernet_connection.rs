@@ -21,6 +21,7 @@
 
 use crate::error::{Error, Result};
 use crate::ethernet::lost_peer;
+use crate::ethernet_receive_assist::assist_until_readable;
 use crate::ethernet_staging::Stager;
 use crate::ethernet_wire::{
     MAX_CHUNK_BYTES, Message, ReadOutcome, TOKEN_BYTES, WireError, peer_gone, read_header,
@@ -188,6 +189,7 @@ impl EthernetConnection {
     /// connection is an error saying so.
     fn read_reply(&self, state: &mut State) -> Result<Message, NoReply> {
         let deadline = Instant::now() + self.timeout;
+        assist_until_readable(&state.stream, deadline);
         let outcome = read_header(
             &mut &state.stream,
             || Instant::now() < deadline,

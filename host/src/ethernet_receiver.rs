@@ -1,14 +1,19 @@
 //! The receiving end of an Ethernet connection: one thread per accepted connection applies
-//! the peer's frames to this rank's memory, in order.
+//! the peer's frames to this rank's memory, in order, and so do this process's waiting
+//! kernel threads while they wait (see `ethernet_receive_assist.rs`): whoever holds the
+//! connection's reading state reads and applies the next frame, so frames are applied one
+//! at a time and in order whichever thread does it; the receiver thread stays parked while
+//! waiting threads look after the connection.
 //!
 //! Every write and signal is resolved against this rank's own [`EthernetRegistry`] by
 //! (id, offset, length) before anything is read into memory; a write's payload is read
-//! whole into a buffer of one chunk (at most [`MAX_CHUNK_BYTES`]) and copied only once it
-//! has arrived, so a frame cut short writes nothing. A signal is a release store, after
-//! every earlier write (frames are applied in the order TCP delivers them); a flush is
-//! acknowledged once every frame before it is applied. Where the rank's memory is a GPU's,
-//! the buffer is a stager's pinned chunk, and the copy and the signal's store are the
-//! stager's, in order (see `ethernet_staging.rs`).
+//! straight into its destination once all of it has arrived, or else whole into a buffer of
+//! one chunk (at most [`MAX_CHUNK_BYTES`]) and copied only once it has, so a frame cut short
+//! writes nothing. A signal is a release store, after every earlier write (frames are
+//! applied in the order TCP delivers them); a flush is acknowledged once every frame before
+//! it is applied. Where the rank's memory is a GPU's, the buffer is a stager's pinned chunk,
+//! and the copy and the signal's store are the stager's, in order (see
+//! `ethernet_staging.rs`); such connections are read by their thread alone.
 //!
 //! A connection that ends without the peer's [`Message::Goodbye`] (its process was killed
 //! mid-run) is recorded the same way, naming the peer, so this rank's waits for it end at
@@ -22,6 +27,7 @@
 
 use crate::error::{Error, Result};
 use crate::ethernet::lost_peer;
+use crate::ethernet_receive_assist::{dismiss, enlist};
 use crate::ethernet_registry::EthernetRegistry;
 use crate::ethernet_staging::{Stager, Staging};
 use crate::ethernet_whole_payload::wait_whole_payload;
@@ -29,11 +35,13 @@ use crate::ethernet_wire::{
     MAX_CHUNK_BYTES, Message, ReadOutcome, WireError, read_exact_by, read_header, send_frame,
 };
 use oxccl_proxy::{FailureSink, ProxyError};
+use parking_lot::Mutex;
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use std::io::{BufRead, BufReader};
 use std::net::{Shutdown, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::JoinHandle;
+use std::sync::{Arc, OnceLock};
+use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 /// How often a receiver waiting between frames looks whether it should stop.
@@ -62,21 +70,51 @@ pub(crate) struct ReceiverContext {
     pub staging: Option<Arc<dyn Staging>>,
 }
 
-/// A running receiver thread; dropping it closes the connection and waits (bounded) for
-/// the thread.
+/// A running receiver; dropping it closes the connection and waits (bounded) for the
+/// thread.
 pub(crate) struct Receiver {
-    peer: u32,
-    stream: TcpStream,
-    stop: Arc<AtomicBool>,
+    inbound: Arc<Inbound>,
     thread: Option<JoinHandle<()>>,
     join_timeout: Duration,
+}
+
+/// One admitted connection's reading end, shared by its receiver thread and the waiting
+/// threads that assist it (see `ethernet_receive_assist.rs`): whoever holds `reading`
+/// reads and applies the next frame, so frames are applied one at a time, in order.
+pub(crate) struct Inbound {
+    peer: u32,
+    context: ReceiverContext,
+    /// The socket: polled, and written for acknowledgements and refusals.
+    stream: TcpStream,
+    /// Raised by the owner to end the receiver.
+    stop: AtomicBool,
+    /// Raised once the connection is done with (closed, lost or refused): nobody reads it.
+    finished: AtomicBool,
+    reading: Mutex<ReadState>,
+    /// Until when (nanoseconds after [`clock_epoch`]) waiting threads look after the
+    /// connection, so the receiver thread stays parked instead of being woken per frame.
+    covered_until: AtomicU64,
+    /// The receiver thread, to unpark.
+    thread: OnceLock<Thread>,
+}
+
+/// What reading a connection keeps from one frame to the next.
+pub(crate) struct ReadState {
+    reader: BufReader<TcpStream>,
+    /// One chunk at most, grown as writes need it: the connection's whole buffer (the
+    /// stager's, where there is one).
+    chunk: Vec<u8>,
+    stager: Option<Box<dyn Stager>>,
+    /// Since when an assistant has seen the next frame begun but not whole (see
+    /// `ethernet_receive_assist.rs`).
+    pub(crate) partial_since: Option<Instant>,
 }
 
 impl Receiver {
     /// Starts applying frames from `peer` on `stream` (already admitted).
     ///
     /// # Errors
-    /// The socket could not be set up or the thread not started.
+    /// The socket could not be set up, no staging buffer, or the thread not started.
     pub(crate) fn spawn(stream: TcpStream, peer: u32, context: ReceiverContext) -> Result<Self> {
         let rank = context.rank;
         let system = |what: &str, e: std::io::Error| Error::System {
@@ -89,20 +127,39 @@ impl Receiver {
         stream
             .set_write_timeout(Some(context.frame_timeout))
             .map_err(|e| system("write timeout", e))?;
-        let ours = stream.try_clone().map_err(|e| system("cloning", e))?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let read_half = stream.try_clone().map_err(|e| system("cloning", e))?;
+        let stager = context.staging.as_ref().map(|s| s.stager()).transpose()?;
+        let assisted = stager.is_none();
         let join_timeout = context.frame_timeout;
+        let inbound = Arc::new(Inbound {
+            peer,
+            context,
+            stream,
+            stop: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+            reading: Mutex::new(ReadState {
+                reader: BufReader::with_capacity(READ_BUFFER_BYTES, read_half),
+                chunk: Vec::new(),
+                stager,
+                partial_since: None,
+            }),
+            covered_until: AtomicU64::new(0),
+            thread: OnceLock::new(),
+        });
         let thread = {
-            let stop = stop.clone();
+            let inbound = inbound.clone();
             std::thread::Builder::new()
                 .name(format!("oxccl-eth-r{rank}-from{peer}"))
-                .spawn(move || receive(stream, peer, &context, &stop))
+                .spawn(move || inbound.run())
                 .map_err(|e| system("starting its thread", e))?
         };
+        let _ = inbound.thread.set(thread.thread().clone());
+        // Where the rank's memory is a GPU's, the stager's copies stay on its own thread.
+        if assisted {
+            enlist(&inbound);
+        }
         Ok(Receiver {
-            peer,
-            stream: ours,
-            stop,
+            inbound,
             thread: Some(thread),
             join_timeout,
         })
@@ -116,9 +173,12 @@ impl Receiver {
 
 impl Drop for Receiver {
     fn drop(&mut self) {
+        let inbound = &self.inbound;
+        dismiss(inbound);
         // Relaxed: the flag carries no data; the shutdown below also wakes the thread.
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = self.stream.shutdown(Shutdown::Both);
+        inbound.stop.store(true, Ordering::Relaxed);
+        let _ = inbound.stream.shutdown(Shutdown::Both);
+        inbound.wake();
         let Some(thread) = self.thread.take() else {
             return;
         };
@@ -126,7 +186,7 @@ impl Drop for Receiver {
         while !thread.is_finished() {
             if Instant::now() >= deadline {
                 tracing::warn!(
-                    peer = self.peer,
+                    peer = inbound.peer,
                     "Ethernet receiver did not stop within {:?}; left to end by itself",
                     self.join_timeout
                 );
@@ -138,24 +198,110 @@ impl Drop for Receiver {
     }
 }
 
-/// The thread: applies frames until the peer closes, the owner stops it, or a frame is
-/// refused.
-fn receive(stream: TcpStream, peer: u32, context: &ReceiverContext, stop: &AtomicBool) {
-    let Ok(read_half) = stream.try_clone() else {
-        return refuse(&stream, peer, context, "cannot clone the socket".into());
-    };
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
-    // One chunk at most, grown as writes need it: the connection's whole buffer (the
-    // stager's, where there is one).
-    let mut chunk: Vec<u8> = Vec::new();
-    let mut stager = match context.staging.as_ref().map(|s| s.stager()).transpose() {
-        Ok(stager) => stager,
-        Err(e) => return refuse(&stream, peer, context, format!("no staging buffer: {e}")),
-    };
-    loop {
+/// Whether `stream` has something to read (bytes, its end, or an error) within `timeout`.
+pub(crate) fn readable(stream: &TcpStream, timeout: Duration) -> bool {
+    let timeout = Timespec::try_from(timeout).unwrap_or_default();
+    let mut fds = [PollFd::new(stream, PollFlags::IN)];
+    matches!(poll(&mut fds, Some(&timeout)), Ok(n) if n > 0)
+}
+
+/// The instant [`Inbound::covered_until`] counts from.
+fn clock_epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Nanoseconds from [`clock_epoch`] to now.
+fn clock_now() -> u64 {
+    u64::try_from(clock_epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Inbound {
+    /// The receiver thread: applies frames until the peer closes, the owner stops it, or a
+    /// frame is refused. It stays parked while waiting threads look after the connection,
+    /// and waits for the socket without holding `reading`, so they can.
+    fn run(&self) {
+        loop {
+            if self.is_done() {
+                return;
+            }
+            let until = self.covered_until.load(Ordering::Relaxed);
+            let now = clock_now();
+            if until > now {
+                std::thread::park_timeout(Duration::from_nanos(until - now));
+                continue;
+            }
+            {
+                let mut state = self.reading.lock();
+                if self.is_done() {
+                    return;
+                }
+                if !state.reader.buffer().is_empty() || self.readable(Duration::ZERO) {
+                    if !self.serve(&mut state) {
+                        // Marked before the state is let go (see `ethernet_receive_assist`).
+                        return self.finish();
+                    }
+                    state.partial_since = None;
+                    continue;
+                }
+            }
+            self.readable(IDLE_TICK);
+        }
+    }
+
+    /// Whether the owner stopped the receiver or the connection is done with.
+    pub(crate) fn is_done(&self) -> bool {
+        // Relaxed: flags that carry no data; `reading` orders the frames.
+        self.stop.load(Ordering::Relaxed) || self.finished.load(Ordering::Relaxed)
+    }
+
+    /// Marks the connection done with and lets the receiver thread end.
+    pub(crate) fn finish(&self) {
+        self.finished.store(true, Ordering::Relaxed);
+        self.wake();
+    }
+
+    /// Unparks the receiver thread.
+    pub(crate) fn wake(&self) {
+        if let Some(thread) = self.thread.get() {
+            thread.unpark();
+        }
+    }
+
+    /// Says that a waiting thread looks after the connection for `for_how_long` from now.
+    pub(crate) fn cover(&self, for_how_long: Duration) {
+        let until = clock_now().saturating_add(for_how_long.as_nanos() as u64);
+        self.covered_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Hands the connection back to the receiver thread now.
+    pub(crate) fn uncover(&self) {
+        self.covered_until.store(0, Ordering::Relaxed);
+        self.wake();
+    }
+
+    /// The reading state, if nobody holds it.
+    pub(crate) fn try_reading(&self) -> Option<parking_lot::MutexGuard<'_, ReadState>> {
+        self.reading.try_lock()
+    }
+
+    /// The socket.
+    pub(crate) fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
+    /// Whether the socket has something to read within `timeout` (see [`readable`]).
+    fn readable(&self, timeout: Duration) -> bool {
+        readable(&self.stream, timeout)
+    }
+
+    /// Reads and applies the next frame; returns false once the connection is done with
+    /// (closed, lost, refused or stopped; the failure, if any, is recorded).
+    pub(crate) fn serve(&self, state: &mut ReadState) -> bool {
+        let (peer, context, stop) = (self.peer, &self.context, &self.stop);
         let timeout = context.frame_timeout;
         let next = read_header(
-            &mut reader,
+            &mut state.reader,
             // Relaxed: see `Receiver::drop`.
             || !stop.load(Ordering::Relaxed),
             || Instant::now() + timeout,
@@ -163,40 +309,53 @@ fn receive(stream: TcpStream, peer: u32, context: &ReceiverContext, stop: &Atomi
         let message = match next {
             Ok(ReadOutcome::Frame(Message::Goodbye)) => {
                 tracing::debug!(rank = context.rank, peer, "Ethernet connection closed");
-                return;
+                return false;
             }
             Ok(ReadOutcome::Frame(message)) => message,
-            Ok(ReadOutcome::Stopped) => return,
-            Ok(ReadOutcome::Closed) if stop.load(Ordering::Relaxed) => return,
+            Ok(ReadOutcome::Stopped) => return false,
+            Ok(ReadOutcome::Closed) if stop.load(Ordering::Relaxed) => return false,
             Ok(ReadOutcome::Closed) => {
                 // No goodbye: the peer's process ended (or its socket was closed) mid-run.
                 // Recording raises this rank's stop word, so kernels waiting for the peer
                 // end now, with this error, instead of at their wait limit.
                 let what = format!("peer {peer} closed its connection without a goodbye");
-                return context
+                context
                     .failures
                     .record(lost_peer(context.rank, peer, &what));
+                return false;
             }
-            Err(_) if stop.load(Ordering::Relaxed) => return,
+            Err(_) if stop.load(Ordering::Relaxed) => return false,
             Err(e @ WireError::Reset(_)) => {
                 // Between frames, as a close without a goodbye: the peer is gone.
                 let what = format!("peer {peer}'s connection ended without a goodbye ({e})");
-                return context
+                context
                     .failures
                     .record(lost_peer(context.rank, peer, &what));
+                return false;
             }
-            Err(e) => return refuse(&stream, peer, context, e.to_string()),
+            Err(e) => {
+                refuse(&self.stream, peer, context, e.to_string());
+                return false;
+            }
         };
         let buffer = Buffer {
-            chunk: &mut chunk,
-            stager: stager.as_deref_mut(),
+            chunk: &mut state.chunk,
+            stager: state.stager.as_deref_mut(),
         };
-        if let Err(why) = apply(&message, &mut reader, buffer, &stream, context) {
-            if stop.load(Ordering::Relaxed) {
-                return;
+        if let Err(why) = apply(&message, &mut state.reader, buffer, &self.stream, context) {
+            if !stop.load(Ordering::Relaxed) {
+                refuse(&self.stream, peer, context, format!("{message}: {why}"));
             }
-            return refuse(&stream, peer, context, format!("{message}: {why}"));
+            return false;
         }
+        true
+    }
+}
+
+impl ReadState {
+    /// The bytes read from the socket and not consumed yet.
+    pub(crate) fn buffered(&self) -> &[u8] {
+        self.reader.buffer()
     }
 }
 

@@ -110,6 +110,38 @@ const SWITCH_COST: Duration = Duration::from_micros(1);
 #[cfg(not(oxccl_loom))]
 pub type WaitHook = fn() -> bool;
 
+/// Work the host has for any waiting thread of the process, in place of giving up its core
+/// (see [`set_wait_work`]): returns whether it did some.
+#[cfg(not(oxccl_loom))]
+pub type WaitWork = fn() -> bool;
+
+/// The process's wait work, installed once by the host.
+#[cfg(not(oxccl_loom))]
+static WAIT_WORK: std::sync::OnceLock<WaitWork> = std::sync::OnceLock::new();
+
+/// Installs `work` as what every waiting thread of the process does at each poll past its
+/// spin budget, before it yields or sleeps (once: returns false if work was installed
+/// already). A poll at which `work` returns true neither yields nor sleeps: the work was
+/// its pause.
+///
+/// The host's Ethernet transport installs the reading of frames that arrived for this
+/// process's receivers: a kernel thread that waits for a peer's signal then applies the
+/// peer's frames itself, as an MPI rank progresses its own receives, instead of a receiver
+/// thread being woken for each frame (see `ethernet_receive_assist.rs` in `oxccl`). The
+/// work must be short (one frame at a time, whose bytes have all arrived) and must not wait
+/// on kernel threads.
+#[cfg(not(oxccl_loom))]
+pub fn set_wait_work(work: WaitWork) -> bool {
+    WAIT_WORK.set(work).is_ok()
+}
+
+/// Runs the process's wait work, if any was installed; returns whether it did some.
+#[cfg(not(oxccl_loom))]
+#[inline]
+fn wait_work() -> bool {
+    WAIT_WORK.get().is_some_and(|work| work())
+}
+
 #[cfg(not(oxccl_loom))]
 std::thread_local! {
     static WAIT_HOOK: Cell<Option<WaitHook>> = const { Cell::new(None) };
@@ -202,7 +234,9 @@ fn pause(iteration: u32, suspended: bool) {
         history
     });
     let spin = history.limit;
-    if iteration < spin {
+    if wait_work() {
+        // Frames applied for a peer: likely what this thread waits for.
+    } else if iteration < spin {
         if !suspended {
             core::hint::spin_loop();
         }

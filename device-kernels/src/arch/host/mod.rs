@@ -33,7 +33,7 @@ mod prefetch;
 
 pub use backoff::spin_pause;
 #[cfg(not(oxccl_loom))]
-pub use backoff::{WaitHook, set_wait_hook, time_given_up};
+pub use backoff::{WaitHook, WaitWork, set_wait_hook, set_wait_work, time_given_up};
 pub use block_barrier::BlockBarrier;
 pub(crate) use doorbell::ring_doorbell;
 pub use doorbell::{Assist, Doorbell};

@@ -1,0 +1,278 @@
+//! Waiting threads read Ethernet frames: a kernel thread that waits (for a peer's signal,
+//! say) applies the frames that have arrived for this process's receivers itself, in place
+//! of yielding its core, as an MPI rank progresses its own receives.
+//!
+//! Why: a receiver thread blocked on its socket is woken for each frame, a context switch
+//! (and, on a virtual machine, an interrupt between cores) per frame, and on a machine with
+//! fewer cores than busy threads it competes with the kernel threads that wait for it. With
+//! two ranks on 2 cores, a 4 MiB all-reduce over loopback Ethernet made about 60 context
+//! switches a call, and its waiting threads spent a fifth of the CPU time yielding to each
+//! other; Open MPI over TCP, one thread a rank that polls its sockets, made one per 2,500
+//! calls.
+//!
+//! How: [`oxccl_device::arch::host::set_wait_work`] makes every waiting thread past its
+//! spin budget call [`assist`], which, for each enlisted connection whose reading nobody
+//! holds, applies the frames that have arrived *whole* (so it never waits on the network),
+//! at most [`FRAMES_PER_ASSIST`] at a time, through the same checks and code as the
+//! receiver thread. Each look says the connection is covered for [`COVER`]; the receiver
+//! thread stays parked while it is, instead of waiting on its socket, so data that arrive
+//! wake nobody. Once nobody waits any more (the kernels compute, or ended), the cover runs
+//! out and the receiver thread reads again, at most [`COVER`] later.
+//!
+//! A frame seen begun but not whole for longer than [`PARTIAL_LIMIT`] (a payload larger
+//! than the socket can queue, whose sender waits for it to be read; a peer that stalled
+//! mid-frame) is handed to the receiver thread at once, which reads it under the frame
+//! deadline as it always did, then goes back to being covered.
+//!
+//! Connections that reach a GPU's memory through a stager are not enlisted: their copies
+//! stay on the receiver thread.
+
+use crate::ethernet_receiver::{Inbound, ReadState, readable};
+use crate::ethernet_wire::{
+    LENGTH_PREFIX_BYTES, MAX_FRAME_HEADER_BYTES, MAX_HEADER_BYTES, Message, decode_header,
+};
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// How long one look of a waiting thread keeps the receiver thread parked.
+pub(crate) const COVER: Duration = Duration::from_millis(1);
+
+/// How long a frame may be seen begun but not whole before it is handed to the receiver
+/// thread.
+pub(crate) const PARTIAL_LIMIT: Duration = Duration::from_micros(200);
+
+/// Most frames one call of [`assist`] applies per connection: the waiting thread goes back
+/// to its own condition soon.
+pub(crate) const FRAMES_PER_ASSIST: usize = 4;
+
+/// The enlisted connections of this process.
+static ENLISTED: Mutex<Vec<Weak<Inbound>>> = Mutex::new(Vec::new());
+
+/// How many are enlisted: a process without any pays one load per look.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Lets waiting threads read `inbound` (and installs the wait work, once).
+pub(crate) fn enlist(inbound: &Arc<Inbound>) {
+    oxccl_device::arch::host::set_wait_work(assist);
+    let mut enlisted = ENLISTED.lock();
+    enlisted.retain(|w| w.strong_count() > 0);
+    enlisted.push(Arc::downgrade(inbound));
+    COUNT.store(enlisted.len(), Ordering::Relaxed);
+}
+
+/// Stops waiting threads from reading `inbound` (those reading it now finish their frame).
+pub(crate) fn dismiss(inbound: &Arc<Inbound>) {
+    let mut enlisted = ENLISTED.lock();
+    let me = Arc::downgrade(inbound);
+    enlisted.retain(|w| w.strong_count() > 0 && !w.ptr_eq(&me));
+    COUNT.store(enlisted.len(), Ordering::Relaxed);
+}
+
+/// How long a thread waiting for a reply first looks at its socket before it looks at the
+/// receivers again ([`assist_until_readable`]); the look doubles while there is nothing to
+/// apply, up to [`COVER`].
+const REPLY_POLL: Duration = Duration::from_micros(20);
+
+/// Waits until `stream` has something to read (a reply, its end, an error) or `deadline`
+/// passes, applying meanwhile the frames that arrive for this process's receivers.
+///
+/// Why: a thread that waits for a flush's acknowledgement while it covers receivers (a
+/// kernel thread executing its own triggers) would otherwise leave them unread until their
+/// cover ran out; when the peer flushes to us at the same time, each side's acknowledgement
+/// waits in a receiver the other side covers, and both would stall for [`COVER`].
+pub(crate) fn assist_until_readable(stream: &TcpStream, deadline: Instant) {
+    if COUNT.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut look = REPLY_POLL;
+    while !readable(stream, Duration::ZERO) && Instant::now() < deadline {
+        if assist() {
+            look = REPLY_POLL;
+        } else {
+            readable(stream, look);
+            look = (look * 2).min(COVER);
+        }
+    }
+}
+
+/// The wait work: applies the whole frames that have arrived on every enlisted connection
+/// nobody is reading; returns whether it applied any.
+fn assist() -> bool {
+    // Relaxed: a connection enlisted a moment ago is found at the next look.
+    if COUNT.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let enlisted: SmallVec<[Weak<Inbound>; 8]> = ENLISTED.lock().iter().cloned().collect();
+    let mut applied = false;
+    for inbound in enlisted.iter().filter_map(Weak::upgrade) {
+        applied |= assist_one(&inbound);
+    }
+    applied
+}
+
+/// Applies the whole frames that have arrived on `inbound`, if nobody is reading it.
+fn assist_one(inbound: &Inbound) -> bool {
+    if inbound.is_done() {
+        return false;
+    }
+    let Some(mut state) = inbound.try_reading() else {
+        // Its thread or another waiting thread is reading it.
+        inbound.cover(COVER);
+        return false;
+    };
+    if inbound.is_done() {
+        return false;
+    }
+    if state
+        .partial_since
+        .is_some_and(|since| since.elapsed() > PARTIAL_LIMIT)
+    {
+        // Handed to the receiver thread; it clears the mark once it has read the frame.
+        return false;
+    }
+    let mut applied = false;
+    for _ in 0..FRAMES_PER_ASSIST {
+        match next_frame(inbound, &state) {
+            NextFrame::Whole => {
+                applied = true;
+                state.partial_since = None;
+                if !inbound.serve(&mut state) {
+                    // Marked while still holding the state: a reader that takes it next
+                    // finds the connection done with, instead of reading what follows
+                    // (the end of a connection it refused, say).
+                    inbound.finish();
+                    return true;
+                }
+            }
+            NextFrame::Begun => {
+                let since = *state.partial_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > PARTIAL_LIMIT {
+                    drop(state);
+                    inbound.uncover();
+                    return applied;
+                }
+                break;
+            }
+            NextFrame::Nothing => {
+                state.partial_since = None;
+                break;
+            }
+        }
+    }
+    drop(state);
+    inbound.cover(COVER);
+    applied
+}
+
+/// What a connection has for a reader that must not wait.
+#[derive(Debug, PartialEq, Eq)]
+enum NextFrame {
+    /// A whole frame (or an end, or an error, which reading reports at once).
+    Whole,
+    /// Part of a frame: reading it now could wait.
+    Begun,
+    /// Nothing.
+    Nothing,
+}
+
+/// Whether the next frame of `inbound` can be read and applied without waiting: its bytes
+/// already read (`state`'s buffer) and queued on the socket, looked at without consuming.
+fn next_frame(inbound: &Inbound, state: &ReadState) -> NextFrame {
+    let buffered = state.buffered();
+    if buffered.is_empty() && !readable(inbound.stream(), Duration::ZERO) {
+        return NextFrame::Nothing;
+    }
+    let Ok(queued) = rustix::io::ioctl_fionread(inbound.stream()) else {
+        // Reading will report the failure.
+        return NextFrame::Whole;
+    };
+    let queued = usize::try_from(queued).unwrap_or(usize::MAX);
+    if buffered.is_empty() && queued == 0 {
+        // Readable with nothing queued: the peer closed, or an error is pending.
+        return NextFrame::Whole;
+    }
+    let mut head = [0u8; MAX_FRAME_HEADER_BYTES];
+    let from_buffer = buffered.len().min(head.len());
+    head[..from_buffer].copy_from_slice(&buffered[..from_buffer]);
+    let mut have = from_buffer;
+    if have < head.len() && queued > 0 {
+        let peeked = rustix::net::recv(
+            inbound.stream(),
+            &mut head[have..],
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+        );
+        match peeked {
+            Ok((n, _)) => have += n,
+            // Reading will report the failure.
+            Err(_) => return NextFrame::Whole,
+        }
+    }
+    frame_in(&head[..have], buffered.len().saturating_add(queued))
+}
+
+/// Whether `available` bytes hold the whole frame that `head` (its first bytes) begins.
+fn frame_in(head: &[u8], available: usize) -> NextFrame {
+    let Some(prefix) = head.first_chunk::<LENGTH_PREFIX_BYTES>() else {
+        return NextFrame::Begun;
+    };
+    let len = u16::from_le_bytes(*prefix) as usize;
+    if len == 0 || len > MAX_HEADER_BYTES {
+        // Refused as soon as read.
+        return NextFrame::Whole;
+    }
+    let Some(header) = head.get(LENGTH_PREFIX_BYTES..LENGTH_PREFIX_BYTES + len) else {
+        return NextFrame::Begun;
+    };
+    let payload = match decode_header(header) {
+        Ok(Message::Write { len, .. }) => len as usize,
+        // Another frame has no payload; a header that does not decode is refused as soon
+        // as read.
+        Ok(_) | Err(_) => 0,
+    };
+    if available >= LENGTH_PREFIX_BYTES + len + payload {
+        NextFrame::Whole
+    } else {
+        NextFrame::Begun
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ethernet_wire::encode;
+
+    /// Guards the look-ahead that lets a waiting thread read a frame: a frame counts as whole
+    /// only once its prefix, header and payload have all arrived, whatever the split.
+    #[test]
+    fn frame_is_whole_only_once_every_byte_has_arrived() {
+        let mut buf = [0u8; MAX_FRAME_HEADER_BYTES];
+        let write = Message::Write {
+            id: 3,
+            offset: 64,
+            len: 1000,
+        };
+        let n = encode(&write, &mut buf).unwrap();
+        for have in 0..n {
+            assert_eq!(frame_in(&buf[..have], have), NextFrame::Begun, "{have}");
+        }
+        assert_eq!(frame_in(&buf[..n], n), NextFrame::Begun);
+        assert_eq!(frame_in(&buf[..n], n + 999), NextFrame::Begun);
+        assert_eq!(frame_in(&buf[..n], n + 1000), NextFrame::Whole);
+        let signal = Message::Signal {
+            id: 1,
+            offset: 8,
+            value: 5,
+        };
+        let n = encode(&signal, &mut buf).unwrap();
+        assert_eq!(frame_in(&buf[..n - 1], n - 1), NextFrame::Begun);
+        assert_eq!(frame_in(&buf[..n], n), NextFrame::Whole);
+        // What reading refuses at once is whole: nothing more will make it readable.
+        assert_eq!(frame_in(&[0, 0], 2), NextFrame::Whole);
+        assert_eq!(frame_in(&[0xff, 0xff], 2), NextFrame::Whole);
+        assert_eq!(frame_in(&[1, 0, 0xff], 3), NextFrame::Whole);
+    }
+}
