@@ -13,6 +13,9 @@ const MAX_SPIN_ITERATIONS: u32 = 256;
 /// Fewest: what a thread spins when its waits keep ending only after it yielded.
 #[cfg(not(oxccl_loom))]
 const MIN_SPIN_ITERATIONS: u32 = 16;
+/// Spinning polls per look for the process's wait work (see [`set_wait_work`]).
+#[cfg(not(oxccl_loom))]
+const WORK_EVERY_SPINS: u32 = 16;
 /// Polls that yield (after spinning) before the emulator starts sleeping.
 #[cfg(not(oxccl_loom))]
 const YIELD_ITERATIONS: u32 = 768;
@@ -119,10 +122,10 @@ pub type WaitWork = fn() -> bool;
 #[cfg(not(oxccl_loom))]
 static WAIT_WORK: std::sync::OnceLock<WaitWork> = std::sync::OnceLock::new();
 
-/// Installs `work` as what every waiting thread of the process does at each poll past its
-/// spin budget, before it yields or sleeps (once: returns false if work was installed
-/// already). A poll at which `work` returns true neither yields nor sleeps: the work was
-/// its pause.
+/// Installs `work` as what every waiting thread of the process does before it pauses: at
+/// every 16th poll while it spins, at every poll once it yields or sleeps
+/// (once: returns false if work was installed already). A poll at which `work` returns true
+/// neither spins, yields nor sleeps: the work was its pause.
 ///
 /// The host's Ethernet transport installs the reading of frames that arrived for this
 /// process's receivers: a kernel thread that waits for a peer's signal then applies the
@@ -234,7 +237,10 @@ fn pause(iteration: u32, suspended: bool) {
         history
     });
     let spin = history.limit;
-    if wait_work() {
+    // While spinning, the work (system calls) only every few polls: the spin budget counts
+    // polls of a few dozen nanoseconds each.
+    let work_now = iteration >= spin || iteration.is_multiple_of(WORK_EVERY_SPINS);
+    if work_now && wait_work() {
         // Frames applied for a peer: likely what this thread waits for.
     } else if iteration < spin {
         if !suspended {
