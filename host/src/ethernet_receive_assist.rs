@@ -180,64 +180,79 @@ enum NextFrame {
 }
 
 /// Whether the next frame of `inbound` can be read and applied without waiting: its bytes
-/// already read (`state`'s buffer) and queued on the socket, looked at without consuming.
+/// already read (`state`'s buffer) and queued on the socket, looked at without consuming
+/// them. One system call where nothing has arrived or the frame is small (a look at the
+/// queue's first bytes), two for a write whose payload goes past them (and the queue's
+/// length).
 fn next_frame(inbound: &Inbound, state: &ReadState) -> NextFrame {
     let buffered = state.buffered();
-    if buffered.is_empty() && !readable(inbound.stream(), Duration::ZERO) {
-        return NextFrame::Nothing;
-    }
-    let Ok(queued) = rustix::io::ioctl_fionread(inbound.stream()) else {
-        // Reading will report the failure.
-        return NextFrame::Whole;
-    };
-    let queued = usize::try_from(queued).unwrap_or(usize::MAX);
-    if buffered.is_empty() && queued == 0 {
-        // Readable with nothing queued: the peer closed, or an error is pending.
-        return NextFrame::Whole;
-    }
     let mut head = [0u8; MAX_FRAME_HEADER_BYTES];
     let from_buffer = buffered.len().min(head.len());
     head[..from_buffer].copy_from_slice(&buffered[..from_buffer]);
     let mut have = from_buffer;
-    if have < head.len() && queued > 0 {
+    let mut ended = false;
+    if have < head.len() {
         let peeked = rustix::net::recv(
             inbound.stream(),
             &mut head[have..],
             rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
         );
         match peeked {
+            // The peer closed, after what is buffered.
+            Ok((0, _)) => ended = true,
             Ok((n, _)) => have += n,
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
             // Reading will report the failure.
             Err(_) => return NextFrame::Whole,
         }
     }
-    frame_in(&head[..have], buffered.len().saturating_add(queued))
-}
-
-/// Whether `available` bytes hold the whole frame that `head` (its first bytes) begins.
-fn frame_in(head: &[u8], available: usize) -> NextFrame {
-    let Some(prefix) = head.first_chunk::<LENGTH_PREFIX_BYTES>() else {
-        return NextFrame::Begun;
+    if have == 0 {
+        return if ended {
+            NextFrame::Whole
+        } else {
+            NextFrame::Nothing
+        };
+    }
+    let Some(need) = frame_len(&head[..have]) else {
+        // A header not all here: reading reports one that never will be at once.
+        return if ended {
+            NextFrame::Whole
+        } else {
+            NextFrame::Begun
+        };
     };
-    let len = u16::from_le_bytes(*prefix) as usize;
-    if len == 0 || len > MAX_HEADER_BYTES {
-        // Refused as soon as read.
+    if need <= have || ended {
         return NextFrame::Whole;
     }
-    let Some(header) = head.get(LENGTH_PREFIX_BYTES..LENGTH_PREFIX_BYTES + len) else {
-        return NextFrame::Begun;
+    let Ok(queued) = rustix::io::ioctl_fionread(inbound.stream()) else {
+        return NextFrame::Whole;
     };
-    let payload = match decode_header(header) {
-        Ok(Message::Write { len, .. }) => len as usize,
-        // Another frame has no payload; a header that does not decode is refused as soon
-        // as read.
-        Ok(_) | Err(_) => 0,
-    };
-    if available >= LENGTH_PREFIX_BYTES + len + payload {
+    let queued = usize::try_from(queued).unwrap_or(usize::MAX);
+    if buffered.len().saturating_add(queued) >= need {
         NextFrame::Whole
     } else {
         NextFrame::Begun
     }
+}
+
+/// Bytes of the frame that `head` (its first bytes) begins, prefix and payload included, once
+/// `head` holds its whole header; the bytes of `head` alone where reading refuses the frame
+/// as soon as it reads them (a header length out of bounds, a header that does not decode);
+/// `None` while the header is not all in `head`.
+fn frame_len(head: &[u8]) -> Option<usize> {
+    let prefix = head.first_chunk::<LENGTH_PREFIX_BYTES>()?;
+    let len = u16::from_le_bytes(*prefix) as usize;
+    if len == 0 || len > MAX_HEADER_BYTES {
+        return Some(head.len());
+    }
+    let header = head.get(LENGTH_PREFIX_BYTES..LENGTH_PREFIX_BYTES + len)?;
+    let payload = match decode_header(header) {
+        Ok(Message::Write { len, .. }) => len as usize,
+        // Another frame has no payload.
+        Ok(_) => 0,
+        Err(_) => return Some(head.len()),
+    };
+    Some(LENGTH_PREFIX_BYTES + len + payload)
 }
 
 #[cfg(test)]
@@ -245,10 +260,11 @@ mod tests {
     use super::*;
     use crate::ethernet_wire::encode;
 
-    /// Guards the look-ahead that lets a waiting thread read a frame: a frame counts as whole
-    /// only once its prefix, header and payload have all arrived, whatever the split.
+    /// Guards the look-ahead that lets a waiting thread read a frame: a frame's length is
+    /// known only once its whole header has arrived, and counts its payload; what reading
+    /// refuses at once needs nothing more.
     #[test]
-    fn frame_is_whole_only_once_every_byte_has_arrived() {
+    fn frame_length_is_known_once_the_header_has_arrived() {
         let mut buf = [0u8; MAX_FRAME_HEADER_BYTES];
         let write = Message::Write {
             id: 3,
@@ -257,22 +273,21 @@ mod tests {
         };
         let n = encode(&write, &mut buf).unwrap();
         for have in 0..n {
-            assert_eq!(frame_in(&buf[..have], have), NextFrame::Begun, "{have}");
+            assert_eq!(frame_len(&buf[..have]), None, "{have} bytes of {n}");
         }
-        assert_eq!(frame_in(&buf[..n], n), NextFrame::Begun);
-        assert_eq!(frame_in(&buf[..n], n + 999), NextFrame::Begun);
-        assert_eq!(frame_in(&buf[..n], n + 1000), NextFrame::Whole);
+        assert_eq!(frame_len(&buf[..n]), Some(n + 1000));
+        assert_eq!(frame_len(&buf), Some(n + 1000));
         let signal = Message::Signal {
             id: 1,
             offset: 8,
             value: 5,
         };
         let n = encode(&signal, &mut buf).unwrap();
-        assert_eq!(frame_in(&buf[..n - 1], n - 1), NextFrame::Begun);
-        assert_eq!(frame_in(&buf[..n], n), NextFrame::Whole);
-        // What reading refuses at once is whole: nothing more will make it readable.
-        assert_eq!(frame_in(&[0, 0], 2), NextFrame::Whole);
-        assert_eq!(frame_in(&[0xff, 0xff], 2), NextFrame::Whole);
-        assert_eq!(frame_in(&[1, 0, 0xff], 3), NextFrame::Whole);
+        assert_eq!(frame_len(&buf[..n - 1]), None);
+        assert_eq!(frame_len(&buf[..n]), Some(n));
+        // Refused as soon as read: a header length of 0 or past the bound, garbage.
+        assert_eq!(frame_len(&[0, 0]), Some(2));
+        assert_eq!(frame_len(&[0xff, 0xff, 1]), Some(3));
+        assert_eq!(frame_len(&[1, 0, 0xff]), Some(3));
     }
 }

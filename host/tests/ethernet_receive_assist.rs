@@ -41,8 +41,9 @@ fn context_switches_of(name: &str) -> Option<u64> {
 /// arrived itself (`ethernet_receive_assist.rs`), so over a ping-pong of `ROUNDS` round
 /// trips (each a write and a signal frame to each rank) the receiver threads, which used to
 /// be switched in more than once a round trip (6,800 times for 4,000), stay parked but for
-/// their periodic look (one a millisecond: some 200 over the 0.2 s this takes). Checked with
-/// the proxy executing triggers on its own thread and on the pushing kernel thread.
+/// their periodic look (one a millisecond: 110-200 times over the 0.12-0.21 s it takes here).
+/// Checked with the proxy executing triggers on its own thread and on the pushing kernel
+/// thread.
 #[test]
 fn ethernet_receiver_thread_sleeps_while_kernels_wait() {
     const ROUNDS: u32 = 4000;
@@ -73,11 +74,16 @@ fn ethernet_receiver_thread_sleeps_while_kernels_wait() {
             ping(ROUNDS)?;
             comm.synchronize(&stream)?;
             let woken = context_switches_of(&receiver).expect("the receiver thread") - before;
+            // Its periodic looks, one a millisecond (two allowed, and a quarter of the
+            // round trips for hand-overs), on a machine as slow as it may be; never as
+            // many as one a round trip, which the receiver woken per frame exceeded.
+            let elapsed = start.elapsed();
+            let looks = u64::try_from(2 * elapsed.as_millis()).unwrap_or(u64::MAX);
+            let allowed = (u64::from(ROUNDS) / 4).saturating_add(looks);
             assert!(
-                woken < u64::from(ROUNDS) / 2,
+                woken < allowed.min(u64::from(ROUNDS)),
                 "assist {assist}, rank {rank}: the receiver thread was switched in {woken} \
-                 times over {ROUNDS} round trips ({:?})",
-                start.elapsed()
+                 times over {ROUNDS} round trips ({elapsed:?})"
             );
             comm.barrier()
         })
