@@ -906,7 +906,8 @@ impl Communicator {
         let (layout, item) = (args.layout, call.dtype.size());
         // The set-up refuses rounds under 8 bytes a rank, so every round holds an element.
         let taken = match collective {
-            Collective::AllReduce => rounds(call.count, layout.all_reduce_round(item)),
+            Collective::AllReduce if ring => rounds(call.count, layout.all_reduce_round(item)),
+            Collective::AllReduce => rounds(call.count, layout.all_reduce_ports_round(item)),
             Collective::ReduceScatter => rounds(call.count, layout.block_round(item).max(1)),
             Collective::AllToAll | Collective::AllToAllV => {
                 rounds(call.count * item, layout.block_round(1).max(1))

@@ -91,6 +91,27 @@ impl PortLayout {
         self.round_bytes / if size == 0 { 1 } else { size }
     }
 
+    /// Whether the port all-reduce takes one exchange a round: each rank puts its whole
+    /// round into its reduce slot of every peer and reduces every rank's round itself,
+    /// instead of a reduce-scatter of the round and an all-gather of the reduced chunks.
+    /// With two ranks both send the same bytes, and one exchange saves a wait on the
+    /// network (a round trip over Ethernet) and two copies a round: the copy of the reduced
+    /// chunk for the gather's puts, and the copy of the gathered chunk out.
+    pub const fn one_shot_all_reduce(&self) -> bool {
+        self.n_ranks == 2
+    }
+
+    /// Elements of `size` bytes in one round of the port all-reduce: a round that lands
+    /// whole in one slot ([`Self::copy_round_bytes`]) where it takes one exchange
+    /// ([`Self::one_shot_all_reduce`]), else [`Self::all_reduce_round`].
+    pub const fn all_reduce_ports_round(&self, size: u64) -> u64 {
+        if self.one_shot_all_reduce() {
+            self.copy_round_bytes() / if size == 0 { 1 } else { size }
+        } else {
+            self.all_reduce_round(size)
+        }
+    }
+
     /// Bytes in one round of an all-gather or a broadcast: each rank's round is staged
     /// whole and lands whole in one slot of every peer.
     pub const fn copy_round_bytes(&self) -> u64 {
@@ -156,6 +177,11 @@ mod tests {
                     assert!(widest <= l.chunk_bytes, "n={n} round={round} size={size}");
                     // Every collective's round fits the staged round and a slot.
                     assert_eq!(l.all_reduce_round(size), per);
+                    let one_shot = l.all_reduce_ports_round(size) * size;
+                    assert!(one_shot > 0 && one_shot <= l.round_bytes);
+                    if l.one_shot_all_reduce() {
+                        assert!(one_shot <= l.chunk_bytes, "n={n} round={round}");
+                    }
                     let copy = l.copy_round_bytes();
                     assert!(copy > 0 && copy <= l.round_bytes && copy <= l.chunk_bytes);
                     let block = l.block_round(size) * size;
