@@ -116,7 +116,7 @@ fn assist() -> bool {
 
 /// Applies the whole frames that have arrived on `inbound`, if nobody is reading it.
 fn assist_one(inbound: &Inbound) -> bool {
-    if inbound.is_done() {
+    if inbound.is_done() || inbound.is_handed_over() {
         return false;
     }
     let Some(mut state) = inbound.try_reading() else {
@@ -124,14 +124,7 @@ fn assist_one(inbound: &Inbound) -> bool {
         inbound.cover(COVER);
         return false;
     };
-    if inbound.is_done() {
-        return false;
-    }
-    if state
-        .partial_since
-        .is_some_and(|since| since.elapsed() > PARTIAL_LIMIT)
-    {
-        // Handed to the receiver thread; it clears the mark once it has read the frame.
+    if inbound.is_done() || inbound.is_handed_over() {
         return false;
     }
     let mut applied = false;
@@ -258,7 +251,70 @@ fn frame_len(head: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ethernet_receiver::ReceiverContext;
+    use crate::ethernet_registry::EthernetRegistry;
     use crate::ethernet_wire::encode;
+    use oxccl_proxy::{ProxyConfig, ProxyService};
+    use std::io::Write;
+    use std::net::{Ipv4Addr, TcpListener};
+
+    /// Guards against a frame that stops mid-way keeping its connection covered for good:
+    /// waiting threads never read a frame that is not whole (they must not wait on the
+    /// network), so past [`PARTIAL_LIMIT`] they hand it to the receiver thread (which reads it
+    /// under the frame limit, as without them) and neither read nor cover the connection
+    /// until that thread has read it. With no receiver thread here, the frame stays unread.
+    #[test]
+    fn a_frame_begun_too_long_is_handed_to_the_receiver_thread() {
+        let proxy = ProxyService::new(ProxyConfig::default()).unwrap();
+        let mut memory = vec![0xaa_u8; 4096].into_boxed_slice();
+        let registry = Arc::new(EthernetRegistry::new());
+        let id = registry
+            .add(memory.as_mut_ptr() as u64, 4096, Arc::new(()))
+            .unwrap();
+        let context = ReceiverContext {
+            rank: 0,
+            registry,
+            failures: proxy.failure_sink(),
+            frame_timeout: Duration::from_secs(5),
+            staging: None,
+        };
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let inbound = Inbound::new(accepted, 1, context).unwrap();
+        // A write of 1000 bytes of which 100 come.
+        let mut head = [0u8; MAX_FRAME_HEADER_BYTES];
+        let write = Message::Write {
+            id,
+            offset: 0,
+            len: 1000,
+        };
+        let n = encode(&write, &mut head).unwrap();
+        client.write_all(&head[..n]).unwrap();
+        client.write_all(&[1; 100]).unwrap();
+        let start = Instant::now();
+        while !inbound.is_handed_over() {
+            assert!(!assist_one(&inbound), "a frame not whole was applied");
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "a frame begun for {:?} was never handed over",
+                start.elapsed()
+            );
+        }
+        assert!(start.elapsed() >= PARTIAL_LIMIT, "handed over too soon");
+        assert!(
+            inbound.covered_for().is_none(),
+            "handed over, but still covered"
+        );
+        // Even once the frame is whole, waiting threads leave it to the receiver thread.
+        client.write_all(&[1; 900]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!assist_one(&inbound));
+        assert!(inbound.covered_for().is_none());
+        assert!(inbound.try_reading().unwrap().buffered().is_empty());
+        assert!(proxy.check().is_ok());
+        assert!(memory.iter().all(|&b| b == 0xaa), "a frame was written");
+    }
 
     /// Guards the look-ahead that lets a waiting thread read a frame: a frame's length is
     /// known only once its whole header has arrived, and counts its payload; what reading

@@ -94,6 +94,9 @@ pub(crate) struct Inbound {
     /// Until when (nanoseconds after [`clock_epoch`]) waiting threads look after the
     /// connection, so the receiver thread stays parked instead of being woken per frame.
     covered_until: AtomicU64,
+    /// Raised while the receiver thread reads a frame that waiting threads saw begun for
+    /// too long ([`Inbound::uncover`]): they neither read nor cover the connection.
+    handed_over: AtomicBool,
     /// The receiver thread, to unpark.
     thread: OnceLock<Thread>,
 }
@@ -105,7 +108,7 @@ pub(crate) struct ReadState {
     /// stager's, where there is one).
     chunk: Vec<u8>,
     stager: Option<Box<dyn Stager>>,
-    /// Since when an assistant has seen the next frame begun but not whole (see
+    /// Since when a waiting thread has seen the next frame begun but not whole (see
     /// `ethernet_receive_assist.rs`).
     pub(crate) partial_since: Option<Instant>,
 }
@@ -117,41 +120,20 @@ impl Receiver {
     /// The socket could not be set up, no staging buffer, or the thread not started.
     pub(crate) fn spawn(stream: TcpStream, peer: u32, context: ReceiverContext) -> Result<Self> {
         let rank = context.rank;
-        let system = |what: &str, e: std::io::Error| Error::System {
-            context: format!("rank {rank}: Ethernet receiver for peer {peer}: {what}"),
-            source: e,
-        };
-        stream
-            .set_read_timeout(Some(IDLE_TICK))
-            .map_err(|e| system("read timeout", e))?;
-        stream
-            .set_write_timeout(Some(context.frame_timeout))
-            .map_err(|e| system("write timeout", e))?;
-        let read_half = stream.try_clone().map_err(|e| system("cloning", e))?;
-        let stager = context.staging.as_ref().map(|s| s.stager()).transpose()?;
-        let assisted = stager.is_none();
         let join_timeout = context.frame_timeout;
-        let inbound = Arc::new(Inbound {
-            peer,
-            context,
-            stream,
-            stop: AtomicBool::new(false),
-            finished: AtomicBool::new(false),
-            reading: Mutex::new(ReadState {
-                reader: BufReader::with_capacity(READ_BUFFER_BYTES, read_half),
-                chunk: Vec::new(),
-                stager,
-                partial_since: None,
-            }),
-            covered_until: AtomicU64::new(0),
-            thread: OnceLock::new(),
-        });
+        let inbound = Arc::new(Inbound::new(stream, peer, context)?);
+        let assisted = inbound.reading.lock().stager.is_none();
         let thread = {
             let inbound = inbound.clone();
             std::thread::Builder::new()
                 .name(format!("oxccl-eth-r{rank}-from{peer}"))
                 .spawn(move || inbound.run())
-                .map_err(|e| system("starting its thread", e))?
+                .map_err(|e| Error::System {
+                    context: format!(
+                        "rank {rank}: Ethernet receiver for peer {peer}: starting its thread"
+                    ),
+                    source: e,
+                })?
         };
         let _ = inbound.thread.set(thread.thread().clone());
         // Where the rank's memory is a GPU's, the stager's copies stay on its own thread.
@@ -217,6 +199,42 @@ fn clock_now() -> u64 {
 }
 
 impl Inbound {
+    /// The reading end of `stream` (already admitted) from `peer`, with no thread yet.
+    ///
+    /// # Errors
+    /// The socket could not be set up, or no staging buffer.
+    pub(crate) fn new(stream: TcpStream, peer: u32, context: ReceiverContext) -> Result<Self> {
+        let rank = context.rank;
+        let system = |what: &str, e: std::io::Error| Error::System {
+            context: format!("rank {rank}: Ethernet receiver for peer {peer}: {what}"),
+            source: e,
+        };
+        stream
+            .set_read_timeout(Some(IDLE_TICK))
+            .map_err(|e| system("read timeout", e))?;
+        stream
+            .set_write_timeout(Some(context.frame_timeout))
+            .map_err(|e| system("write timeout", e))?;
+        let read_half = stream.try_clone().map_err(|e| system("cloning", e))?;
+        let stager = context.staging.as_ref().map(|s| s.stager()).transpose()?;
+        Ok(Inbound {
+            peer,
+            context,
+            stream,
+            stop: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+            reading: Mutex::new(ReadState {
+                reader: BufReader::with_capacity(READ_BUFFER_BYTES, read_half),
+                chunk: Vec::new(),
+                stager,
+                partial_since: None,
+            }),
+            covered_until: AtomicU64::new(0),
+            handed_over: AtomicBool::new(false),
+            thread: OnceLock::new(),
+        })
+    }
+
     /// The receiver thread: applies frames until the peer closes, the owner stops it, or a
     /// frame is refused. It stays parked while waiting threads look after the connection,
     /// and waits for the socket without holding `reading`, so they can.
@@ -225,10 +243,8 @@ impl Inbound {
             if self.is_done() {
                 return;
             }
-            let until = self.covered_until.load(Ordering::Relaxed);
-            let now = clock_now();
-            if until > now {
-                std::thread::park_timeout(Duration::from_nanos(until - now));
+            if let Some(left) = self.covered_for() {
+                std::thread::park_timeout(left);
                 continue;
             }
             {
@@ -242,6 +258,7 @@ impl Inbound {
                         return self.finish();
                     }
                     state.partial_since = None;
+                    self.handed_over.store(false, Ordering::Relaxed);
                     continue;
                 }
             }
@@ -268,16 +285,34 @@ impl Inbound {
         }
     }
 
-    /// Says that a waiting thread looks after the connection for `for_how_long` from now.
+    /// Says that a waiting thread looks after the connection for `for_how_long` from now
+    /// (unless it is handed over to the receiver thread).
     pub(crate) fn cover(&self, for_how_long: Duration) {
+        if self.is_handed_over() {
+            return;
+        }
         let until = clock_now().saturating_add(for_how_long.as_nanos() as u64);
         self.covered_until.fetch_max(until, Ordering::Relaxed);
     }
 
-    /// Hands the connection back to the receiver thread now.
+    /// Hands the connection to the receiver thread now, until it has read the next frame.
     pub(crate) fn uncover(&self) {
+        // Relaxed: flags that carry no data.
+        self.handed_over.store(true, Ordering::Relaxed);
         self.covered_until.store(0, Ordering::Relaxed);
         self.wake();
+    }
+
+    /// How much longer waiting threads look after the connection, if they do now.
+    pub(crate) fn covered_for(&self) -> Option<Duration> {
+        let until = self.covered_until.load(Ordering::Relaxed);
+        let now = clock_now();
+        (until > now).then(|| Duration::from_nanos(until - now))
+    }
+
+    /// Whether the receiver thread reads the next frame (see [`Self::uncover`]).
+    pub(crate) fn is_handed_over(&self) -> bool {
+        self.handed_over.load(Ordering::Relaxed)
     }
 
     /// The reading state, if nobody holds it.
