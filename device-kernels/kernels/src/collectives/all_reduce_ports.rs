@@ -16,12 +16,11 @@
 //! so each channel's signals are counted in the order they are waited for.
 //!
 //! With two ranks it takes one exchange a round instead
-//! ([`PortLayout::one_shot_all_reduce`](super::PortLayout::one_shot_all_reduce)): each rank
-//! stages its round and puts it whole into its reduce slot of the peer, with a signal; once
-//! the peer's has come, it stages and sends the next round, then reduces its staged round
-//! and the peer's slot, in rank order, into its output. The exchanges and the reuse of the
-//! sets are the all-gather's (see `all_gather_ports`, and `reduce_ports`, whose root every
-//! rank is here).
+//! ([`PortLayout::one_shot_all_reduce`](super::PortLayout::one_shot_all_reduce)): the
+//! reduce of `reduce_ports` with every rank its root. Each rank stages its round and puts
+//! it whole into its reduce slot of the peer, with a signal; once the peer's has come, it
+//! stages and sends the next round, then reduces its staged round and the peer's slot, in
+//! rank order, into its output.
 //!
 //! Round `k` takes set `k % 3` of the scratch ([`PortLayout::SETS`](super::PortLayout::SETS)).
 //! A rank stages round `k + 1` (overwriting its staged round of `k - 2`, which its proxy read
@@ -36,6 +35,7 @@
 use super::elementwise::reduce_ranks;
 use super::port_collective_args::PortCollectiveArgs;
 use super::port_exchange::{Part, send_to_peers, wait_for_peers};
+use super::reduce_ports::{Receivers, reduce_rounds};
 use super::round_views::{typed, typed_mut, window, window_mut};
 use oxccl_device::coop::{Grid, contiguous_chunk};
 use oxccl_device::dispatch_element;
@@ -61,7 +61,8 @@ fn all_reduce<T: ReduceElement>(
     op: ReduceOp,
 ) -> Result<(), DeviceError> {
     if a.layout.one_shot_all_reduce() {
-        return one_shot::<T>(a, op);
+        // Rounds of `PortLayout::all_reduce_ports_round`: the reduce's.
+        return reduce_rounds::<T>(a, op, Receivers::Every);
     }
     let (n, r, nr, l) = (a.count, a.rank, a.n_ranks, a.layout);
     let size = core::mem::size_of::<T>() as u64;
@@ -140,61 +141,4 @@ fn stage_and_send<T: ReduceElement>(
         staged_at,
         Part::TheirChunk { len, size },
     )
-}
-
-/// The all-reduce in one exchange a round (see the module docs).
-#[inline(always)]
-fn one_shot<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Result<(), DeviceError> {
-    let (n, r, nr, l) = (a.count, a.rank, a.n_ranks, a.layout);
-    let size = core::mem::size_of::<T>() as u64;
-    let per = l.all_reduce_ports_round(size);
-    if n == 0 || per == 0 {
-        return Ok(());
-    }
-    let input = typed::<T>(a.input, 0, n)?;
-    let output = typed_mut::<T>(a.output, 0, n)?;
-    let scratch = a.scratch.cast::<T>()?;
-    stage_and_send_whole::<T>(a, input, scratch, 0, per.min(n), a.sequence)?;
-    let (mut off, mut seq) = (0, a.sequence);
-    while off < n {
-        let len = per.min(n - off);
-        let set = super::PortLayout::set_of(seq);
-        let staged = window_mut(scratch, l.staged(set) / size, len)?;
-        wait_for_peers(a)?;
-        if off + len < n {
-            let next = per.min(n - off - len);
-            stage_and_send_whole::<T>(a, input, scratch, off + len, next, seq + 1)?;
-        }
-        // In place, this writes only the round's own elements, staged already.
-        reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {
-            if p == r {
-                Ok(staged.as_view())
-            } else {
-                Ok(window_mut(scratch, l.reduce_slot(set, p) / size, len)?.as_view())
-            }
-        })?;
-        off += len;
-        seq += 1;
-    }
-    Ok(())
-}
-
-/// Stages the `len` elements of `input` from `off` on (round number `seq`) and puts them
-/// whole into our reduce slot of every peer, with a signal; does not wait. (A function,
-/// not a closure: see `all_gather_ports`.)
-#[inline(always)]
-fn stage_and_send_whole<T: ReduceElement>(
-    a: &PortCollectiveArgs<'_>,
-    input: DeviceView<'_, T>,
-    scratch: DeviceViewMut<'_, T>,
-    off: u64,
-    len: u64,
-    seq: u64,
-) -> Result<(), DeviceError> {
-    let size = core::mem::size_of::<T>() as u64;
-    let set = super::PortLayout::set_of(seq);
-    let staged_at = a.layout.staged(set);
-    window_mut(scratch, staged_at / size, len)?.copy_from(Grid, window(input, off, len)?)?;
-    let what = Part::Whole { bytes: len * size };
-    send_to_peers(a, a.layout.reduce_slot(set, a.rank), staged_at, what)
 }

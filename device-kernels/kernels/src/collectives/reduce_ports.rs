@@ -7,6 +7,10 @@
 //!
 //! Pipelined as the all-gather is (see `all_gather_ports`): once a round's signals have
 //! come, the next round is staged and sent before the root reduces this one.
+//!
+//! The all-reduce of two ranks is this reduce with every rank its root
+//! (`Receivers::Every`): each rank puts its round into its reduce slot of every peer and
+//! reduces them all.
 
 use super::elementwise::reduce_ranks;
 use super::port_collective_args::PortCollectiveArgs;
@@ -28,15 +32,43 @@ use oxccl_device::{DeviceView, DeviceViewMut};
 #[kernel(cooperative)]
 pub fn collective_reduce_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
     let (dtype, op) = args.check()?;
-    dispatch_element!(dtype, T => reduce::<T>(&args, op))
+    dispatch_element!(dtype, T => reduce_rounds::<T>(&args, op, Receivers::Root(args.root)))
 }
 
+/// Who gets the reduction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Receivers {
+    /// The root alone (reduce): the others put to it and signal the rest with nothing.
+    Root(u32),
+    /// Every rank (the all-reduce of two ranks in one exchange a round, see
+    /// `all_reduce_ports`): each puts its round to every peer and reduces them all.
+    Every,
+}
+
+impl Receivers {
+    /// Whether rank `r` gets the reduction.
+    #[inline(always)]
+    fn include(self, r: u32) -> bool {
+        match self {
+            Receivers::Root(root) => root == r,
+            Receivers::Every => true,
+        }
+    }
+}
+
+/// The reduction of every rank's `input` into the `output` of `to`, in rounds of
+/// [`PortLayout::copy_round_bytes`](super::PortLayout::copy_round_bytes) (see the module
+/// docs).
 #[inline(always)]
-fn reduce<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Result<(), DeviceError> {
-    let (c, r, nr, root, l) = (a.count, a.rank, a.n_ranks, a.root, a.layout);
+pub(super) fn reduce_rounds<T: ReduceElement>(
+    a: &PortCollectiveArgs<'_>,
+    op: ReduceOp,
+    to: Receivers,
+) -> Result<(), DeviceError> {
+    let (c, r, nr, l) = (a.count, a.rank, a.n_ranks, a.layout);
     let size = core::mem::size_of::<T>() as u64;
     let input = typed::<T>(a.input, 0, c)?;
-    let output = if r == root {
+    let output = if to.include(r) {
         typed_mut::<T>(a.output, 0, c)?
     } else {
         DeviceViewMut::default()
@@ -45,7 +77,7 @@ fn reduce<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Result<
     let per = l.copy_round_bytes() / size;
     let (mut off, mut seq) = (0, a.sequence);
     if c > 0 {
-        stage_and_send(a, input, scratch, 0, per.min(c), seq)?;
+        stage_and_send(a, input, scratch, 0, per.min(c), seq, to)?;
     }
     while off < c {
         let len = per.min(c - off);
@@ -53,16 +85,10 @@ fn reduce<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Result<
         let staged = window_mut(scratch, l.staged(set) / size, len)?;
         wait_for_peers(a)?;
         if off + len < c {
-            stage_and_send(
-                a,
-                input,
-                scratch,
-                off + len,
-                per.min(c - off - len),
-                seq + 1,
-            )?;
+            let next = per.min(c - off - len);
+            stage_and_send(a, input, scratch, off + len, next, seq + 1, to)?;
         }
-        if r == root {
+        if to.include(r) {
             reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {
                 if p == r {
                     Ok(staged.as_view())
@@ -78,9 +104,9 @@ fn reduce<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Result<
 }
 
 /// Stages the `len` elements of `input` from `off` on (round number `seq`) and puts them
-/// into our reduce slot of the root, with a signal, and signals the other peers with
-/// nothing; does not wait. The root stages its own round too: in place, the reduction
-/// writes its output (its input) before it reads its own part (a root of rank 2 and up).
+/// into our reduce slot of every rank of `to` but us, with a signal, and signals the other
+/// peers with nothing; does not wait. A rank that gets the reduction stages its own round
+/// too: in place, the reduction writes its output (its input) before it reads its own part.
 /// (A function, not a closure: see `all_gather_ports`.)
 #[inline(always)]
 fn stage_and_send<T: ReduceElement>(
@@ -90,14 +116,16 @@ fn stage_and_send<T: ReduceElement>(
     off: u64,
     len: u64,
     seq: u64,
+    to: Receivers,
 ) -> Result<(), DeviceError> {
     let size = core::mem::size_of::<T>() as u64;
     let set = super::PortLayout::set_of(seq);
     let staged_at = a.layout.staged(set);
     window_mut(scratch, staged_at / size, len)?.copy_from(Grid, window(input, off, len)?)?;
-    let what = Part::WholeTo {
-        bytes: len * size,
-        to: a.root,
+    let bytes = len * size;
+    let what = match to {
+        Receivers::Root(root) => Part::WholeTo { bytes, to: root },
+        Receivers::Every => Part::Whole { bytes },
     };
     send_to_peers(a, a.layout.reduce_slot(set, a.rank), staged_at, what)
 }
