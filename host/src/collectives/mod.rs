@@ -907,7 +907,9 @@ impl Communicator {
         // The set-up refuses rounds under 8 bytes a rank, so every round holds an element.
         let taken = match collective {
             Collective::AllReduce if ring => rounds(call.count, layout.all_reduce_round(item)),
-            Collective::AllReduce => rounds(call.count, layout.all_reduce_ports_round(item)),
+            Collective::AllReduce => {
+                rounds(call.count, layout.all_reduce_ports_round(item, call.count))
+            }
             Collective::ReduceScatter => rounds(call.count, layout.block_round(item).max(1)),
             Collective::AllToAll | Collective::AllToAllV => {
                 rounds(call.count * item, layout.block_round(1).max(1))

@@ -15,7 +15,8 @@
 //! (first exchange of round 0; then per round: second exchange of `k`, first of `k + 1`),
 //! so each channel's signals are counted in the order they are waited for.
 //!
-//! With two ranks it takes one exchange a round instead
+//! With two ranks, and for a message of one round with more, it takes one exchange a round
+//! instead
 //! ([`PortLayout::one_shot_all_reduce`](super::PortLayout::one_shot_all_reduce)): the
 //! reduce of `reduce_ports` with every rank its root. Each rank stages its round and puts
 //! it whole into its reduce slot of the peer, with a signal; once the peer's has come, it
@@ -60,12 +61,12 @@ fn all_reduce<T: ReduceElement>(
     a: &PortCollectiveArgs<'_>,
     op: ReduceOp,
 ) -> Result<(), DeviceError> {
-    if a.layout.one_shot_all_reduce() {
+    let size = core::mem::size_of::<T>() as u64;
+    if a.layout.one_shot_all_reduce(a.count.saturating_mul(size)) {
         // Rounds of `PortLayout::all_reduce_ports_round`: the reduce's.
         return reduce_rounds::<T>(a, op, Receivers::Every);
     }
     let (n, r, nr, l) = (a.count, a.rank, a.n_ranks, a.layout);
-    let size = core::mem::size_of::<T>() as u64;
     let per = l.all_reduce_round(size);
     if n == 0 || per == 0 {
         return Ok(());

@@ -91,21 +91,35 @@ impl PortLayout {
         self.round_bytes / if size == 0 { 1 } else { size }
     }
 
-    /// Whether the port all-reduce takes one exchange a round: each rank puts its whole
-    /// round into its reduce slot of every peer and reduces every rank's round itself,
-    /// instead of a reduce-scatter of the round and an all-gather of the reduced chunks.
-    /// With two ranks both send the same bytes, and one exchange saves a wait on the
-    /// network (a round trip over Ethernet) and two copies a round: the copy of the reduced
-    /// chunk for the gather's puts, and the copy of the gathered chunk out.
-    pub const fn one_shot_all_reduce(&self) -> bool {
+    /// Most bytes a rank sends in all in a port all-reduce of more than two ranks that takes
+    /// one exchange (see [`Self::one_shot_all_reduce`]).
+    pub const ONE_SHOT_MAX_SENT: u64 = 256 << 10;
+
+    /// Whether the port all-reduce of `bytes` bytes takes one exchange a round: each rank
+    /// puts its whole round into its reduce slot of every peer and reduces every rank's
+    /// round itself, instead of a reduce-scatter of the round and an all-gather of the
+    /// reduced chunks.
+    ///
+    /// Always with two ranks: both send the same bytes, and one exchange saves a wait on the
+    /// network (a round trip over Ethernet) and two copies a round (the reduced chunk into
+    /// the gather's source, the gathered chunk out). With more, where the message is one
+    /// round and each rank sends at most [`Self::ONE_SHOT_MAX_SENT`] bytes in all: there the
+    /// waits, not the bytes, bound the call (4 ranks over loopback Ethernet on 2 cores:
+    /// 1-64 KiB in 140-300 µs instead of 325-400 µs; from 1 MiB on, twice as long), while a
+    /// rank sends each byte to `n - 1` peers instead of `2 (n - 1) / n` of it, which costs a
+    /// slow network more than the wait it saves.
+    pub const fn one_shot_all_reduce(&self, bytes: u64) -> bool {
+        let peers = (self.n_ranks as u64).saturating_sub(1);
         self.n_ranks == 2
+            || (bytes <= self.copy_round_bytes()
+                && bytes.saturating_mul(peers) <= Self::ONE_SHOT_MAX_SENT)
     }
 
-    /// Elements of `size` bytes in one round of the port all-reduce: a round that lands
-    /// whole in one slot ([`Self::copy_round_bytes`]) where it takes one exchange
-    /// ([`Self::one_shot_all_reduce`]), else [`Self::all_reduce_round`].
-    pub const fn all_reduce_ports_round(&self, size: u64) -> u64 {
-        if self.one_shot_all_reduce() {
+    /// Elements of `size` bytes in one round of the port all-reduce of `count` elements: a
+    /// round that lands whole in one slot ([`Self::copy_round_bytes`]) where it takes one
+    /// exchange ([`Self::one_shot_all_reduce`]), else [`Self::all_reduce_round`].
+    pub const fn all_reduce_ports_round(&self, size: u64, count: u64) -> u64 {
+        if self.one_shot_all_reduce(count.saturating_mul(size)) {
             self.copy_round_bytes() / if size == 0 { 1 } else { size }
         } else {
             self.all_reduce_round(size)
@@ -177,11 +191,15 @@ mod tests {
                     assert!(widest <= l.chunk_bytes, "n={n} round={round} size={size}");
                     // Every collective's round fits the staged round and a slot.
                     assert_eq!(l.all_reduce_round(size), per);
-                    let one_shot = l.all_reduce_ports_round(size) * size;
-                    assert!(one_shot > 0 && one_shot <= l.round_bytes);
-                    if l.one_shot_all_reduce() {
-                        assert!(one_shot <= l.chunk_bytes, "n={n} round={round}");
+                    for count in [1, per / 2, per, 10 * per] {
+                        let bytes = l.all_reduce_ports_round(size, count) * size;
+                        assert!(bytes > 0 && bytes <= l.round_bytes);
+                        if l.one_shot_all_reduce(count * size) {
+                            assert!(bytes <= l.chunk_bytes, "n={n} round={round}");
+                        }
                     }
+                    // Two ranks always take one exchange; more only for one round.
+                    assert_eq!(l.one_shot_all_reduce(10 * per * size), n == 2);
                     let copy = l.copy_round_bytes();
                     assert!(copy > 0 && copy <= l.round_bytes && copy <= l.chunk_bytes);
                     let block = l.block_round(size) * size;
