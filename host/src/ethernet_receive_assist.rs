@@ -32,7 +32,6 @@ use crate::ethernet_wire::{
     LENGTH_PREFIX_BYTES, MAX_FRAME_HEADER_BYTES, MAX_HEADER_BYTES, Message, decode_header,
 };
 use parking_lot::Mutex;
-use smallvec::SmallVec;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -106,10 +105,16 @@ fn assist() -> bool {
     if COUNT.load(Ordering::Relaxed) == 0 {
         return false;
     }
-    let enlisted: SmallVec<[Weak<Inbound>; 8]> = ENLISTED.lock().iter().cloned().collect();
     let mut applied = false;
-    for inbound in enlisted.iter().filter_map(Weak::upgrade) {
-        applied |= assist_one(&inbound);
+    // One connection at a time, the list's lock held only to take it: no allocation,
+    // and no frame applied under a lock that enlisting waits for.
+    for at in 0.. {
+        let Some(next) = ENLISTED.lock().get(at).cloned() else {
+            break;
+        };
+        if let Some(inbound) = next.upgrade() {
+            applied |= assist_one(&inbound);
+        }
     }
     applied
 }
