@@ -15,13 +15,12 @@
 //! opened, and applies what its peer writes from the connection it accepted.
 
 use crate::error::{Error, Result};
-use crate::ethernet_receiver::{Receiver, ReceiverContext};
+use crate::ethernet_receiver::{Receiver, ReceiverContext, readable};
 use crate::ethernet_registry::EthernetRegistry;
 use crate::ethernet_staging::Staging;
 use crate::ethernet_wire::{Message, ReadOutcome, TOKEN_BYTES, read_header, send_frame};
 use oxccl_proxy::{FailureSink, ProxyError};
 use parking_lot::Mutex;
-use rustix::event::{PollFd, PollFlags, Timespec};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -239,13 +238,7 @@ impl EthernetEndpoint {
 
     /// Waits until the listener has a connection to accept, or `left` passes.
     fn wait_readable(&self, left: Duration) {
-        let wait = left.min(Duration::from_millis(100));
-        let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
-        let timeout = Timespec {
-            tv_sec: 0,
-            tv_nsec: wait.as_nanos() as i64,
-        };
-        let _ = rustix::event::poll(&mut fds, Some(&timeout));
+        readable(&self.listener, left.min(Duration::from_millis(100)));
     }
 }
 

@@ -91,8 +91,9 @@ pub(crate) fn assist_until_readable(stream: &TcpStream, deadline: Instant) {
     while !readable(stream, Duration::ZERO) && Instant::now() < deadline {
         if assist() {
             look = REPLY_POLL;
+        } else if readable(stream, look) {
+            return;
         } else {
-            readable(stream, look);
             look = (look * 2).min(COVER);
         }
     }

@@ -39,6 +39,7 @@ use parking_lot::Mutex;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use std::io::{BufRead, BufReader};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, Thread};
@@ -122,7 +123,6 @@ impl Receiver {
         let rank = context.rank;
         let join_timeout = context.frame_timeout;
         let inbound = Arc::new(Inbound::new(stream, peer, context)?);
-        let assisted = inbound.reading.lock().stager.is_none();
         let thread = {
             let inbound = inbound.clone();
             std::thread::Builder::new()
@@ -137,7 +137,7 @@ impl Receiver {
         };
         let _ = inbound.thread.set(thread.thread().clone());
         // Where the rank's memory is a GPU's, the stager's copies stay on its own thread.
-        if assisted {
+        if inbound.context.staging.is_none() {
             enlist(&inbound);
         }
         Ok(Receiver {
@@ -180,10 +180,11 @@ impl Drop for Receiver {
     }
 }
 
-/// Whether `stream` has something to read (bytes, its end, or an error) within `timeout`.
-pub(crate) fn readable(stream: &TcpStream, timeout: Duration) -> bool {
+/// Whether `socket` has something to read (bytes, its end, an error, a connection to
+/// accept) within `timeout`.
+pub(crate) fn readable(socket: &impl AsFd, timeout: Duration) -> bool {
     let timeout = Timespec::try_from(timeout).unwrap_or_default();
-    let mut fds = [PollFd::new(stream, PollFlags::IN)];
+    let mut fds = [PollFd::new(socket, PollFlags::IN)];
     matches!(poll(&mut fds, Some(&timeout)), Ok(n) if n > 0)
 }
 
