@@ -8,6 +8,9 @@
 //! keeps the order, and the receiver applies frames in order); `flush` sends a flush and
 //! waits, at most the communicator's wait limit, for its acknowledgement, which the peer
 //! sends once everything before it is applied. Every send waits at most that limit too.
+//! A put with its signal (`write_and_signal`) sends the signal's frame with the last chunk
+//! in one `sendmsg`: one system call and, under `TCP_NODELAY`, one segment where it fits,
+//! instead of three calls (header, payload, signal).
 //!
 //! Where this rank's memory is a GPU's, each chunk of a write is first copied out of the
 //! device into the connection's stager's pinned buffer, then sent from there (see
@@ -25,8 +28,9 @@ use crate::ethernet_receive_assist::assist_until_readable;
 use crate::ethernet_staging::Stager;
 use crate::ethernet_wire::{
     MAX_CHUNK_BYTES, Message, ReadOutcome, TOKEN_BYTES, WireError, peer_gone, read_header,
-    send_frame,
+    send_frame, send_frames,
 };
+use oxccl_proxy::connection::Signal;
 use oxccl_proxy::{Connection, MemoryRegion, ProxyError};
 use parking_lot::Mutex;
 use std::net::{SocketAddr, TcpStream};
@@ -212,13 +216,23 @@ impl EthernetConnection {
         }
     }
 
-    /// Sends one frame; a failure breaks the connection, with the peer's reason if it sent
-    /// one.
-    fn send(&self, state: &mut State, message: &Message, payload: &[u8]) -> Result<(), ProxyError> {
+    /// Sends one frame, and `trailer` (a frame without payload) after it in the same system
+    /// call; a failure breaks the connection, with the peer's reason if it sent one.
+    fn send(
+        &self,
+        state: &mut State,
+        message: &Message,
+        payload: &[u8],
+        trailer: Option<&Message>,
+    ) -> Result<(), ProxyError> {
         if let Some(broken) = &state.broken {
             return Err(self.broken_earlier(broken));
         }
-        if let Err(e) = send_frame(&state.stream, message, payload) {
+        let sent = match trailer {
+            None => send_frame(&state.stream, message, payload),
+            Some(t) => send_frames(&state.stream, &[(message, payload), (t, &[])]),
+        };
+        if let Err(e) = sent {
             return Err(match self.peer_reason(state) {
                 Some(reason) => self.breaks(
                     state,
@@ -289,6 +303,66 @@ fn remote_id(region: &MemoryRegion) -> Result<u32, ProxyError> {
     })
 }
 
+impl EthernetConnection {
+    /// Sends `bytes` of this rank's memory at `from` to the peer's memory `id` at `dst_off`,
+    /// in frames of at most a chunk; `then`, if any, is sent with the last of them in the
+    /// same system call (a put's signal).
+    fn send_write(
+        &self,
+        id: u32,
+        dst_off: u64,
+        from: u64,
+        bytes: u64,
+        then: Option<&Message>,
+    ) -> Result<(), ProxyError> {
+        let mut state = self.state.lock();
+        if bytes == 0 {
+            // No write frame for an empty put (as before), only what follows it.
+            return match then {
+                Some(message) => self.send(&mut state, message, &[], None),
+                None => Ok(()),
+            };
+        }
+        let mut done = 0;
+        loop {
+            let len = (bytes - done).min(MAX_CHUNK_BYTES as u64);
+            let header = Message::Write {
+                id,
+                offset: dst_off + done,
+                len: len as u32,
+            };
+            let last = done + len == bytes;
+            let trailer = if last { then } else { None };
+            if let Some(mut stager) = state.stager.take() {
+                // SAFETY: as below; `len` is at most a chunk.
+                let copied = unsafe { stager.copy_out(from + done, len as usize) };
+                let sent = match copied {
+                    Ok(()) => {
+                        let payload = &stager.buffer()[..len as usize];
+                        self.send(&mut state, &header, payload, trailer)
+                    }
+                    Err(e) => Err(self.breaks(&mut state, format!("staging a write: {e}"))),
+                };
+                state.stager = Some(stager);
+                sent?;
+            } else {
+                // SAFETY: the proxy checked the source range against the source's
+                // registered size; registered memory stays allocated while channels using
+                // it exist (the region holds a share). Kernels leave a put's source alone
+                // until it is flushed (the channel's contract).
+                let payload = unsafe {
+                    std::slice::from_raw_parts((from + done) as usize as *const u8, len as usize)
+                };
+                self.send(&mut state, &header, payload, trailer)?;
+            }
+            done += len;
+            if last {
+                return Ok(());
+            }
+        }
+    }
+}
+
 impl Connection for EthernetConnection {
     fn write(
         &self,
@@ -300,37 +374,26 @@ impl Connection for EthernetConnection {
     ) -> Result<(), ProxyError> {
         let id = remote_id(dst)?;
         let from = src.address(src_off)?;
-        let mut state = self.state.lock();
-        let mut done = 0;
-        while done < bytes {
-            let len = (bytes - done).min(MAX_CHUNK_BYTES as u64);
-            let header = Message::Write {
-                id,
-                offset: dst_off + done,
-                len: len as u32,
-            };
-            if let Some(mut stager) = state.stager.take() {
-                // SAFETY: as below; `len` is at most a chunk.
-                let copied = unsafe { stager.copy_out(from + done, len as usize) };
-                let sent = match copied {
-                    Ok(()) => self.send(&mut state, &header, &stager.buffer()[..len as usize]),
-                    Err(e) => Err(self.breaks(&mut state, format!("staging a write: {e}"))),
-                };
-                state.stager = Some(stager);
-                sent?;
-            } else {
-                // SAFETY: the proxy checked `src_off..src_off + bytes` against the
-                // source's registered size; registered memory stays allocated while
-                // channels using it exist (the region holds a share). Kernels leave a
-                // put's source alone until it is flushed (the channel's contract).
-                let payload = unsafe {
-                    std::slice::from_raw_parts((from + done) as usize as *const u8, len as usize)
-                };
-                self.send(&mut state, &header, payload)?;
-            }
-            done += len;
-        }
-        Ok(())
+        self.send_write(id, dst_off, from, bytes, None)
+    }
+
+    fn write_and_signal(
+        &self,
+        dst: &MemoryRegion,
+        dst_off: u64,
+        src: &MemoryRegion,
+        src_off: u64,
+        bytes: u64,
+        signal: Signal<'_>,
+    ) -> Result<(), ProxyError> {
+        let id = remote_id(dst)?;
+        let from = src.address(src_off)?;
+        let signal = Message::Signal {
+            id: remote_id(signal.dst)?,
+            offset: signal.dst_off,
+            value: signal.value,
+        };
+        self.send_write(id, dst_off, from, bytes, Some(&signal))
     }
 
     fn update_and_sync(
@@ -349,6 +412,7 @@ impl Connection for EthernetConnection {
                 value,
             },
             &[],
+            None,
         )
     }
 
@@ -356,7 +420,7 @@ impl Connection for EthernetConnection {
         let mut state = self.state.lock();
         state.flushes += 1;
         let seq = state.flushes;
-        self.send(&mut state, &Message::Flush { seq }, &[])?;
+        self.send(&mut state, &Message::Flush { seq }, &[], None)?;
         match self.read_reply(&mut state) {
             Ok(Message::FlushAck { seq: acked }) if acked == seq => Ok(()),
             Ok(other) => {

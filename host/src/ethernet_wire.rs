@@ -27,10 +27,10 @@
 //! side reports.
 
 use rustix::io::Errno;
-use rustix::net::SendFlags;
+use rustix::net::{SendAncillaryBuffer, SendFlags};
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::io::{self, Read};
+use std::io::{self, IoSlice, Read};
 use std::net::TcpStream;
 use std::time::Instant;
 
@@ -386,24 +386,58 @@ pub fn read_exact_by(
 /// The header does not encode, or the socket failed or timed out (the frame may then be
 /// partly sent: the connection is unusable).
 pub fn send_frame(stream: &TcpStream, message: &Message, payload: &[u8]) -> io::Result<()> {
-    let mut header = [0u8; MAX_FRAME_HEADER_BYTES];
-    let n = encode(message, &mut header).map_err(io::Error::other)?;
-    // MORE: the header waits for its payload, so both leave in one segment despite
-    // TCP_NODELAY.
-    let flags = if payload.is_empty() {
-        SendFlags::NOSIGNAL
-    } else {
-        SendFlags::NOSIGNAL | SendFlags::MORE
-    };
-    send_all(stream, &header[..n], flags)?;
-    send_all(stream, payload, SendFlags::NOSIGNAL)
+    send_frames(stream, &[(message, payload)])
 }
 
-fn send_all(stream: &TcpStream, mut bytes: &[u8], flags: SendFlags) -> io::Result<()> {
-    while !bytes.is_empty() {
-        match rustix::net::send(stream, bytes, flags) {
+/// Most frames [`send_frames`] sends at once.
+pub const MAX_FRAMES_AT_ONCE: usize = 2;
+
+/// Sends each `(message, payload)` of `frames` as [`send_frame`] would, in order, all in one
+/// `sendmsg` where the socket takes them whole (a write's frame and the signal after it
+/// leave in one system call and, under `TCP_NODELAY`, one segment where they fit).
+///
+/// # Errors
+/// As [`send_frame`]; more than [`MAX_FRAMES_AT_ONCE`] frames is an `InvalidInput` error.
+pub fn send_frames(stream: &TcpStream, frames: &[(&Message, &[u8])]) -> io::Result<()> {
+    if frames.len() > MAX_FRAMES_AT_ONCE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} frames at once, at most {MAX_FRAMES_AT_ONCE}",
+                frames.len()
+            ),
+        ));
+    }
+    let mut headers = [[0u8; MAX_FRAME_HEADER_BYTES]; MAX_FRAMES_AT_ONCE];
+    let mut lengths = [0usize; MAX_FRAMES_AT_ONCE];
+    for (i, (message, _)) in frames.iter().enumerate() {
+        lengths[i] = encode(message, &mut headers[i]).map_err(io::Error::other)?;
+    }
+    let mut slices = [IoSlice::new(&[]); 2 * MAX_FRAMES_AT_ONCE];
+    let mut count = 0;
+    for (i, (_, payload)) in frames.iter().enumerate() {
+        for part in [&headers[i][..lengths[i]], payload] {
+            if !part.is_empty() {
+                slices[count] = IoSlice::new(part);
+                count += 1;
+            }
+        }
+    }
+    send_all(stream, &mut slices[..count])
+}
+
+/// Sends every byte of `slices`, resuming after partial sends.
+fn send_all(stream: &TcpStream, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+    while !slices.is_empty() {
+        let sent = rustix::net::sendmsg(
+            stream,
+            slices,
+            &mut SendAncillaryBuffer::default(),
+            SendFlags::NOSIGNAL,
+        );
+        match sent {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => bytes = &bytes[n..],
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
             Err(Errno::INTR) => {}
             Err(Errno::AGAIN) => {
                 return Err(io::Error::new(
@@ -488,6 +522,56 @@ mod tests {
                 other => panic!("{m:?}: {other:?}"),
             }
         }
+    }
+
+    /// Guards against frames sent together that arrive out of order, cut or merged where the
+    /// socket took them in pieces: a whole chunk and a signal through a small send buffer,
+    /// read slowly, come back as the two frames with every payload byte.
+    #[test]
+    fn frames_sent_together_arrive_whole_and_in_order() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (receiver, _) = listener.accept().unwrap();
+        rustix::net::sockopt::set_socket_send_buffer_size(&sender, 4096).unwrap();
+        sender
+            .set_write_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let payload: Vec<u8> = (0..MAX_CHUNK_BYTES)
+            .map(|i| (i * 7 + i / 251) as u8)
+            .collect();
+        let write = Message::Write {
+            id: 3,
+            offset: 40,
+            len: MAX_CHUNK_BYTES,
+        };
+        let signal = Message::Signal {
+            id: 4,
+            offset: 0,
+            value: 9,
+        };
+        let (w, s) = (write.clone(), signal.clone());
+        let reader = std::thread::spawn(move || {
+            let far = Instant::now() + Duration::from_secs(20);
+            let mut stream = &receiver;
+            let first = read_header(&mut stream, || true, || far).unwrap();
+            let mut got = vec![0u8; MAX_CHUNK_BYTES as usize];
+            for piece in got.chunks_mut(4096) {
+                std::thread::sleep(Duration::from_micros(50));
+                read_exact_by(&mut stream, piece, far, "payload").unwrap();
+            }
+            let second = read_header(&mut stream, || true, || far).unwrap();
+            (first, got, second)
+        });
+        send_frames(&sender, &[(&w, &payload), (&s, &[])]).unwrap();
+        let (first, got, second) = reader.join().unwrap();
+        assert!(matches!(first, ReadOutcome::Frame(m) if m == write));
+        assert!(got == payload, "payload bytes differ");
+        assert!(matches!(second, ReadOutcome::Frame(m) if m == signal));
+        let three = [(&signal, &[][..]); MAX_FRAMES_AT_ONCE + 1];
+        assert_eq!(
+            send_frames(&sender, &three).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
     }
 
     /// Guards against a peer's bytes being trusted: an empty or oversized header length, a

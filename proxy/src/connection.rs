@@ -11,6 +11,18 @@
 use crate::error::ProxyError;
 use crate::memory_region::MemoryRegion;
 
+/// The store of a [`Connection::update_and_sync`]: `value` into the u64 at `dst_off` of
+/// `dst`.
+#[derive(Clone, Copy, Debug)]
+pub struct Signal<'a> {
+    /// The peer's memory holding the semaphore.
+    pub dst: &'a MemoryRegion,
+    /// Offset of the semaphore's u64 in `dst`.
+    pub dst_off: u64,
+    /// The value stored.
+    pub value: u64,
+}
+
 /// One peer over one transport: the operations a trigger turns into.
 pub trait Connection: Send + Sync {
     /// Copies `bytes` from `src` (this rank's memory) at `src_off` to `dst` (the peer's) at
@@ -38,6 +50,24 @@ pub trait Connection: Send + Sync {
         dst_off: u64,
         value: u64,
     ) -> Result<(), ProxyError>;
+
+    /// [`Self::write`], then [`Self::update_and_sync`] of `signal`: a put with its signal,
+    /// which a transport may send together (Ethernet: in one system call).
+    ///
+    /// # Errors
+    /// As [`Self::write`] and [`Self::update_and_sync`].
+    fn write_and_signal(
+        &self,
+        dst: &MemoryRegion,
+        dst_off: u64,
+        src: &MemoryRegion,
+        src_off: u64,
+        bytes: u64,
+        signal: Signal<'_>,
+    ) -> Result<(), ProxyError> {
+        self.write(dst, dst_off, src, src_off, bytes)?;
+        self.update_and_sync(signal.dst, signal.dst_off, signal.value)
+    }
 
     /// Waits until every earlier operation of this connection is complete at the peer.
     ///

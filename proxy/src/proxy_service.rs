@@ -29,7 +29,7 @@
 //! alive) until it is dropped, and its FIFO cells as long as any handle holder keeps a share
 //! of them ([`ProxyService::fifo_cells`]).
 
-use crate::connection::Connection;
+use crate::connection::{Connection, Signal};
 use crate::consumer_pacing;
 use crate::error::{ProxyError, Refusal, Side};
 use crate::fifo::{Fifo, FifoCells, MappedFifoCells};
@@ -939,17 +939,26 @@ fn execute(shared: &Shared, t: &Tables, trigger: ProxyTrigger) {
             Ok(pair) => pair,
             Err(refusal) => return stop_with(refusal),
         };
-        if let Err(e) = channel
-            .connection
-            .write(dst, f.dst_offset, src, f.src_offset, f.size)
-        {
+        let written = if f.kind & trigger_type::FLAG != 0 {
+            // A put with its signal: given to the connection together, which may send them
+            // at once.
+            let signal = Signal {
+                dst: &channel.remote_inbound,
+                dst_off: 0,
+                value: next_signal(channel),
+            };
+            let c = &channel.connection;
+            c.write_and_signal(dst, f.dst_offset, src, f.src_offset, f.size, signal)
+        } else {
+            channel
+                .connection
+                .write(dst, f.dst_offset, src, f.src_offset, f.size)
+        };
+        if let Err(e) = written {
             return fail(shared, channel, f.semaphore_id, e);
         }
-    }
-    if f.kind & trigger_type::FLAG != 0 {
-        // Relaxed: only the consumer reads and writes it (see `Channel::outbound`).
-        let value = channel.outbound.load(Ordering::Relaxed) + 1;
-        channel.outbound.store(value, Ordering::Relaxed);
+    } else if f.kind & trigger_type::FLAG != 0 {
+        let value = next_signal(channel);
         if let Err(e) = channel
             .connection
             .update_and_sync(&channel.remote_inbound, 0, value)
@@ -962,6 +971,15 @@ fn execute(shared: &Shared, t: &Tables, trigger: ProxyTrigger) {
     {
         fail(shared, channel, f.semaphore_id, e);
     }
+}
+
+/// The value the channel's next signal stores into the peer's semaphore (one more than the
+/// last).
+fn next_signal(channel: &Channel) -> u64 {
+    // Relaxed: only the consumer reads and writes it (see `Channel::outbound`).
+    let value = channel.outbound.load(Ordering::Relaxed) + 1;
+    channel.outbound.store(value, Ordering::Relaxed);
+    value
 }
 
 fn fail(shared: &Shared, channel: &Channel, id: u32, error: ProxyError) {
