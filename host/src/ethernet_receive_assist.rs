@@ -22,12 +22,15 @@
 //! A frame seen begun but not whole for longer than [`PARTIAL_LIMIT`] (a payload larger
 //! than the socket can queue, whose sender waits for it to be read; a peer that stalled
 //! mid-frame) is handed to the receiver thread at once, which reads it under the frame
-//! deadline as it always did, then goes back to being covered.
+//! deadline as it always did, then goes back to being covered. So is a flush whose
+//! acknowledgement the socket cannot take at once (a peer that sends flushes but does not
+//! read its acknowledgements would otherwise hold the waiting thread in a blocking send, up
+//! to the frame limit).
 //!
 //! Connections that reach a GPU's memory through a stager are not enlisted: their copies
 //! stay on the receiver thread.
 
-use crate::ethernet_receiver::{Inbound, ReadState, readable};
+use crate::ethernet_receiver::{Inbound, ReadState, readable, writable};
 use crate::ethernet_wire::{
     LENGTH_PREFIX_BYTES, MAX_FRAME_HEADER_BYTES, MAX_HEADER_BYTES, Message, decode_header,
 };
@@ -147,6 +150,13 @@ fn assist_one(inbound: &Inbound) -> bool {
                     return true;
                 }
             }
+            NextFrame::AnswerWaits => {
+                // The receiver thread may wait, under the frame limit, for the peer to
+                // take the acknowledgement; a waiting thread may not.
+                drop(state);
+                inbound.uncover();
+                return applied;
+            }
             NextFrame::Begun => {
                 let since = *state.partial_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > PARTIAL_LIMIT {
@@ -174,6 +184,9 @@ enum NextFrame {
     Whole,
     /// Part of a frame: reading it now could wait.
     Begun,
+    /// A whole frame whose answer (a flush's acknowledgement) the socket cannot take now:
+    /// applying it could wait for the peer to read.
+    AnswerWaits,
     /// Nothing.
     Nothing,
 }
@@ -212,7 +225,7 @@ fn next_frame(inbound: &Inbound, state: &ReadState) -> NextFrame {
             NextFrame::Nothing
         };
     }
-    let Some(need) = frame_len(&head[..have]) else {
+    let Some((need, answered)) = frame_size(&head[..have]) else {
         // A header not all here: reading reports one that never will be at once.
         return if ended {
             NextFrame::Whole
@@ -220,6 +233,9 @@ fn next_frame(inbound: &Inbound, state: &ReadState) -> NextFrame {
             NextFrame::Begun
         };
     };
+    if answered && !ended && !writable(inbound.stream()) {
+        return NextFrame::AnswerWaits;
+    }
     if need <= have || ended {
         return NextFrame::Whole;
     }
@@ -237,21 +253,23 @@ fn next_frame(inbound: &Inbound, state: &ReadState) -> NextFrame {
 /// Bytes of the frame that `head` (its first bytes) begins, prefix and payload included, once
 /// `head` holds its whole header; the bytes of `head` alone where reading refuses the frame
 /// as soon as it reads them (a header length out of bounds, a header that does not decode);
-/// `None` while the header is not all in `head`.
-fn frame_len(head: &[u8]) -> Option<usize> {
+/// `None` while the header is not all in `head`. With them, whether applying the frame writes
+/// an answer to the peer (a flush's acknowledgement).
+fn frame_size(head: &[u8]) -> Option<(usize, bool)> {
     let prefix = head.first_chunk::<LENGTH_PREFIX_BYTES>()?;
     let len = u16::from_le_bytes(*prefix) as usize;
     if len == 0 || len > MAX_HEADER_BYTES {
-        return Some(head.len());
+        return Some((head.len(), false));
     }
     let header = head.get(LENGTH_PREFIX_BYTES..LENGTH_PREFIX_BYTES + len)?;
-    let payload = match decode_header(header) {
-        Ok(Message::Write { len, .. }) => len as usize,
-        // Another frame has no payload.
-        Ok(_) => 0,
-        Err(_) => return Some(head.len()),
+    let (payload, answered) = match decode_header(header) {
+        Ok(Message::Write { len, .. }) => (len as usize, false),
+        Ok(Message::Flush { .. }) => (0, true),
+        // Another frame has no payload and no answer.
+        Ok(_) => (0, false),
+        Err(_) => return Some((head.len(), false)),
     };
-    Some(LENGTH_PREFIX_BYTES + len + payload)
+    Some((LENGTH_PREFIX_BYTES + len + payload, answered))
 }
 
 #[cfg(test)]
@@ -322,11 +340,67 @@ mod tests {
         assert!(memory.iter().all(|&b| b == 0xaa), "a frame was written");
     }
 
+    /// Guards against a peer that holds a waiting thread: a flush's acknowledgement is a
+    /// write to the peer, which blocks (up to the frame limit) once the peer stops reading
+    /// and the socket's buffers are full. A waiting thread must not wait on the network, so
+    /// it leaves such a flush to the receiver thread: every look returns at once, and the
+    /// connection is handed over.
+    #[test]
+    fn a_flush_that_cannot_be_answered_at_once_is_handed_to_the_receiver_thread() {
+        let proxy = ProxyService::new(ProxyConfig::default()).unwrap();
+        let context = ReceiverContext {
+            rank: 0,
+            registry: Arc::new(EthernetRegistry::new()),
+            failures: proxy.failure_sink(),
+            frame_timeout: Duration::from_secs(5),
+            staging: None,
+        };
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        rustix::net::sockopt::set_socket_recv_buffer_size(&client, 4096).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        rustix::net::sockopt::set_socket_send_buffer_size(&accepted, 4096).unwrap();
+        let inbound = Inbound::new(accepted, 1, context).unwrap();
+        // Flushes, whose acknowledgements the client never reads.
+        let mut flushes = Vec::new();
+        for seq in 0..20_000 {
+            let mut head = [0u8; MAX_FRAME_HEADER_BYTES];
+            let n = encode(&Message::Flush { seq }, &mut head).unwrap();
+            flushes.extend_from_slice(&head[..n]);
+        }
+        let sender = std::thread::spawn(move || {
+            client
+                .set_write_timeout(Some(Duration::from_secs(20)))
+                .unwrap();
+            let _ = client.write_all(&flushes);
+            client
+        });
+        let start = Instant::now();
+        let mut longest = Duration::ZERO;
+        while !inbound.is_handed_over() {
+            let look = Instant::now();
+            assist_one(&inbound);
+            longest = longest.max(look.elapsed());
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "never handed over"
+            );
+        }
+        assert!(
+            longest < Duration::from_millis(500),
+            "a look waited {longest:?} to acknowledge a flush"
+        );
+        assert!(inbound.covered_for().is_none());
+        drop(inbound);
+        drop(sender.join().unwrap());
+    }
+
     /// Guards the look-ahead that lets a waiting thread read a frame: a frame's length is
     /// known only once its whole header has arrived, and counts its payload; what reading
-    /// refuses at once needs nothing more.
+    /// refuses at once needs nothing more; a flush, and only a flush, is answered.
     #[test]
     fn frame_length_is_known_once_the_header_has_arrived() {
+        let frame_len = |head: &[u8]| frame_size(head).map(|(len, _)| len);
         let mut buf = [0u8; MAX_FRAME_HEADER_BYTES];
         let write = Message::Write {
             id: 3,
@@ -351,5 +425,9 @@ mod tests {
         assert_eq!(frame_len(&[0, 0]), Some(2));
         assert_eq!(frame_len(&[0xff, 0xff, 1]), Some(3));
         assert_eq!(frame_len(&[1, 0, 0xff]), Some(3));
+        let n = encode(&Message::Flush { seq: 9 }, &mut buf).unwrap();
+        assert_eq!(frame_size(&buf[..n]), Some((n, true)));
+        let n = encode(&signal, &mut buf).unwrap();
+        assert_eq!(frame_size(&buf[..n]), Some((n, false)));
     }
 }

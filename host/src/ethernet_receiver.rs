@@ -188,6 +188,14 @@ pub(crate) fn readable(socket: &impl AsFd, timeout: Duration) -> bool {
     matches!(poll(&mut fds, Some(&timeout)), Ok(n) if n > 0)
 }
 
+/// Whether `socket` takes a small write now without waiting (`POLLOUT`: TCP reports it
+/// while at least a third of the send buffer is free).
+pub(crate) fn writable(socket: &impl AsFd) -> bool {
+    let mut fds = [PollFd::new(socket, PollFlags::OUT)];
+    matches!(poll(&mut fds, Some(&Timespec::default())), Ok(n) if n > 0)
+        && fds[0].revents().contains(PollFlags::OUT)
+}
+
 /// The instant [`Inbound::covered_until`] counts from.
 fn clock_epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
