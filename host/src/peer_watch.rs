@@ -138,10 +138,8 @@ impl Drop for PeerWatch {
 
 /// The thread: polls the pidfds until the watch is dropped.
 fn run(shared: &Shared) {
-    let tick = Timespec {
-        tv_sec: 0,
-        tv_nsec: TICK.as_nanos() as _,
-    };
+    // A fraction of a second, which always converts.
+    let tick = Timespec::try_from(TICK).unwrap_or_default();
     // Relaxed: see `PeerWatch::drop`.
     while !shared.stop.load(Ordering::Relaxed) {
         let alive = shared.peers.lock().alive.clone();
