@@ -426,8 +426,13 @@ pub fn send_frames(stream: &TcpStream, frames: &[(&Message, &[u8])]) -> io::Resu
     send_all(stream, &mut slices[..count])
 }
 
-/// Sends every byte of `slices`, resuming after partial sends.
+/// Sends every byte of `slices`, resuming after partial sends, within the stream's write
+/// timeout for the whole of them: a peer that takes a frame a few bytes at a time makes
+/// each `sendmsg` return within the timeout, so the frame's own deadline is what bounds
+/// the send (at most twice the timeout in all, the last blocked call included).
 fn send_all(stream: &TcpStream, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+    let start = Instant::now();
+    let mut limit = None;
     while !slices.is_empty() {
         let sent = rustix::net::sendmsg(
             stream,
@@ -437,7 +442,23 @@ fn send_all(stream: &TcpStream, mut slices: &mut [IoSlice<'_>]) -> io::Result<()
         );
         match sent {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Ok(n) => {
+                IoSlice::advance_slices(&mut slices, n);
+                if slices.is_empty() {
+                    break;
+                }
+                // Only a send that did not go whole in one call asks for the timeout.
+                let limit = match limit {
+                    Some(known) => known,
+                    None => *limit.insert(stream.write_timeout()?),
+                };
+                if limit.is_some_and(|t| start.elapsed() > t) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the peer did not take the frame within the write timeout",
+                    ));
+                }
+            }
             Err(Errno::INTR) => {}
             Err(Errno::AGAIN) => {
                 return Err(io::Error::new(
@@ -571,6 +592,51 @@ mod tests {
         assert_eq!(
             send_frames(&sender, &three).unwrap_err().kind(),
             io::ErrorKind::InvalidInput
+        );
+    }
+
+    /// Guards against a peer that holds a sender by taking a frame a few bytes at a time:
+    /// each `sendmsg` then makes progress within the write timeout, but the frame as a whole
+    /// must be sent within it too, or the send fails as timed out.
+    #[test]
+    fn a_frame_taken_too_slowly_times_out() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (receiver, _) = listener.accept().unwrap();
+        rustix::net::sockopt::set_socket_send_buffer_size(&sender, 4096).unwrap();
+        rustix::net::sockopt::set_socket_recv_buffer_size(&receiver, 16 << 10).unwrap();
+        let limit = Duration::from_millis(200);
+        sender.set_write_timeout(Some(limit)).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reading = stop.clone();
+        let trickle = std::thread::spawn(move || {
+            let mut sip = [0u8; 4096];
+            let begun = Instant::now();
+            while !reading.load(std::sync::atomic::Ordering::Relaxed)
+                && begun.elapsed() < Duration::from_secs(5)
+            {
+                if (&receiver).read(&mut sip).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        });
+        let payload = vec![7u8; MAX_CHUNK_BYTES as usize];
+        let write = Message::Write {
+            id: 1,
+            offset: 0,
+            len: MAX_CHUNK_BYTES,
+        };
+        let start = Instant::now();
+        let sent = send_frame(&sender, &write, &payload);
+        let took = start.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        trickle.join().unwrap();
+        let error = sent.expect_err("a frame taken a few bytes at a time was sent");
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut, "{error}");
+        assert!(
+            took < limit * 3,
+            "gave up after {took:?}, the limit being {limit:?}"
         );
     }
 
