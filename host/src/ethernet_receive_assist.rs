@@ -193,11 +193,18 @@ enum NextFrame {
 
 /// Whether the next frame of `inbound` can be read and applied without waiting: its bytes
 /// already read (`state`'s buffer) and queued on the socket, looked at without consuming
-/// them. One system call where nothing has arrived or the frame is small (a look at the
-/// queue's first bytes), two for a write whose payload goes past them (and the queue's
-/// length).
+/// them. No system call for a frame already read whole into `state`'s buffer; one where
+/// nothing has arrived or the frame is small (a look at the queue's first bytes), two for a
+/// write whose payload goes past them (and the queue's length).
 fn next_frame(inbound: &Inbound, state: &ReadState) -> NextFrame {
     let buffered = state.buffered();
+    // A frame already read whole (the signal that came in one read with its write): no
+    // system call, unless applying it writes to the peer.
+    if let Some((need, false)) = frame_size(buffered)
+        && need <= buffered.len()
+    {
+        return NextFrame::Whole;
+    }
     let mut head = [0u8; MAX_FRAME_HEADER_BYTES];
     let from_buffer = buffered.len().min(head.len());
     head[..from_buffer].copy_from_slice(&buffered[..from_buffer]);
