@@ -204,8 +204,9 @@ impl FailureSink {
     /// Records `error` and raises the rank's stop word under [`INBOUND_SITE`] (unless a
     /// failure already did).
     pub fn record(&self, error: ProxyError) {
-        self.shared.raise_stop(DeviceError::Aborted, INBOUND_SITE);
+        // Recorded before it is raised, so a host that sees the stop finds the reason.
         self.shared.record(error);
+        self.shared.raise_stop(DeviceError::Aborted, INBOUND_SITE);
     }
 }
 
@@ -723,12 +724,12 @@ impl StallWatch {
             Some((at, started)) if at == executed => {
                 if started.elapsed() >= shared.wait_timeout {
                     self.stalled_at = Some(executed);
-                    shared.raise_stop(DeviceError::Aborted, FIFO_SITE);
                     shared.record(ProxyError::FifoStalled {
                         rank: shared.rank,
                         position: executed,
                         waited: started.elapsed(),
                     });
+                    shared.raise_stop(DeviceError::Aborted, FIFO_SITE);
                     return true;
                 }
             }
@@ -864,14 +865,17 @@ impl Default for SpinBudget {
 fn execute(shared: &Shared, t: &Tables, trigger: ProxyTrigger) {
     let f = trigger.decode();
     let detail = [f.dst_offset, f.src_offset, f.size];
+    // Every failure below is recorded before it is raised: a kernel stopped by the raise
+    // lets its host check the communicator, which must then find the reason (with the
+    // raise first, a host could see only that the channel stopped).
     let Some(channel) = t.channels.get(f.semaphore_id as usize) else {
-        shared.raise_stop(DeviceError::InvalidArgument, f.semaphore_id);
         shared.record(ProxyError::TriggerRefused {
             rank: shared.rank,
             channel: f.semaphore_id,
             peer: None,
             refusal: Refusal::UnknownChannel { id: f.semaphore_id },
         });
+        shared.raise_stop(DeviceError::InvalidArgument, f.semaphore_id);
         return;
     };
     let raise = |error: DeviceError| {
@@ -893,16 +897,17 @@ fn execute(shared: &Shared, t: &Tables, trigger: ProxyTrigger) {
     let peer = channel.connection.peer();
     let stop_with = |refusal: Refusal| {
         channel.stopped.store(true, Ordering::Relaxed);
-        raise(match refusal {
+        let error = match refusal {
             Refusal::OutOfBounds { .. } => DeviceError::OutOfBounds,
             _ => DeviceError::InvalidArgument,
-        });
+        };
         shared.record(ProxyError::TriggerRefused {
             rank: shared.rank,
             channel: f.semaphore_id,
             peer: Some(peer),
             refusal,
         });
+        raise(error);
     };
     if f.kind == 0 || f.kind & !trigger_type::ALL != 0 {
         return stop_with(Refusal::InvalidType { bits: f.kind });
@@ -982,15 +987,10 @@ fn next_signal(channel: &Channel) -> u64 {
     value
 }
 
+/// Stops `channel` after its connection failed with `error`: recorded first, then raised
+/// (see `execute`).
 fn fail(shared: &Shared, channel: &Channel, id: u32, error: ProxyError) {
     channel.stopped.store(true, Ordering::Relaxed);
-    channel.record.raise(
-        Some(&shared.stop_word),
-        id,
-        DeviceError::Aborted,
-        DeviceOp::Unknown,
-        [0; 3],
-    );
     shared.record(match error {
         // Already names the rank, the peer and the transport; the same error the rank's
         // other threads report when they notice the loss first.
@@ -1003,6 +1003,13 @@ fn fail(shared: &Shared, channel: &Channel, id: u32, error: ProxyError) {
             message: other.to_string(),
         },
     });
+    channel.record.raise(
+        Some(&shared.stop_word),
+        id,
+        DeviceError::Aborted,
+        DeviceOp::Unknown,
+        [0; 3],
+    );
 }
 
 #[cfg(test)]
