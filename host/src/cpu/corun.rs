@@ -13,10 +13,15 @@
 //! Who: the streams of devices that communicators run on (a rank's device; see
 //! `Communicator::new`); other devices' kernel threads keep their own host threads.
 //!
-//! How: the first host thread that runs a one-thread kernel thread itself opens the
-//! process's *runner* ([`open`]). Another host thread about to run a one-thread kernel
-//! thread of its own stream instead *donates* it ([`donate`]), with a stack, and waits for
-//! its launch to complete as it would for a pool thread. The runner takes donations at its
+//! How: the first thread (a host thread in `synchronize`, or a pool thread that took the
+//! launch first) about to run a one-thread kernel thread opens the process's *runner*
+//! ([`open`]). Another thread about to run one finds the runner open and instead *donates*
+//! its kernel thread ([`donate`]), with a stack; a host thread then waits for its launch to
+//! complete as it would for a pool thread. Each thread tries to open the runner first and
+//! donates only if it could not, each under the registry's lock: two threads about to run
+//! kernel threads at the same moment (two ranks launching at once) then always end up
+//! runner and guest, never both apart (donating first, both could find no runner, and one
+//! then run apart from the runner the other opened, for the whole launch). The runner takes donations at its
 //! next wait and from then on switches kernel threads at every wait (the wait hook of
 //! [`super::inline`]). When its own kernel thread returns (or passes its host's deadline)
 //! the runner closes, and every kernel thread it still holds goes to a pool thread of its
@@ -209,9 +214,14 @@ fn wanted() -> bool {
     match policy() {
         CorunPolicy::Always => true,
         CorunPolicy::Never => false,
-        // The count includes the runner's kernel thread; the one to place makes one more.
+        // The count includes the runner's kernel thread, counted even before it has begun
+        // (a runner runs one, and a donation is only asked of a runner: two ranks
+        // launching at once would otherwise each see none running, and run apart for the
+        // whole launch); the one to place makes one more.
         CorunPolicy::Auto => {
-            RUNNING.load(Ordering::Relaxed) + oxccl_proxy::proxy_thread::unassisted_threads() + 1
+            RUNNING.load(Ordering::Relaxed).max(1)
+                + oxccl_proxy::proxy_thread::unassisted_threads()
+                + 1
                 > cores()
         }
     }

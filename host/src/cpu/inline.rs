@@ -10,8 +10,8 @@
 //! pool thread resumes it ([`Suspended::finish`]) and the host thread returns its timeout,
 //! as it would if a pool thread had run the kernel thread from the start.
 //!
-//! The host thread that opened the process's runner (see [`super::corun`]) also runs the
-//! kernel threads other host threads donate to it, each on a coroutine of its own: at
+//! The thread that opened the process's runner (see [`super::corun`]; a host thread, or a
+//! pool thread with no deadline) also runs the kernel threads other threads donate to it, each on a coroutine of its own: at
 //! every wait of the running one the hook suspends it ([`Pause::Turn`]) and the next one
 //! runs until its own next wait ([`take_turns`]). When the host's own kernel thread returns
 //! or is late, those still running go to pool threads as [`Suspended`].
@@ -163,9 +163,9 @@ struct Turn {
 /// Runs thread `index` of `launch` (of `stream`) on the calling thread, on `stack`, until
 /// it returns (`Ok`, with the stack for the next one), or until it waits past `deadline`,
 /// where it is suspended and returned (`Err`). Meanwhile, if this thread opened the
-/// process's runner ([`super::corun`]), kernel threads donated by other host threads take
-/// turns with it at every wait; those not finished when it returns or is suspended go to
-/// pool threads.
+/// process's runner (`runner`, from [`corun::open`] for this launch), kernel threads
+/// donated by other host threads take turns with it at every wait; those not finished
+/// when it returns or is suspended go to pool threads.
 ///
 /// The caller has claimed thread `index` (no other thread runs it) and reports it done
 /// once it returns here or in [`Suspended::finish`].
@@ -175,9 +175,9 @@ pub(crate) fn run(
     index: u32,
     stack: Stack,
     deadline: Option<Instant>,
+    runner: Option<corun::Runner>,
 ) -> Result<Stack, Box<Suspended>> {
     let own = Turn::new(kernel_coroutine(launch, index, stack), None);
-    let runner = corun::open(stream, launch);
     let previous = install(deadline, runner.is_some());
     let (own, late) = take_turns(own, launch, runner.as_ref());
     uninstall(previous);

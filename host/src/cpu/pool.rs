@@ -10,7 +10,9 @@
 //! [`super::inline`]), and the worker then finds none left and goes back idle. Every
 //! claimed thread has an OS thread of its own from its claim to its end, so the threads of
 //! a launch still all run at once. A worker may also be given a kernel thread that a host
-//! thread suspended, to finish it.
+//! thread suspended, to finish it. A worker that claims the thread of a one-thread launch
+//! may open the process's runner for it, or donate it to the runner (see `run_claimed` and
+//! [`super::corun`]).
 //!
 //! Hand-off: the dispatcher puts a [`Task`] in a worker's slot, raises `posted` (Release)
 //! and unparks the worker; the worker polls `posted` (Acquire) for a short while after its
@@ -22,7 +24,7 @@
 //! spawning another.
 
 use super::corun;
-use super::inline::Suspended;
+use super::inline::{self, Suspended};
 use super::launch::Launch;
 use super::stream::CpuStream;
 use crossbeam_utils::Backoff;
@@ -201,6 +203,50 @@ impl Pool {
     }
 }
 
+/// Where a worker's claimed kernel thread ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ran {
+    /// Here, to its end: the worker reports it done.
+    Here,
+    /// Donated to the process's runner, which reports it done.
+    GivenAway,
+}
+
+/// Runs thread `index` of `launch` (of `stream`), claimed by this worker: as the process's
+/// runner if the launch may take turns and there is none yet (kernel threads that others
+/// donate then take turns with it here, as on a host thread in `synchronize`), else
+/// donated to the runner there is, else alone.
+///
+/// Why a worker may be the runner: a launch on an idle stream goes to a worker at once, and
+/// a worker that takes it before its host thread does, at the moment another rank's host
+/// thread opens a runner of its own, could otherwise only run it apart from that runner,
+/// for the whole launch: two busy kernel threads and a proxy on two cores, a ping-pong
+/// some 1-2 µs a round trip instead of 0.25 in about one process in a hundred.
+fn run_claimed(stream: &Arc<CpuStream>, launch: &Arc<Launch>, index: u32) -> Ran {
+    let Some(runner) = corun::open(stream, launch) else {
+        if corun::donate(stream, launch, index).is_ok() {
+            return Ran::GivenAway;
+        }
+        launch.run_thread(index);
+        return Ran::Here;
+    };
+    let Some(stack) = inline::stack() else {
+        drop(runner);
+        launch.run_thread(index);
+        return Ran::Here;
+    };
+    // No deadline: a worker runs its kernel thread to its end (guests the runner still
+    // holds when it ends go to other workers, as from a host thread).
+    match inline::run(stream, launch, index, stack, None, Some(runner)) {
+        Ok(stack) => inline::recycle(stack),
+        // Never late without a deadline; finished here all the same.
+        Err(suspended) => {
+            suspended.finish();
+        }
+    }
+    Ran::Here
+}
+
 impl Worker {
     fn post(&self, task: Task) {
         *self.slot.lock() = Some(task);
@@ -223,12 +269,11 @@ impl Worker {
                     Some(index) => {
                         // Ours now: nothing to take back (and no cycle through the slot).
                         launch.worker.lock().take();
-                        if corun::donate(&stream, &launch, index).is_ok() {
+                        if run_claimed(&stream, &launch, index) == Ran::GivenAway {
                             // The process's runner runs it in turns with its own.
                             pool.put_back(self.clone());
                             continue;
                         }
-                        launch.run_thread(index);
                         (stream, launch)
                     }
                     None => {
@@ -243,11 +288,10 @@ impl Worker {
             while let Some((next, index)) =
                 stream.thread_done_on_worker(done, || pool.put_back(self.clone()))
             {
-                if corun::donate(&stream, &next, index).is_ok() {
+                if run_claimed(&stream, &next, index) == Ran::GivenAway {
                     pool.put_back(self.clone());
                     break;
                 }
-                next.run_thread(index);
                 done = next;
             }
             idle_since = Instant::now();

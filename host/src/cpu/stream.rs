@@ -282,7 +282,12 @@ impl CpuStream {
                 break;
             }
             if let Some((launch, index)) = self.claim_for_helper() {
-                if corun::donate(self, &launch, index).is_ok() {
+                // Runner first, donation second, each decided under the runner registry's
+                // lock: two host threads launching at once would otherwise both find no
+                // runner to donate to, then one open it and the other run apart from it
+                // for the whole launch.
+                let runner = corun::open(self, &launch);
+                if runner.is_none() && corun::donate(self, &launch, index).is_ok() {
                     // The runner of the process runs it, taking turns with its own kernel
                     // thread; wait for it below as for a pool thread.
                     if !self.wait_past(seen, deadline) {
@@ -290,7 +295,7 @@ impl CpuStream {
                     }
                     continue;
                 }
-                match inline::run(self, &launch, index, stack, deadline) {
+                match inline::run(self, &launch, index, stack, deadline, runner) {
                     Ok(back) => {
                         stack = back;
                         self.thread_done(launch);

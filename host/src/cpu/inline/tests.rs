@@ -884,3 +884,70 @@ fn kernel_threads_that_compute_leave_the_runner() {
         "the second stayed on the runner: {seen:?}"
     );
 }
+
+/// How many kernel threads of [`meet_and_note`] have arrived, over all its rounds.
+static ARRIVED: AtomicU32 = AtomicU32::new(0);
+/// Where each [`meet_and_note`] started, by round: `(round, thread, a pool thread's)`.
+static MET_WHERE: Mutex<Vec<(u32, ThreadId, bool)>> = Mutex::new(Vec::new());
+
+/// Notes where it starts, arrives for `round` and waits until the other kernel thread of
+/// the round has arrived too.
+#[kernel]
+fn meet_and_note(round: u32) {
+    let here = std::thread::current();
+    let pool = here.name().is_some_and(|n| n.starts_with("oxccl-kern"));
+    MET_WHERE.lock().push((round, here.id(), pool));
+    ARRIVED.fetch_add(1, Ordering::AcqRel);
+    wait_until(|| ARRIVED.load(Ordering::Acquire) >= 2 * (round + 1));
+}
+
+/// Guards against two host threads that launch and synchronize at the same moment running
+/// apart: each found no runner to donate to, then one opened the runner and the other ran
+/// its kernel thread alone, beside it, for the whole launch (two spinning threads and a
+/// proxy on two cores: a ping-pong took 1-2 µs a round trip instead of 0.25 in some
+/// processes); or a pool thread that took a launch before its host thread did ran it apart
+/// from a runner opened meanwhile. Deciding "runner, else donate" in that order, each under
+/// the registry's lock, on host and pool threads alike, makes one of them the runner and
+/// the other its guest: both kernel threads of every round start on one thread.
+#[test]
+fn host_threads_launching_at_once_take_turns() {
+    const ROUNDS: u32 = 100;
+    let _turns = Turns::with(corun::CorunPolicy::Always);
+    let streams: Vec<Stream> = (60..62)
+        .map(|ordinal| {
+            let stream = Device::cpu(ordinal).stream().unwrap();
+            stream
+                .cpu_stream()
+                .device
+                .corun
+                .store(true, Ordering::Relaxed);
+            stream
+        })
+        .collect();
+    let start = Arc::new(std::sync::Barrier::new(2));
+    std::thread::scope(|s| {
+        for stream in &streams {
+            let start = start.clone();
+            s.spawn(move || {
+                for round in 0..ROUNDS {
+                    start.wait();
+                    meet_and_note::launch(stream, LaunchConfig::grid(1), round).unwrap();
+                    sync(stream, LONG).unwrap();
+                }
+            });
+        }
+    });
+    let seen = MET_WHERE.lock().clone();
+    assert_eq!(seen.len(), 2 * ROUNDS as usize);
+    let apart: Vec<(u32, bool)> = (0..ROUNDS)
+        .filter_map(|round| {
+            let both: Vec<_> = seen.iter().filter(|w| w.0 == round).collect();
+            (both[0].1 != both[1].1).then(|| (round, both.iter().any(|w| w.2)))
+        })
+        .collect();
+    assert!(
+        apart.is_empty(),
+        "{} of {ROUNDS} rounds ran apart (round, a pool thread's): {apart:?}",
+        apart.len()
+    );
+}
