@@ -545,18 +545,29 @@ mod tests {
         }
     }
 
+    /// A loopback TCP connection whose sending end has a 4 KiB send buffer and `timeout` to
+    /// write, its receiving end `receive_buffer` bytes to receive, if given.
+    fn small_buffered_pair(
+        timeout: Duration,
+        receive_buffer: Option<usize>,
+    ) -> (TcpStream, TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (receiver, _) = listener.accept().unwrap();
+        rustix::net::sockopt::set_socket_send_buffer_size(&sender, 4096).unwrap();
+        if let Some(bytes) = receive_buffer {
+            rustix::net::sockopt::set_socket_recv_buffer_size(&receiver, bytes).unwrap();
+        }
+        sender.set_write_timeout(Some(timeout)).unwrap();
+        (sender, receiver)
+    }
+
     /// Guards against frames sent together that arrive out of order, cut or merged where the
     /// socket took them in pieces: a whole chunk and a signal through a small send buffer,
     /// read slowly, come back as the two frames with every payload byte.
     #[test]
     fn frames_sent_together_arrive_whole_and_in_order() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (receiver, _) = listener.accept().unwrap();
-        rustix::net::sockopt::set_socket_send_buffer_size(&sender, 4096).unwrap();
-        sender
-            .set_write_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
+        let (sender, receiver) = small_buffered_pair(Duration::from_secs(20), None);
         let payload: Vec<u8> = (0..MAX_CHUNK_BYTES)
             .map(|i| (i * 7 + i / 251) as u8)
             .collect();
@@ -600,13 +611,8 @@ mod tests {
     /// must be sent within it too, or the send fails as timed out.
     #[test]
     fn a_frame_taken_too_slowly_times_out() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (receiver, _) = listener.accept().unwrap();
-        rustix::net::sockopt::set_socket_send_buffer_size(&sender, 4096).unwrap();
-        rustix::net::sockopt::set_socket_recv_buffer_size(&receiver, 16 << 10).unwrap();
         let limit = Duration::from_millis(200);
-        sender.set_write_timeout(Some(limit)).unwrap();
+        let (sender, receiver) = small_buffered_pair(limit, Some(16 << 10));
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let reading = stop.clone();
         let trickle = std::thread::spawn(move || {
