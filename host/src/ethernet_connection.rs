@@ -303,18 +303,30 @@ fn remote_id(region: &MemoryRegion) -> Result<u32, ProxyError> {
     })
 }
 
+/// The frame that carries `signal`.
+fn signal_frame(signal: Signal<'_>) -> Result<Message, ProxyError> {
+    Ok(Message::Signal {
+        id: remote_id(signal.dst)?,
+        offset: signal.dst_off,
+        value: signal.value,
+    })
+}
+
 impl EthernetConnection {
-    /// Sends `bytes` of this rank's memory at `from` to the peer's memory `id` at `dst_off`,
-    /// in frames of at most a chunk; `then`, if any, is sent with the last of them in the
-    /// same system call (a put's signal).
+    /// Sends `bytes` of `src` (this rank's memory) at `src_off` to `dst` (the peer's) at
+    /// `dst_off`, in frames of at most a chunk; `then`, if any, is sent with the last of them
+    /// in the same system call (a put's signal).
     fn send_write(
         &self,
-        id: u32,
+        dst: &MemoryRegion,
         dst_off: u64,
-        from: u64,
+        src: &MemoryRegion,
+        src_off: u64,
         bytes: u64,
         then: Option<&Message>,
     ) -> Result<(), ProxyError> {
+        let id = remote_id(dst)?;
+        let from = src.address(src_off)?;
         let mut state = self.state.lock();
         if bytes == 0 {
             // No write frame for an empty put (as before), only what follows it.
@@ -372,9 +384,7 @@ impl Connection for EthernetConnection {
         src_off: u64,
         bytes: u64,
     ) -> Result<(), ProxyError> {
-        let id = remote_id(dst)?;
-        let from = src.address(src_off)?;
-        self.send_write(id, dst_off, from, bytes, None)
+        self.send_write(dst, dst_off, src, src_off, bytes, None)
     }
 
     fn write_and_signal(
@@ -386,14 +396,8 @@ impl Connection for EthernetConnection {
         bytes: u64,
         signal: Signal<'_>,
     ) -> Result<(), ProxyError> {
-        let id = remote_id(dst)?;
-        let from = src.address(src_off)?;
-        let signal = Message::Signal {
-            id: remote_id(signal.dst)?,
-            offset: signal.dst_off,
-            value: signal.value,
-        };
-        self.send_write(id, dst_off, from, bytes, Some(&signal))
+        let signal = signal_frame(signal)?;
+        self.send_write(dst, dst_off, src, src_off, bytes, Some(&signal))
     }
 
     fn update_and_sync(
@@ -402,18 +406,13 @@ impl Connection for EthernetConnection {
         dst_off: u64,
         value: u64,
     ) -> Result<(), ProxyError> {
-        let id = remote_id(dst)?;
+        let signal = signal_frame(Signal {
+            dst,
+            dst_off,
+            value,
+        })?;
         let mut state = self.state.lock();
-        self.send(
-            &mut state,
-            &Message::Signal {
-                id,
-                offset: dst_off,
-                value,
-            },
-            &[],
-            None,
-        )
+        self.send(&mut state, &signal, &[], None)
     }
 
     fn flush(&self) -> Result<(), ProxyError> {
