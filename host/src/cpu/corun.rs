@@ -18,12 +18,12 @@
 //! ([`open`]). Another thread about to run one finds the runner open and instead *donates*
 //! its kernel thread ([`donate`]), with a stack; a host thread then waits for its launch to
 //! complete as it would for a pool thread. Each thread tries to open the runner first and
-//! donates only if it could not, each under the registry's lock: two threads about to run
-//! kernel threads at the same moment (two ranks launching at once) then always end up
-//! runner and guest, never both apart (donating first, both could find no runner, and one
-//! then run apart from the runner the other opened, for the whole launch). The runner takes donations at its
-//! next wait and from then on switches kernel threads at every wait (the wait hook of
-//! [`super::inline`]). When its own kernel thread returns (or passes its host's deadline)
+//! donates only if it could not ([`place`]), each under the registry's lock: two threads
+//! about to run kernel threads at the same moment (two ranks launching at once) then always
+//! end up runner and guest, never both apart (donating first, both could find no runner,
+//! and one then run apart from the runner the other opened, for the whole launch). The
+//! runner takes donations at its next wait and from then on switches kernel threads at
+//! every wait (the wait hook of [`super::inline`]). When its own kernel thread returns (or passes its host's deadline)
 //! the runner closes, and every kernel thread it still holds goes to a pool thread of its
 //! own, as a kernel thread suspended at the deadline does: no kernel thread ever waits for
 //! the runner's host code.
@@ -227,12 +227,39 @@ fn wanted() -> bool {
     }
 }
 
+/// Where a kernel thread that a thread claimed runs (see [`place`]).
+pub(crate) enum Placement {
+    /// On the claiming thread, which is now the process's runner: others' kernel threads
+    /// take turns with it (run it with [`super::inline::run`], handing the runner over).
+    Runner(Runner),
+    /// On the runner of another thread, which reports it done: the claiming thread waits
+    /// for its launch as for a pool thread's.
+    Donated,
+    /// On the claiming thread, alone.
+    Alone,
+}
+
+/// Where thread `index` of `launch` (of `stream`), claimed by the calling thread (a host
+/// thread in `synchronize` or a pool thread), runs: this thread opens the runner if it
+/// can, else donates the kernel thread to the runner if the policy wants it, else runs it
+/// alone. Runner first, each step under the registry's lock: two threads about to run
+/// kernel threads at the same moment then end up runner and guest (see the module docs).
+pub(crate) fn place(stream: &Arc<CpuStream>, launch: &Arc<Launch>, index: u32) -> Placement {
+    if let Some(runner) = open(stream, launch) {
+        Placement::Runner(runner)
+    } else if donate(stream, launch, index).is_ok() {
+        Placement::Donated
+    } else {
+        Placement::Alone
+    }
+}
+
 /// Gives thread `index` of one-thread `launch` (of `stream`), claimed by the caller, to the
 /// runner, if there is one on another thread and the policy wants it; else hands it back.
 ///
 /// On `Ok` the runner completes the thread (reports it done); the caller waits for its
 /// launch as for a pool thread's.
-pub(crate) fn donate(stream: &Arc<CpuStream>, launch: &Arc<Launch>, index: u32) -> Result<(), ()> {
+fn donate(stream: &Arc<CpuStream>, launch: &Arc<Launch>, index: u32) -> Result<(), ()> {
     if !may_take_turns(stream, launch) || !wanted() {
         return Err(());
     }
@@ -272,7 +299,7 @@ pub(crate) struct Runner {
 
 /// Makes the calling host thread the process's runner, if there is none and its kernel
 /// thread (of a `launch` of `stream` about to run here) may take turns.
-pub(crate) fn open(stream: &CpuStream, launch: &Launch) -> Option<Runner> {
+fn open(stream: &CpuStream, launch: &Launch) -> Option<Runner> {
     if !may_take_turns(stream, launch) || policy() == CorunPolicy::Never {
         return None;
     }

@@ -11,9 +11,9 @@
 //! as it would if a pool thread had run the kernel thread from the start.
 //!
 //! The thread that opened the process's runner (see [`super::corun`]; a host thread, or a
-//! pool thread with no deadline) also runs the kernel threads other threads donate to it, each on a coroutine of its own: at
-//! every wait of the running one the hook suspends it ([`Pause::Turn`]) and the next one
-//! runs until its own next wait ([`take_turns`]). When the host's own kernel thread returns
+//! pool thread with no deadline) also runs the kernel threads other threads donate to it,
+//! each on a coroutine of its own: at every wait of the running one the hook suspends it
+//! ([`Pause::Turn`]) and the next one runs until its own next wait ([`take_turns`]). When the host's own kernel thread returns
 //! or is late, those still running go to pool threads as [`Suspended`].
 //!
 //! Who touches what: the host thread that runs [`run`] owns its coroutines until they
@@ -163,7 +163,7 @@ struct Turn {
 /// Runs thread `index` of `launch` (of `stream`) on the calling thread, on `stack`, until
 /// it returns (`Ok`, with the stack for the next one), or until it waits past `deadline`,
 /// where it is suspended and returned (`Err`). Meanwhile, if this thread opened the
-/// process's runner (`runner`, from [`corun::open`] for this launch), kernel threads
+/// process's runner (`runner`, from [`corun::place`] for this launch), kernel threads
 /// donated by other host threads take turns with it at every wait; those not finished
 /// when it returns or is suspended go to pool threads.
 ///

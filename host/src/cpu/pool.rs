@@ -23,7 +23,7 @@
 //! that the report completes (or the next one it starts) finds the worker idle instead of
 //! spawning another.
 
-use super::corun;
+use super::corun::{self, Placement};
 use super::inline::{self, Suspended};
 use super::launch::Launch;
 use super::stream::CpuStream;
@@ -223,12 +223,13 @@ enum Ran {
 /// for the whole launch: two busy kernel threads and a proxy on two cores, a ping-pong
 /// some 1-2 µs a round trip instead of 0.25 in about one process in a hundred.
 fn run_claimed(stream: &Arc<CpuStream>, launch: &Arc<Launch>, index: u32) -> Ran {
-    let Some(runner) = corun::open(stream, launch) else {
-        if corun::donate(stream, launch, index).is_ok() {
-            return Ran::GivenAway;
+    let runner = match corun::place(stream, launch, index) {
+        Placement::Donated => return Ran::GivenAway,
+        Placement::Alone => {
+            launch.run_thread(index);
+            return Ran::Here;
         }
-        launch.run_thread(index);
-        return Ran::Here;
+        Placement::Runner(runner) => runner,
     };
     let Some(stack) = inline::stack() else {
         drop(runner);

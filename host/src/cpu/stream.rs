@@ -21,9 +21,10 @@
 //! writes; read with Acquire by `synchronize`). Failures are kept in `error` until the
 //! next `synchronize` takes them.
 
+use super::corun::{self, Placement};
 use super::launch::{FailureKind, Launch};
 use super::pool::pool;
-use super::{CpuDevice, Signal, corun, inline};
+use super::{CpuDevice, Signal, inline};
 use crate::Error;
 use oxccl_device::launch::{KernelInfo, LaunchConfig};
 use parking_lot::Mutex;
@@ -282,19 +283,18 @@ impl CpuStream {
                 break;
             }
             if let Some((launch, index)) = self.claim_for_helper() {
-                // Runner first, donation second, each decided under the runner registry's
-                // lock: two host threads launching at once would otherwise both find no
-                // runner to donate to, then one open it and the other run apart from it
-                // for the whole launch.
-                let runner = corun::open(self, &launch);
-                if runner.is_none() && corun::donate(self, &launch, index).is_ok() {
-                    // The runner of the process runs it, taking turns with its own kernel
-                    // thread; wait for it below as for a pool thread.
-                    if !self.wait_past(seen, deadline) {
-                        break;
+                let runner = match corun::place(self, &launch, index) {
+                    Placement::Runner(runner) => Some(runner),
+                    Placement::Alone => None,
+                    Placement::Donated => {
+                        // The runner of the process runs it, taking turns with its own
+                        // kernel thread; wait for it below as for a pool thread.
+                        if !self.wait_past(seen, deadline) {
+                            break;
+                        }
+                        continue;
                     }
-                    continue;
-                }
+                };
                 match inline::run(self, &launch, index, stack, deadline, runner) {
                     Ok(back) => {
                         stack = back;
