@@ -6,7 +6,7 @@
 mod common;
 
 use common::{assert_same, small_round_job as job, small_value as value};
-use oxccl::collectives::{Algorithm, AlgorithmChoice};
+use oxccl::collectives::{Algorithm, AlgorithmChoice, Collective};
 use oxccl::in_process;
 use oxccl::{
     Communicator, DeviceBuffer, Error, ReduceElement, ReduceOp, Result, TransportChoice, bf16, f16,
@@ -54,6 +54,19 @@ fn ring_reduced<T: ReduceElement>(
     acc.finish(op, ranks)
 }
 
+/// What recursive doubling gives element `i`: the ranks combined as a balanced tree in
+/// rank order (`(x0 ⊕ x1) ⊕ (x2 ⊕ x3)`), finished once.
+fn doubling_reduced<T: ReduceElement>(ranks: u32, op: ReduceOp, i: usize, call: u32) -> T {
+    fn tree<T: ReduceElement>(first: u32, n: u32, op: ReduceOp, i: usize, call: u32) -> T {
+        match n {
+            1 => value::<T>(first, i, call),
+            _ => tree::<T>(first, n / 2, op, i, call)
+                .combine(tree::<T>(first + n / 2, n / 2, op, i, call), op),
+        }
+    }
+    tree::<T>(0, ranks, op, i, call).finish(op, ranks)
+}
+
 /// Every op and placement of `T` for each count, every result checked on every rank;
 /// a marker after the data shows a kernel that writes one element too many. The ring
 /// combines in ring order, the other algorithms in rank order.
@@ -73,6 +86,9 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
                     let at = |i| ring_reduced(n, op, i, call, count, round);
                     (0..count).map(at).collect()
                 }
+                Algorithm::Doubling => (0..count)
+                    .map(|i| doubling_reduced(n, op, i, call))
+                    .collect(),
                 _ => (0..count).map(|i| reduced(n, op, i, call)).collect(),
             };
             let what = format!("{:?} {op:?} n={count} ranks={n}", T::TYPE);
@@ -112,6 +128,55 @@ fn ring_all_reduce_every_type_op_and_placement() {
     every_type_op_and_placement(Algorithm::Ring, &shapes);
 }
 
+/// Guards against a recursive-doubling all-reduce that pairs the wrong ranks at a step,
+/// sends what it has not reduced yet, finishes (`Avg`) more than once, overwrites a slot a put still reads, or
+/// reuses a set of the scratch too early (many rounds per call, calls back to back); and
+/// against one that runs on a number of ranks it cannot pair (three take the all-pairs
+/// ports).
+#[test]
+fn doubling_all_reduce_every_type_op_and_placement() {
+    let shapes = [
+        (1, 1, 1),
+        (2, 2, 1),
+        (3, 1, 1),
+        (4, 1, 1),
+        (4, 2, 2),
+        (8, 1, 1),
+    ];
+    every_type_op_and_placement(Algorithm::Doubling, &shapes);
+}
+
+/// Guards against a recursive-doubling all-reduce that does not give every rank the bits
+/// its documentation promises: the balanced tree in rank order (`(x0 + x1) + (x2 + x3)`),
+/// with values whose float sums here differ from rank order's.
+#[test]
+fn doubling_all_reduce_gives_every_rank_the_same_bits() {
+    let job = job(AlgorithmChoice::Use(Algorithm::Doubling), 1, 1);
+    let x = |r: u32, i: usize| 1.0f32 / (3.0 + r as f32 * 1.7 + i as f32);
+    in_process::run(4, job, |comm| {
+        let stream = comm.device().stream()?;
+        let count = 300;
+        let data: Vec<f32> = (0..count).map(|i| x(comm.rank(), i)).collect();
+        let send = comm.device().alloc_from(&data)?;
+        let mut recv = comm.alloc::<f32>(count)?;
+        comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+        comm.synchronize(&stream)?;
+        let got = recv.to_vec()?;
+        let tree: Vec<f32> = (0..count)
+            .map(|i| (x(0, i) + x(1, i)) + (x(2, i) + x(3, i)))
+            .collect();
+        let in_rank_order = (0..count)
+            .filter(|&i| ((x(0, i) + x(1, i)) + x(2, i)) + x(3, i) != tree[i])
+            .count();
+        assert!(in_rank_order > 0, "the values tell the orders apart");
+        for (i, (g, w)) in got.iter().zip(&tree).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "rank {} element {i}", comm.rank());
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// Runs every case on each (ranks, blocks, threads) shape with `algo` forced.
 fn every_type_op_and_placement(algo: Algorithm, shapes: &[(u32, u32, u32)]) {
     for &(ranks, blocks, threads) in shapes {
@@ -119,6 +184,11 @@ fn every_type_op_and_placement(algo: Algorithm, shapes: &[(u32, u32, u32)]) {
             ranks,
             job(AlgorithmChoice::Use(algo), blocks, threads),
             |comm| {
+                let taken = match algo {
+                    Algorithm::Doubling if !ranks.is_power_of_two() => Algorithm::Ports,
+                    algo => algo,
+                };
+                assert_eq!(comm.all_reduce_algorithm(1 << 20)?, taken, "{ranks} ranks");
                 // Many rounds for two types; every type and operation over a few.
                 case::<f32>(comm, &[1000, 3001])?;
                 case::<i64>(comm, &[1001])?;
@@ -168,6 +238,79 @@ fn over_ethernet_all_reduce_takes_ports_and_registration_is_refused() {
             comm.register_collective_buffer(&send),
             "register_collective_buffer",
         );
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Guards against recursive doubling and the port collectives beside it overwriting each
+/// other's sets of the scratch, and against the automatic choice: over Ethernet, four
+/// ranks, small all-reduces take recursive doubling and large ones the ring, all-gather
+/// the ring and broadcast the ports, calls of several rounds each, alternating, back to
+/// back with no host barrier; every result checked after one synchronize.
+#[test]
+fn doubling_ring_and_port_collectives_back_to_back_over_ethernet() {
+    let mut config = job(AlgorithmChoice::Auto, 1, 1);
+    let c = &mut config.communicator.collectives;
+    c.ring_min_ranks = 4;
+    c.doubling_max_bytes = 4096;
+    config.communicator.transport = TransportChoice::Ethernet;
+    in_process::run(4, config, |comm| {
+        let (rank, n) = (comm.rank(), comm.size());
+        let (small, large) = (700usize, 1500usize);
+        assert_eq!(
+            comm.all_reduce_algorithm(small as u64 * 4)?,
+            Algorithm::Doubling
+        );
+        assert_eq!(
+            comm.all_reduce_algorithm(large as u64 * 4)?,
+            Algorithm::Ring
+        );
+        for (c, algo) in [
+            (Collective::AllGather, Algorithm::Ring),
+            (Collective::ReduceScatter, Algorithm::Ring),
+            (Collective::Broadcast, Algorithm::Ports),
+        ] {
+            assert_eq!(comm.collective_algorithm(c, 64)?, algo, "{c}");
+        }
+        let stream = comm.device().stream()?;
+        let round = PortLayout::new(n, comm.config().collectives.port_round_bytes);
+        assert!(
+            small * 4 > 2 * round.copy_round_bytes() as usize,
+            "several rounds a call"
+        );
+        let sum = |call: u32, at: usize| (0..n).map(|p| value::<i32>(p, at, call)).sum::<i32>();
+        let input = |call: u32, len: usize| -> Vec<i32> {
+            (0..len).map(|i| value(rank, i, call)).collect()
+        };
+        let (mut kept, mut checks) = (vec![], vec![]);
+        for call in 0..3u32 {
+            for (k, count) in [small, large, small].into_iter().enumerate() {
+                let call = call * 10 + k as u32;
+                let send = comm.device().alloc_from(&input(call, count))?;
+                let mut reduced = comm.alloc::<i32>(count)?;
+                comm.all_reduce(&send, &mut reduced, count, ReduceOp::Sum, &stream)?;
+                let want: Vec<i32> = (0..count).map(|i| sum(call, i)).collect();
+                checks.push((format!("all_reduce {call} of {count}"), reduced, want));
+                kept.push(send);
+            }
+            let own = comm.device().alloc_from(&input(call + 100, small))?;
+            let mut gathered = comm.alloc::<i32>(small * n as usize)?;
+            comm.all_gather(&own, &mut gathered, small, &stream)?;
+            let want: Vec<i32> = (0..n)
+                .flat_map(|p| (0..small).map(move |i| value::<i32>(p, i, call + 100)))
+                .collect();
+            checks.push((format!("all_gather {call}"), gathered, want));
+            let mut cast = comm.device().alloc_from(&input(call + 200, small))?;
+            comm.broadcast_in_place(&mut cast, small, 2, &stream)?;
+            let want: Vec<i32> = (0..small).map(|i| value(2, i, call + 200)).collect();
+            checks.push((format!("broadcast {call}"), cast, want));
+            kept.push(own);
+        }
+        comm.synchronize(&stream)?;
+        for (what, buf, want) in &checks {
+            assert_same(what, &buf.to_vec()?, want);
+        }
         Ok(())
     })
     .unwrap();

@@ -66,7 +66,7 @@ fn sweep<T: ReduceElement>(comm: &mut Communicator, plan: &Plan) -> Result<Vec<S
         };
         // Registration needs load/store access between the ranks, which the port
         // algorithms are there for the lack of.
-        let register = plan.registers() && algo != "ports" && algo != "ring";
+        let register = plan.registers() && !matches!(algo.as_str(), "ports" | "ring" | "doubling");
         let out_of_place = time_case::<T>(comm, &case, plan, register, &stream)?;
         let in_place = if plan.collective.has_in_place() {
             case.in_place = true;

@@ -67,7 +67,8 @@ pub struct BenchArgs {
     /// Root of broadcast and reduce.
     #[arg(long, default_value_t = 0)]
     pub root: u32,
-    /// All-reduce algorithm: auto (by size, or `OXCCL_ALGO`), packets, direct, ports or ring.
+    /// All-reduce algorithm: auto (by size, or `OXCCL_ALGO`), packets, direct, ports, ring or
+    /// doubling.
     #[arg(long, default_value = "auto", value_parser = parse_algo)]
     pub algo: AlgorithmChoice,
     /// Largest all-reduce sent as packets under `--algo auto` (default: the library's;
@@ -215,7 +216,7 @@ pub fn parse_op(s: &str) -> Result<ReduceOp, String> {
         .ok_or_else(|| format!("`{s}` is not an operation: sum, prod, min, max or avg"))
 }
 
-/// Parses `--algo` (`auto`, `packets`, `direct`, `ports`, `ring`).
+/// Parses `--algo` (`auto`, `packets`, `direct`, `ports`, `ring`, `doubling`).
 ///
 /// # Errors
 /// A name that is none of those.
@@ -225,7 +226,7 @@ pub fn parse_algo(s: &str) -> Result<AlgorithmChoice, String> {
         name => Algorithm::parse(name)
             .map(AlgorithmChoice::Use)
             .map_err(|_| {
-                format!("`{s}` is not an algorithm: auto, packets, direct, ports or ring")
+                format!("`{s}` is not an algorithm: auto, packets, direct, ports, ring or doubling")
             }),
     }
 }
@@ -333,7 +334,7 @@ mod tests {
         for op in ReduceOp::ALL {
             assert_eq!(parse(&["--op", op.name()]).unwrap().op, op);
         }
-        for choice in ["auto", "packets", "direct", "ports", "ring"] {
+        for choice in ["auto", "packets", "direct", "ports", "ring", "doubling"] {
             assert_eq!(algo_name(parse(&["--algo", choice]).unwrap().algo), choice);
         }
         // Only --threads: one block of that many threads.

@@ -157,7 +157,9 @@ fn header(r: &Report) -> Vec<String> {
     let algo = match (plan.collective == Collective::AllReduce, setup.algo) {
         (false, _) => "direct algorithm".to_string(),
         (true, AlgorithmChoice::Auto) => format!(
-            "algorithm auto (packets up to {} B, then direct; OXCCL_ALGO overrides)",
+            "algorithm auto (packets up to {} B, then direct; through the proxy where ranks \
+             cannot load and store each other's memory: doubling, ports or ring; the algo \
+             column says which; OXCCL_ALGO overrides)",
             setup.packet_limit
         ),
         (true, choice) => format!("algorithm {} (forced)", algo_name(choice)),

@@ -26,6 +26,13 @@ pub enum Algorithm {
     /// ranks on). All-gather and reduce-scatter go round the ring with it (its two halves);
     /// the other collectives take their [`Algorithm::Ports`] algorithms.
     Ring,
+    /// All-reduce through the proxy by recursive doubling: at step `k` each rank exchanges
+    /// what it has reduced so far with rank `r ^ 2^k`, `log2 n` puts and waits a round
+    /// where [`Algorithm::Ports`] makes `n - 1` puts. For small messages among a power of
+    /// two of ranks across nodes (chosen up to
+    /// [`CollectiveConfig::doubling_max_bytes`](super::CollectiveConfig::doubling_max_bytes)).
+    /// Other rank counts, and the other collectives, take [`Algorithm::Ports`].
+    Doubling,
 }
 
 impl Algorithm {
@@ -36,16 +43,21 @@ impl Algorithm {
             Algorithm::Direct => "direct",
             Algorithm::Ports => "ports",
             Algorithm::Ring => "ring",
+            Algorithm::Doubling => "doubling",
         }
     }
 
     /// Whether it runs through the proxy over port channels ([`Algorithm::Ports`],
-    /// [`Algorithm::Ring`]), which needs no load/store path between ranks.
+    /// [`Algorithm::Ring`], [`Algorithm::Doubling`]), which needs no load/store path
+    /// between ranks.
     pub fn through_proxy(self) -> bool {
-        matches!(self, Algorithm::Ports | Algorithm::Ring)
+        matches!(
+            self,
+            Algorithm::Ports | Algorithm::Ring | Algorithm::Doubling
+        )
     }
 
-    /// Parses a name (`packets`, `direct`, `ports`, `ring`).
+    /// Parses a name (`packets`, `direct`, `ports`, `ring`, `doubling`).
     ///
     /// # Errors
     /// A name that is not an algorithm's.
@@ -55,8 +67,10 @@ impl Algorithm {
             "direct" => Ok(Algorithm::Direct),
             "ports" => Ok(Algorithm::Ports),
             "ring" => Ok(Algorithm::Ring),
+            "doubling" => Ok(Algorithm::Doubling),
             other => Err(Error::InvalidUsage(format!(
-                "`{other}` is not an algorithm: `packets`, `direct`, `ports` or `ring`"
+                "`{other}` is not an algorithm: `packets`, `direct`, `ports`, `ring` or \
+                 `doubling`"
             ))),
         }
     }
@@ -89,6 +103,9 @@ pub struct Thresholds {
     pub packet_limit: u64,
     /// Fewest ranks that take the ring where the ranks reach each other through the proxy.
     pub ring_min_ranks: u32,
+    /// Largest message, in bytes, that takes recursive doubling where the ranks reach each
+    /// other through the proxy and are a power of two, more than two.
+    pub doubling_max_bytes: u64,
 }
 
 /// How a call's algorithm is chosen.
@@ -96,8 +113,9 @@ pub struct Thresholds {
 pub enum AlgorithmChoice {
     /// By size: [`Algorithm::Packets`] up to the communicator's packet limit, else
     /// [`Algorithm::Direct`]; where ranks cannot load and store each other's memory,
-    /// [`Algorithm::Ports`], or [`Algorithm::Ring`] from the ring's number of ranks on;
-    /// `OXCCL_ALGO` overrides when set.
+    /// [`Algorithm::Doubling`] for small messages among a power of two of ranks (more than
+    /// two), else [`Algorithm::Ring`] from the ring's number of ranks on, else
+    /// [`Algorithm::Ports`]; `OXCCL_ALGO` overrides when set.
     #[default]
     Auto,
     /// This one, whatever the size.
@@ -124,6 +142,14 @@ impl AlgorithmChoice {
             (AlgorithmChoice::Auto, Some(name)) if !name.trim().is_empty() => {
                 Algorithm::parse(name).map_err(|e| Error::InvalidUsage(format!("{ALGO_ENV}: {e}")))
             }
+            (AlgorithmChoice::Auto, _)
+                if !load_store
+                    && ranks > 2
+                    && ranks.is_power_of_two()
+                    && bytes <= at.doubling_max_bytes =>
+            {
+                Ok(Algorithm::Doubling)
+            }
             (AlgorithmChoice::Auto, _) if !load_store && ranks >= at.ring_min_ranks => {
                 Ok(Algorithm::Ring)
             }
@@ -146,6 +172,7 @@ mod tests {
         let at = Thresholds {
             packet_limit: 4096,
             ring_min_ranks: 8,
+            doubling_max_bytes: 1 << 16,
         };
         let pick = |choice: AlgorithmChoice, bytes, ranks, env, load_store| {
             choice.resolve(bytes, ranks, env, load_store, at).unwrap()
@@ -156,7 +183,19 @@ mod tests {
         assert_eq!(pick(auto, 4097, 16, None, true), Algorithm::Direct);
         assert_eq!(pick(auto, 1024, 2, None, false), Algorithm::Ports);
         assert_eq!(pick(auto, 1024, 7, None, false), Algorithm::Ports);
-        assert_eq!(pick(auto, 1024, 8, None, false), Algorithm::Ring);
+        assert_eq!(pick(auto, 1 << 17, 8, None, false), Algorithm::Ring);
+        // Small messages among a power of two of ranks, more than two, through the proxy.
+        assert_eq!(pick(auto, 1 << 16, 4, None, false), Algorithm::Doubling);
+        assert_eq!(pick(auto, 1024, 8, None, false), Algorithm::Doubling);
+        assert_eq!(pick(auto, 1 << 16, 32, None, false), Algorithm::Doubling);
+        assert_eq!(pick(auto, (1 << 16) + 1, 4, None, false), Algorithm::Ports);
+        assert_eq!(pick(auto, 1024, 2, None, false), Algorithm::Ports);
+        assert_eq!(pick(auto, 1024, 12, None, false), Algorithm::Ring);
+        assert_eq!(pick(auto, 1024, 4, None, true), Algorithm::Packets);
+        assert_eq!(
+            pick(auto, 1 << 20, 3, Some("doubling"), true),
+            Algorithm::Doubling
+        );
         assert_eq!(pick(auto, 8, 2, Some("direct"), true), Algorithm::Direct);
         assert_eq!(
             pick(auto, 1 << 20, 2, Some("ports"), true),
@@ -185,10 +224,11 @@ mod tests {
             Algorithm::Direct,
             Algorithm::Ports,
             Algorithm::Ring,
+            Algorithm::Doubling,
         ];
         for a in all {
             assert_eq!(Algorithm::parse(a.name()).unwrap(), a);
-            let proxy = matches!(a, Algorithm::Ports | Algorithm::Ring);
+            let proxy = matches!(a, Algorithm::Ports | Algorithm::Ring | Algorithm::Doubling);
             assert_eq!(a.through_proxy(), proxy, "{a}");
         }
     }

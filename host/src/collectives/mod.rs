@@ -26,7 +26,9 @@
 //! memory (ranks on several nodes, or `OXCCL_TRANSPORT=ethernet`: the first collective
 //! call asks every rank for its node), all-reduce takes [`Algorithm::Ports`] (two-shot
 //! through the proxy over port channels), or [`Algorithm::Ring`] (a ring through the proxy)
-//! from [`CollectiveConfig::ring_min_ranks`] ranks on; and all-gather, reduce-scatter, broadcast,
+//! from [`CollectiveConfig::ring_min_ranks`] ranks on, or for small messages among a power
+//! of two of ranks [`Algorithm::Doubling`] (recursive doubling through the proxy, up to
+//! [`CollectiveConfig::doubling_max_bytes`]); and all-gather, reduce-scatter, broadcast,
 //! reduce, all-to-all, all-to-all-v (one exchange a round) and the device barrier; buffer
 //! registration is refused with an error that says so. Forcing ports (`OXCCL_ALGO=ports`
 //! or [`CollectiveConfig::algorithm`]) sends every collective through the proxy on one
@@ -56,10 +58,11 @@ use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp};
 use oxccl_device::{DeviceView, DeviceViewMut};
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
 use oxccl_kernels::collectives::{
-    AllToAllvCounts, all_gather, all_gather_ports, all_gather_ring, all_reduce, all_reduce_packets,
-    all_reduce_ports, all_reduce_ring, all_to_all, all_to_all_ports, all_to_allv,
-    all_to_allv_ports, barrier, barrier_ports, broadcast, broadcast_ports, reduce, reduce_ports,
-    reduce_scatter, reduce_scatter_ports, reduce_scatter_ring,
+    AllToAllvCounts, all_gather, all_gather_ports, all_gather_ring, all_reduce,
+    all_reduce_doubling, all_reduce_packets, all_reduce_ports, all_reduce_ring, all_to_all,
+    all_to_all_ports, all_to_allv, all_to_allv_ports, barrier, barrier_ports, broadcast,
+    broadcast_ports, reduce, reduce_ports, reduce_scatter, reduce_scatter_ports,
+    reduce_scatter_ring,
 };
 use shape::Shape;
 
@@ -176,13 +179,17 @@ impl Communicator {
     pub fn all_reduce_algorithm(&self, bytes: u64) -> Result<Algorithm> {
         let c = &self.config().collectives;
         let load_store = self.load_store();
-        let algo = c.algorithm.resolve(
+        let algo = match c.algorithm.resolve(
             bytes,
             self.size(),
             algorithm::algo_from_env(),
             load_store,
             c.thresholds(),
-        )?;
+        )? {
+            // Recursive doubling pairs the ranks off: other counts take the all-pairs ports.
+            Algorithm::Doubling if !self.size().is_power_of_two() => Algorithm::Ports,
+            algo => algo,
+        };
         if algo == Algorithm::Packets && bytes.div_ceil(8) * 8 > c.packet_limit.div_ceil(64) * 64 {
             return Err(Error::InvalidUsage(format!(
                 "rank {}: all_reduce: the packet algorithm takes at most {} bytes (the \
@@ -216,7 +223,9 @@ impl Communicator {
         }
         Ok(match (collective, self.proxy_algorithm()?) {
             (_, None) => Algorithm::Direct,
-            (Collective::AllGather | Collective::ReduceScatter, Some(algo)) => algo,
+            (Collective::AllGather | Collective::ReduceScatter, Some(Algorithm::Ring)) => {
+                Algorithm::Ring
+            }
             (_, Some(_)) => Algorithm::Ports,
         })
     }
@@ -238,8 +247,10 @@ impl Communicator {
     /// they load and store.
     fn proxy_algorithm(&self) -> Result<Option<Algorithm>> {
         let c = &self.config().collectives;
+        // No size: recursive doubling, which only all-reduce has, is chosen by size; the
+        // others take what a message too large for it would (a forced one: the ports).
         let algo = c.algorithm.resolve(
-            0,
+            u64::MAX,
             self.size(),
             algorithm::algo_from_env(),
             self.load_store(),
@@ -812,7 +823,7 @@ impl Communicator {
             None => self.proxy_algorithm()?,
         };
         if let Some(algo) = over_proxy {
-            return self.run_over_ports(&call, stream, direct, algo == Algorithm::Ring);
+            return self.run_over_ports(&call, stream, direct, algo);
         }
         let ctx = self
             .collectives
@@ -874,8 +885,10 @@ impl Communicator {
         Ok(())
     }
 
-    /// Runs `call` over port channels, in a ring if `ring` (all-reduce, all-gather and
-    /// reduce-scatter; the others have one port algorithm)
+    /// Runs `call` over port channels, by `algo`: in a ring for [`Algorithm::Ring`]
+    /// (all-reduce, all-gather and reduce-scatter), by recursive doubling for
+    /// [`Algorithm::Doubling`] (all-reduce; the caller has checked the number of ranks);
+    /// the others have one port algorithm
     /// (setting them up on its first call: every rank takes this path at the same call, as
     /// they agree on the algorithm).
     fn run_over_ports(
@@ -883,10 +896,12 @@ impl Communicator {
         call: &Call<'_>,
         stream: &Stream,
         launch: LaunchConfig,
-        ring: bool,
+        algo: Algorithm,
     ) -> Result<()> {
         let (rank, size) = (self.rank(), self.size());
         let collective = call.shape.collective;
+        let ring = algo == Algorithm::Ring;
+        let doubling = algo == Algorithm::Doubling && collective == Collective::AllReduce;
         let mut ctx = self
             .collectives
             .take()
@@ -906,6 +921,9 @@ impl Communicator {
         let (layout, item) = (args.layout, call.dtype.size());
         // The set-up refuses rounds under 8 bytes a rank, so every round holds an element.
         let taken = match collective {
+            Collective::AllReduce if doubling => {
+                rounds(call.count, layout.copy_round_bytes() / item)
+            }
             Collective::AllReduce if ring => rounds(call.count, layout.all_reduce_round(item)),
             Collective::AllReduce => {
                 rounds(call.count, layout.all_reduce_ports_round(item, call.count))
@@ -949,6 +967,9 @@ impl Communicator {
                 args,
                 call.counts.unwrap_or_default(),
             ),
+            _ if doubling => {
+                all_reduce_doubling::collective_all_reduce_doubling::launch(stream, launch, args)
+            }
             _ if ring => all_reduce_ring::collective_all_reduce_ring::launch(stream, launch, args),
             _ => all_reduce_ports::collective_all_reduce_ports::launch(stream, launch, args),
         }?;

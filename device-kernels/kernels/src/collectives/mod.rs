@@ -17,7 +17,8 @@
 //! peer's chunk into its scratch through the proxy, reduces, and puts the reduced chunk to
 //! every peer, round after round ([`PortLayout`]), or [`all_reduce_ring`] passes chunks
 //! round a ring of the ranks (for many ranks), as [`all_gather_ring`] and
-//! [`reduce_scatter_ring`] do its two halves; [`all_gather_ports`],
+//! [`reduce_scatter_ring`] do its two halves, or [`all_reduce_doubling`] exchanges
+//! partial reductions with one partner a step (small messages, a power of two of ranks); [`all_gather_ports`],
 //! [`reduce_scatter_ports`], [`broadcast_ports`], [`reduce_ports`] and
 //! [`all_to_all_ports`] and [`all_to_allv_ports`] take one exchange a round, each sending
 //! the next round before reading this one out, and [`barrier_ports`] one exchange with
@@ -27,8 +28,9 @@
 //! every peer as LL16 packets; each rank reduces what it received. One pass, no meeting.
 //!
 //! Reductions combine the ranks' data in rank order (`0, 1, .., n - 1`) on every path but
-//! the ring, so every rank gets the same bits, and so do the all-reduce algorithms; the
-//! ring combines each chunk once, in ring order, so its ranks too agree on every bit.
+//! the ring and recursive doubling, so every rank gets the same bits, and so do the
+//! all-reduce algorithms; the ring combines each chunk once, in ring order, and recursive
+//! doubling as a balanced tree in rank order, so their ranks too agree on every bit.
 //!
 //! The direct kernels are cooperative (their blocks meet at a grid barrier): launch them
 //! with any grid the device holds at once and any block size. Every rank must launch the
@@ -38,6 +40,7 @@ pub mod all_gather;
 pub mod all_gather_ports;
 pub mod all_gather_ring;
 pub mod all_reduce;
+pub mod all_reduce_doubling;
 pub mod all_reduce_packets;
 pub mod all_reduce_ports;
 pub mod all_reduce_ring;

@@ -15,7 +15,9 @@
 //!
 //! A ring ([`send_to_next`], [`wait_for_prev`]) signals the next rank only, once a step, and
 //! makes its own argument for reusing a set (see `all_reduce_ring`): every rank's data of a
-//! round reach every rank through the ring in the next round.
+//! round reach every rank through the ring in the next round. Recursive doubling
+//! ([`send_to`], [`wait_for`] a partner) likewise signals one peer a step (see
+//! `all_reduce_doubling`).
 
 use super::all_to_allv::share;
 use super::all_to_allv_counts::AllToAllvCounts;
@@ -144,9 +146,8 @@ pub(crate) fn wait_for_peers(a: &PortCollectiveArgs<'_>) -> Result<(), DeviceErr
     a.barrier.sync_grid()
 }
 
-/// A ring's send (the first half of its step): once every block has written its part,
-/// puts `bytes` bytes at `src` of our scratch into the next rank's scratch at `dst`, with a
-/// signal, and returns without waiting; [`wait_for_prev`] is the second half.
+/// A ring's send (the first half of its step): [`send_to`] the next rank;
+/// [`wait_for_prev`] is the second half.
 ///
 /// # Errors
 /// The channel's and the grid barrier's.
@@ -157,25 +158,52 @@ pub(crate) fn send_to_next(
     src: u64,
     bytes: u64,
 ) -> Result<(), DeviceError> {
-    a.barrier.sync_grid()?;
-    let (peers, next) = (a.peers, (a.rank + 1) % a.n_ranks.max(1));
-    if a.n_ranks > 1 && arch::block_rank() == 0 {
-        block_signal(move || peers.get(next)?.put_with_signal(dst, src, bytes))?;
-    }
-    Ok(())
+    send_to(a, (a.rank + 1) % a.n_ranks.max(1), dst, src, bytes)
 }
 
-/// A ring's wait (the second half of its step): waits for the previous rank's next signal;
-/// then every block sees what it put before it.
+/// A ring's wait (the second half of its step): [`wait_for`] the previous rank.
 ///
 /// # Errors
 /// The channel's (a peer that does not answer) and the grid barrier's.
 #[inline(always)]
 pub(crate) fn wait_for_prev(a: &PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
     let n = a.n_ranks.max(1);
-    let (peers, prev) = (a.peers, (a.rank + n - 1) % n);
+    wait_for(a, (a.rank + n - 1) % n)
+}
+
+/// A step with one peer (a ring's, recursive doubling's), its first half: once every block
+/// has written its part, puts `bytes` bytes at `src` of our scratch into peer `to`'s
+/// scratch at `dst`, with a signal, and returns without waiting; [`wait_for`] is the second
+/// half.
+///
+/// # Errors
+/// The channel's and the grid barrier's.
+#[inline(always)]
+pub(crate) fn send_to(
+    a: &PortCollectiveArgs<'_>,
+    to: u32,
+    dst: u64,
+    src: u64,
+    bytes: u64,
+) -> Result<(), DeviceError> {
+    a.barrier.sync_grid()?;
+    let peers = a.peers;
     if a.n_ranks > 1 && arch::block_rank() == 0 {
-        block_wait(move || peers.get(prev)?.wait())?;
+        block_signal(move || peers.get(to)?.put_with_signal(dst, src, bytes))?;
+    }
+    Ok(())
+}
+
+/// The second half of a step with one peer ([`send_to`]): waits for peer `from`'s next
+/// signal; then every block sees what it put before it.
+///
+/// # Errors
+/// The channel's (a peer that does not answer) and the grid barrier's.
+#[inline(always)]
+pub(crate) fn wait_for(a: &PortCollectiveArgs<'_>, from: u32) -> Result<(), DeviceError> {
+    let peers = a.peers;
+    if a.n_ranks > 1 && arch::block_rank() == 0 {
+        block_wait(move || peers.get(from)?.wait())?;
     }
     a.barrier.sync_grid()
 }
