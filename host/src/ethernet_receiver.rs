@@ -92,6 +92,10 @@ pub(crate) struct Inbound {
     /// Raised once the connection is done with (closed, lost or refused): nobody reads it.
     finished: AtomicBool,
     reading: Mutex<ReadState>,
+    /// Whether the reading state held bytes read from the socket and not consumed yet when
+    /// it was last let go ([`Reading`]): waiting threads look at a connection whose socket
+    /// has nothing only if so.
+    unread: AtomicBool,
     /// Until when (nanoseconds after [`clock_epoch`]) waiting threads look after the
     /// connection, so the receiver thread stays parked instead of being woken per frame.
     covered_until: AtomicU64,
@@ -238,6 +242,7 @@ impl Inbound {
                 stager,
                 partial_since: None,
             }),
+            unread: AtomicBool::new(false),
             covered_until: AtomicU64::new(0),
             handed_over: AtomicBool::new(false),
             thread: OnceLock::new(),
@@ -257,7 +262,10 @@ impl Inbound {
                 continue;
             }
             {
-                let mut state = self.reading.lock();
+                let mut state = Reading {
+                    inbound: self,
+                    state: self.reading.lock(),
+                };
                 if self.is_done() {
                     return;
                 }
@@ -325,8 +333,20 @@ impl Inbound {
     }
 
     /// The reading state, if nobody holds it.
-    pub(crate) fn try_reading(&self) -> Option<parking_lot::MutexGuard<'_, ReadState>> {
-        self.reading.try_lock()
+    pub(crate) fn try_reading(&self) -> Option<Reading<'_>> {
+        let state = self.reading.try_lock()?;
+        Some(Reading {
+            inbound: self,
+            state,
+        })
+    }
+
+    /// Whether bytes read from the socket were left unconsumed in the reading state when it
+    /// was last let go (a frame that came in one read with the one applied): the socket's
+    /// readiness does not show them.
+    pub(crate) fn has_unread(&self) -> bool {
+        // Relaxed: a hint; whoever acts on it takes `reading`, which orders the bytes.
+        self.unread.load(Ordering::Relaxed)
     }
 
     /// The socket.
@@ -400,6 +420,35 @@ impl ReadState {
     /// The bytes read from the socket and not consumed yet.
     pub(crate) fn buffered(&self) -> &[u8] {
         self.reader.buffer()
+    }
+}
+
+/// A connection's reading state, held: on letting it go, records whether bytes are left
+/// unconsumed in it ([`Inbound::has_unread`]).
+pub(crate) struct Reading<'a> {
+    inbound: &'a Inbound,
+    state: parking_lot::MutexGuard<'a, ReadState>,
+}
+
+impl std::ops::Deref for Reading<'_> {
+    type Target = ReadState;
+
+    fn deref(&self) -> &ReadState {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Reading<'_> {
+    fn deref_mut(&mut self) -> &mut ReadState {
+        &mut self.state
+    }
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        let unread = !self.state.buffered().is_empty();
+        // Relaxed: see `Inbound::has_unread`.
+        self.inbound.unread.store(unread, Ordering::Relaxed);
     }
 }
 
