@@ -245,73 +245,77 @@ fn over_ethernet_all_reduce_takes_ports_and_registration_is_refused() {
 
 /// Guards against recursive doubling and the port collectives beside it overwriting each
 /// other's sets of the scratch, and against the automatic choice: over Ethernet, four
-/// ranks, small all-reduces take recursive doubling and large ones the ring, all-gather
-/// the ring and broadcast the ports, calls of several rounds each, alternating, back to
-/// back with no host barrier; every result checked after one synchronize.
+/// ranks, small all-reduces take recursive doubling and large ones the ring (all-gather
+/// the ring too) where the ring starts at four ranks, else the all-pairs ports (all-gather
+/// recursive doubling); broadcast the ports; calls of several rounds each, alternating,
+/// back to back with no host barrier; every result checked after one synchronize.
 #[test]
 fn doubling_ring_and_port_collectives_back_to_back_over_ethernet() {
-    let mut config = job(AlgorithmChoice::Auto, 1, 1);
-    let c = &mut config.communicator.collectives;
-    c.ring_min_ranks = 4;
-    c.doubling_max_bytes = 4096;
-    config.communicator.transport = TransportChoice::Ethernet;
-    in_process::run(4, config, |comm| {
-        let (rank, n) = (comm.rank(), comm.size());
-        let (small, large) = (700usize, 1500usize);
-        assert_eq!(
-            comm.all_reduce_algorithm(small as u64 * 4)?,
-            Algorithm::Doubling
-        );
-        assert_eq!(
-            comm.all_reduce_algorithm(large as u64 * 4)?,
-            Algorithm::Ring
-        );
-        for (c, algo) in [
-            (Collective::AllGather, Algorithm::Ring),
-            (Collective::ReduceScatter, Algorithm::Ring),
-            (Collective::Broadcast, Algorithm::Ports),
-        ] {
-            assert_eq!(comm.collective_algorithm(c, 64)?, algo, "{c}");
+    for (ring_min_ranks, large, gather) in [
+        (4, Algorithm::Ring, Algorithm::Ring),
+        (8, Algorithm::Ports, Algorithm::Doubling),
+    ] {
+        let mut config = job(AlgorithmChoice::Auto, 1, 1);
+        let c = &mut config.communicator.collectives;
+        c.ring_min_ranks = ring_min_ranks;
+        c.doubling_max_bytes = 4096;
+        config.communicator.transport = TransportChoice::Ethernet;
+        in_process::run(4, config, |comm| back_to_back(comm, large, gather)).unwrap();
+    }
+}
+
+/// The calls of [`doubling_ring_and_port_collectives_back_to_back_over_ethernet`], checked.
+fn back_to_back(comm: &mut Communicator, large_algo: Algorithm, gather: Algorithm) -> Result<()> {
+    let (rank, n) = (comm.rank(), comm.size());
+    let (small, large) = (700usize, 1500usize);
+    assert_eq!(
+        comm.all_reduce_algorithm(small as u64 * 4)?,
+        Algorithm::Doubling
+    );
+    assert_eq!(comm.all_reduce_algorithm(large as u64 * 4)?, large_algo);
+    for (c, algo) in [
+        (Collective::AllGather, gather),
+        (Collective::ReduceScatter, large_algo),
+        (Collective::Broadcast, Algorithm::Ports),
+    ] {
+        assert_eq!(comm.collective_algorithm(c, 64)?, algo, "{c}");
+    }
+    let stream = comm.device().stream()?;
+    let round = PortLayout::new(n, comm.config().collectives.port_round_bytes);
+    assert!(
+        small * 4 > 2 * round.copy_round_bytes() as usize,
+        "several rounds a call"
+    );
+    let sum = |call: u32, at: usize| (0..n).map(|p| value::<i32>(p, at, call)).sum::<i32>();
+    let input =
+        |call: u32, len: usize| -> Vec<i32> { (0..len).map(|i| value(rank, i, call)).collect() };
+    let (mut kept, mut checks) = (vec![], vec![]);
+    for call in 0..3u32 {
+        for (k, count) in [small, large, small].into_iter().enumerate() {
+            let call = call * 10 + k as u32;
+            let send = comm.device().alloc_from(&input(call, count))?;
+            let mut reduced = comm.alloc::<i32>(count)?;
+            comm.all_reduce(&send, &mut reduced, count, ReduceOp::Sum, &stream)?;
+            let want: Vec<i32> = (0..count).map(|i| sum(call, i)).collect();
+            checks.push((format!("all_reduce {call} of {count}"), reduced, want));
+            kept.push(send);
         }
-        let stream = comm.device().stream()?;
-        let round = PortLayout::new(n, comm.config().collectives.port_round_bytes);
-        assert!(
-            small * 4 > 2 * round.copy_round_bytes() as usize,
-            "several rounds a call"
-        );
-        let sum = |call: u32, at: usize| (0..n).map(|p| value::<i32>(p, at, call)).sum::<i32>();
-        let input = |call: u32, len: usize| -> Vec<i32> {
-            (0..len).map(|i| value(rank, i, call)).collect()
-        };
-        let (mut kept, mut checks) = (vec![], vec![]);
-        for call in 0..3u32 {
-            for (k, count) in [small, large, small].into_iter().enumerate() {
-                let call = call * 10 + k as u32;
-                let send = comm.device().alloc_from(&input(call, count))?;
-                let mut reduced = comm.alloc::<i32>(count)?;
-                comm.all_reduce(&send, &mut reduced, count, ReduceOp::Sum, &stream)?;
-                let want: Vec<i32> = (0..count).map(|i| sum(call, i)).collect();
-                checks.push((format!("all_reduce {call} of {count}"), reduced, want));
-                kept.push(send);
-            }
-            let own = comm.device().alloc_from(&input(call + 100, small))?;
-            let mut gathered = comm.alloc::<i32>(small * n as usize)?;
-            comm.all_gather(&own, &mut gathered, small, &stream)?;
-            let want: Vec<i32> = (0..n)
-                .flat_map(|p| (0..small).map(move |i| value::<i32>(p, i, call + 100)))
-                .collect();
-            checks.push((format!("all_gather {call}"), gathered, want));
-            let mut cast = comm.device().alloc_from(&input(call + 200, small))?;
-            comm.broadcast_in_place(&mut cast, small, 2, &stream)?;
-            let want: Vec<i32> = (0..small).map(|i| value(2, i, call + 200)).collect();
-            checks.push((format!("broadcast {call}"), cast, want));
-            kept.push(own);
-        }
-        comm.synchronize(&stream)?;
-        for (what, buf, want) in &checks {
-            assert_same(what, &buf.to_vec()?, want);
-        }
-        Ok(())
-    })
-    .unwrap();
+        let own = comm.device().alloc_from(&input(call + 100, small))?;
+        let mut gathered = comm.alloc::<i32>(small * n as usize)?;
+        comm.all_gather(&own, &mut gathered, small, &stream)?;
+        let want: Vec<i32> = (0..n)
+            .flat_map(|p| (0..small).map(move |i| value::<i32>(p, i, call + 100)))
+            .collect();
+        checks.push((format!("all_gather {call}"), gathered, want));
+        let mut cast = comm.device().alloc_from(&input(call + 200, small))?;
+        comm.broadcast_in_place(&mut cast, small, 2, &stream)?;
+        let want: Vec<i32> = (0..small).map(|i| value(2, i, call + 200)).collect();
+        checks.push((format!("broadcast {call}"), cast, want));
+        kept.push(own);
+    }
+    comm.synchronize(&stream)?;
+    for (what, buf, want) in &checks {
+        assert_same(what, &buf.to_vec()?, want);
+    }
+    Ok(())
 }

@@ -82,15 +82,23 @@ fn all_to_allv_case<T: ReduceElement>(
 /// broadcast (first and last root) of `T`, in place and not (all-to-all-v: not), for each
 /// count, over port channels; every result checked on every rank.
 fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<()> {
+    let (rank, n) = (comm.rank(), comm.size());
+    // Recursive doubling, where forced, is all-gather's alone, on a power of two of ranks.
+    let gather = match comm.config().collectives.algorithm {
+        AlgorithmChoice::Use(Algorithm::Doubling) if n.is_power_of_two() => Algorithm::Doubling,
+        _ => Algorithm::Ports,
+    };
+    assert_eq!(
+        comm.collective_algorithm(Collective::AllGather, 4096)?,
+        gather
+    );
     for c in [
-        Collective::AllGather,
         Collective::ReduceScatter,
         Collective::Broadcast,
         Collective::AllToAllV,
     ] {
         assert_eq!(comm.collective_algorithm(c, 4096)?, Algorithm::Ports, "{c}");
     }
-    let (rank, n) = (comm.rank(), comm.size());
     let nu = n as usize;
     let stream = comm.device().stream()?;
     for (call, &count) in counts.iter().enumerate() {
@@ -185,22 +193,42 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
 /// count of zero or a grid.
 #[test]
 fn port_collectives_every_type_and_placement() {
-    let ports = AlgorithmChoice::Use(Algorithm::Ports);
-    for (ranks, blocks, threads) in [(1, 1, 1), (2, 1, 1), (2, 2, 2), (3, 1, 2), (4, 2, 1)] {
-        in_process::run(ranks, job(ports, blocks, threads), |comm| {
-            // Many rounds for two types; every type over a few.
-            case::<f32>(comm, &[1000, 3001])?;
-            case::<i64>(comm, &[333])?;
-            let counts = [1usize, 7, 100];
-            case::<f64>(comm, &counts)?;
-            case::<f16>(comm, &counts)?;
-            case::<bf16>(comm, &counts)?;
-            case::<i8>(comm, &counts)?;
-            case::<u8>(comm, &counts)?;
-            case::<i32>(comm, &counts)?;
-            case::<u32>(comm, &counts)?;
-            case::<u64>(comm, &counts)
-        })
+    let shapes = [(1, 1, 1), (2, 1, 1), (2, 2, 2), (3, 1, 2), (4, 2, 1)];
+    every_type_and_placement(Algorithm::Ports, &shapes);
+}
+
+/// As [`port_collectives_every_type_and_placement`], with recursive doubling forced: the
+/// all-gather by recursive doubling (a power of two of ranks; three take the ports)
+/// between the port collectives, back to back. Guards against one that sends the wrong
+/// rounds at a step or to the wrong place, packs them wrong, or reuses a set of the
+/// scratch too early.
+#[test]
+fn doubling_all_gather_among_the_port_collectives() {
+    let shapes = [(2, 1, 1), (3, 1, 2), (4, 2, 1), (8, 1, 1)];
+    every_type_and_placement(Algorithm::Doubling, &shapes);
+}
+
+/// Runs every case on each (ranks, blocks, threads) shape with `algo` forced.
+fn every_type_and_placement(algo: Algorithm, shapes: &[(u32, u32, u32)]) {
+    for &(ranks, blocks, threads) in shapes {
+        in_process::run(
+            ranks,
+            job(AlgorithmChoice::Use(algo), blocks, threads),
+            |comm| {
+                // Many rounds for two types; every type over a few.
+                case::<f32>(comm, &[1000, 3001])?;
+                case::<i64>(comm, &[333])?;
+                let counts = [1usize, 7, 100];
+                case::<f64>(comm, &counts)?;
+                case::<f16>(comm, &counts)?;
+                case::<bf16>(comm, &counts)?;
+                case::<i8>(comm, &counts)?;
+                case::<u8>(comm, &counts)?;
+                case::<i32>(comm, &counts)?;
+                case::<u32>(comm, &counts)?;
+                case::<u64>(comm, &counts)
+            },
+        )
         .unwrap();
     }
 }

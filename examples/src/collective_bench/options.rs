@@ -67,8 +67,11 @@ pub struct BenchArgs {
     /// Root of broadcast and reduce.
     #[arg(long, default_value_t = 0)]
     pub root: u32,
-    /// All-reduce algorithm: auto (by size, or `OXCCL_ALGO`), packets, direct, ports, ring or
-    /// doubling.
+    /// Algorithm: auto (by size, or `OXCCL_ALGO`), packets, direct, ports, ring or doubling.
+    /// The other collectives take it as the library does: `ports`, `ring` and `doubling` send
+    /// them through the proxy (the ring for all-gather and reduce-scatter, recursive
+    /// doubling for all-gather among a power of two of ranks, else their port algorithm);
+    /// `packets` is all-reduce's alone.
     #[arg(long, default_value = "auto", value_parser = parse_algo)]
     pub algo: AlgorithmChoice,
     /// Largest all-reduce sent as packets under `--algo auto` (default: the library's;

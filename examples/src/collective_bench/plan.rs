@@ -37,7 +37,7 @@ impl Plan {
     /// The plan `args` describe for `collective` on `ranks` ranks.
     ///
     /// # Errors
-    /// A root that is not a rank, `--algo` for a collective other than all-reduce, too many
+    /// A root that is not a rank, `--algo packets` for a collective other than all-reduce, too many
     /// ranks for all-to-all-v, or no size large enough for one element per rank.
     pub fn new(collective: Collective, args: &BenchArgs, ranks: u32) -> Result<Plan> {
         let bad = |what: String| Err(Error::InvalidUsage(what));
@@ -47,9 +47,12 @@ impl Plan {
         if collective.rooted() && args.root >= ranks {
             return bad(format!("--root {}: the job has {ranks} ranks", args.root));
         }
-        if collective != Collective::AllReduce && args.algo != AlgorithmChoice::Auto {
+        if collective != Collective::AllReduce
+            && args.algo == AlgorithmChoice::Use(Algorithm::Packets)
+        {
             return bad(format!(
-                "--algo: only all-reduce chooses among algorithms; {} runs its direct one",
+                "--algo packets: only all-reduce has a packet algorithm; {} has direct, \
+                 ports and others through the proxy",
                 collective.title()
             ));
         }

@@ -18,7 +18,8 @@
 //! every peer, round after round ([`PortLayout`]), or [`all_reduce_ring`] passes chunks
 //! round a ring of the ranks (for many ranks), as [`all_gather_ring`] and
 //! [`reduce_scatter_ring`] do its two halves, or [`all_reduce_doubling`] exchanges
-//! partial reductions with one partner a step (small messages, a power of two of ranks); [`all_gather_ports`],
+//! partial reductions with one partner a step (small messages, a power of two of ranks),
+//! as [`all_gather_doubling`] does the rounds gathered so far; [`all_gather_ports`],
 //! [`reduce_scatter_ports`], [`broadcast_ports`], [`reduce_ports`] and
 //! [`all_to_all_ports`] and [`all_to_allv_ports`] take one exchange a round, each sending
 //! the next round before reading this one out, and [`barrier_ports`] one exchange with
@@ -37,6 +38,7 @@
 //! same call with the same `sequence`; see [`CollectiveArgs`].
 
 pub mod all_gather;
+pub mod all_gather_doubling;
 pub mod all_gather_ports;
 pub mod all_gather_ring;
 pub mod all_reduce;
