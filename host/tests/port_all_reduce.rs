@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_same, small_round_job as job, small_value as value};
+use common::{assert_same, combined, small_round_job as job, small_value as value};
 use oxccl::collectives::{Algorithm, AlgorithmChoice, Collective};
 use oxccl::in_process;
 use oxccl::{
@@ -23,11 +23,7 @@ const OPS: [ReduceOp; 5] = [
 ];
 
 fn reduced<T: ReduceElement>(ranks: u32, op: ReduceOp, i: usize, call: u32) -> T {
-    let mut acc = value::<T>(0, i, call);
-    for r in 1..ranks {
-        acc = acc.combine(value::<T>(r, i, call), op);
-    }
-    acc.finish(op, ranks)
+    combined(ranks, op, false, &|r| value::<T>(r, i, call))
 }
 
 /// What the ring gives element `i` of `count`: combined once, in ring order from the rank
@@ -54,19 +50,6 @@ fn ring_reduced<T: ReduceElement>(
     acc.finish(op, ranks)
 }
 
-/// What recursive doubling gives element `i`: the ranks combined as a balanced tree in
-/// rank order (`(x0 ⊕ x1) ⊕ (x2 ⊕ x3)`), finished once.
-fn doubling_reduced<T: ReduceElement>(ranks: u32, op: ReduceOp, i: usize, call: u32) -> T {
-    fn tree<T: ReduceElement>(first: u32, n: u32, op: ReduceOp, i: usize, call: u32) -> T {
-        match n {
-            1 => value::<T>(first, i, call),
-            _ => tree::<T>(first, n / 2, op, i, call)
-                .combine(tree::<T>(first + n / 2, n / 2, op, i, call), op),
-        }
-    }
-    tree::<T>(0, ranks, op, i, call).finish(op, ranks)
-}
-
 /// Every op and placement of `T` for each count, every result checked on every rank;
 /// a marker after the data shows a kernel that writes one element too many. The ring
 /// combines in ring order, the other algorithms in rank order.
@@ -87,7 +70,7 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
                     (0..count).map(at).collect()
                 }
                 Algorithm::Doubling => (0..count)
-                    .map(|i| doubling_reduced(n, op, i, call))
+                    .map(|i| combined(n, op, true, &|r| value::<T>(r, i, call)))
                     .collect(),
                 _ => (0..count).map(|i| reduced(n, op, i, call)).collect(),
             };
@@ -246,8 +229,9 @@ fn over_ethernet_all_reduce_takes_ports_and_registration_is_refused() {
 /// Guards against recursive doubling and the port collectives beside it overwriting each
 /// other's sets of the scratch, and against the automatic choice: over Ethernet, four
 /// ranks, small all-reduces take recursive doubling and large ones the ring (all-gather
-/// the ring too) where the ring starts at four ranks, else the all-pairs ports (all-gather
-/// recursive doubling); broadcast the ports; calls of several rounds each, alternating,
+/// and reduce-scatter the ring too) where the ring starts at four ranks, else the all-pairs
+/// ports (all-gather recursive doubling, reduce-scatter recursive halving); broadcast the
+/// ports; calls of several rounds each, alternating,
 /// back to back with no host barrier; every result checked after one synchronize.
 #[test]
 fn doubling_ring_and_port_collectives_back_to_back_over_ethernet() {
@@ -275,7 +259,7 @@ fn back_to_back(comm: &mut Communicator, large_algo: Algorithm, gather: Algorith
     assert_eq!(comm.all_reduce_algorithm(large as u64 * 4)?, large_algo);
     for (c, algo) in [
         (Collective::AllGather, gather),
-        (Collective::ReduceScatter, large_algo),
+        (Collective::ReduceScatter, gather),
         (Collective::Broadcast, Algorithm::Ports),
     ] {
         assert_eq!(comm.collective_algorithm(c, 64)?, algo, "{c}");
@@ -307,6 +291,14 @@ fn back_to_back(comm: &mut Communicator, large_algo: Algorithm, gather: Algorith
             .flat_map(|p| (0..small).map(move |i| value::<i32>(p, i, call + 100)))
             .collect();
         checks.push((format!("all_gather {call}"), gathered, want));
+        let nu = n as usize;
+        let send = comm.device().alloc_from(&input(call + 300, small * nu))?;
+        let mut scattered = comm.alloc::<i32>(small)?;
+        comm.reduce_scatter(&send, &mut scattered, small, ReduceOp::Sum, &stream)?;
+        let at = rank as usize * small;
+        let want: Vec<i32> = (0..small).map(|i| sum(call + 300, at + i)).collect();
+        checks.push((format!("reduce_scatter {call}"), scattered, want));
+        kept.push(send);
         let mut cast = comm.device().alloc_from(&input(call + 200, small))?;
         comm.broadcast_in_place(&mut cast, small, 2, &stream)?;
         let want: Vec<i32> = (0..small).map(|i| value(2, i, call + 200)).collect();

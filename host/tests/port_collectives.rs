@@ -6,7 +6,7 @@
 mod common;
 
 use common::gather_scatter_cases::{all_gather_case, inputs, marked, read, reduce_scatter_case};
-use common::{assert_same, small_round_job as job, small_value as value};
+use common::{assert_same, combined, small_round_job as job, small_value as value};
 use oxccl::collectives::{Algorithm, AlgorithmChoice, Collective};
 use oxccl::in_process;
 use oxccl::{Communicator, ReduceElement, ReduceOp, Result, TransportChoice, bf16, f16};
@@ -83,20 +83,16 @@ fn all_to_allv_case<T: ReduceElement>(
 /// count, over port channels; every result checked on every rank.
 fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<()> {
     let (rank, n) = (comm.rank(), comm.size());
-    // Recursive doubling, where forced, is all-gather's alone, on a power of two of ranks.
-    let gather = match comm.config().collectives.algorithm {
+    // Recursive doubling (halving), where forced, is all-gather's and reduce-scatter's
+    // alone, on a power of two of ranks.
+    let doubling = match comm.config().collectives.algorithm {
         AlgorithmChoice::Use(Algorithm::Doubling) if n.is_power_of_two() => Algorithm::Doubling,
         _ => Algorithm::Ports,
     };
-    assert_eq!(
-        comm.collective_algorithm(Collective::AllGather, 4096)?,
-        gather
-    );
-    for c in [
-        Collective::ReduceScatter,
-        Collective::Broadcast,
-        Collective::AllToAllV,
-    ] {
+    for c in [Collective::AllGather, Collective::ReduceScatter] {
+        assert_eq!(comm.collective_algorithm(c, 4096)?, doubling, "{c}");
+    }
+    for c in [Collective::Broadcast, Collective::AllToAllV] {
         assert_eq!(comm.collective_algorithm(c, 4096)?, Algorithm::Ports, "{c}");
     }
     let nu = n as usize;
@@ -106,7 +102,8 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
         let what = |c: &str| format!("{c} {:?} n={count} ranks={n}", T::TYPE);
         let zeros = vec![T::from_f64(0.0); count * nu];
         all_gather_case::<T>(comm, count, call, &stream)?;
-        // Reduce-scatter: block `rank` of every rank's input, reduced in rank order.
+        // Reduce-scatter: block `rank` of every rank's input, reduced in rank order (or as a
+        // tree, by recursive halving).
         for op in [
             ReduceOp::Sum,
             ReduceOp::Prod,
@@ -115,12 +112,9 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
             ReduceOp::Avg,
         ] {
             let at = rank as usize * count;
+            let tree = doubling == Algorithm::Doubling;
             reduce_scatter_case(comm, count, call, op, &stream, |i| {
-                let mut acc = value::<T>(0, at + i, call);
-                for p in 1..n {
-                    acc = acc.combine(value::<T>(p, at + i, call), op);
-                }
-                acc.finish(op, n)
+                combined(n, op, tree, &|p| value::<T>(p, at + i, call))
             })?;
         }
         // All-to-all: block `r` of rank `p`'s input lands in block `p` of rank `r`'s output.
@@ -198,12 +192,13 @@ fn port_collectives_every_type_and_placement() {
 }
 
 /// As [`port_collectives_every_type_and_placement`], with recursive doubling forced: the
-/// all-gather by recursive doubling (a power of two of ranks; three take the ports)
-/// between the port collectives, back to back. Guards against one that sends the wrong
-/// rounds at a step or to the wrong place, packs them wrong, or reuses a set of the
-/// scratch too early.
+/// all-gather by recursive doubling and the reduce-scatter by recursive halving (a power
+/// of two of ranks; three take the ports) between the port collectives, back to back.
+/// Guards against one that sends the wrong rounds or halves at a step or to the wrong
+/// place, packs them wrong, combines what has not arrived, finishes (`Avg`) more than
+/// once, or reuses an area or a set of the scratch too early.
 #[test]
-fn doubling_all_gather_among_the_port_collectives() {
+fn doubling_all_gather_and_halving_reduce_scatter_among_the_port_collectives() {
     let shapes = [(2, 1, 1), (3, 1, 2), (4, 2, 1), (8, 1, 1)];
     every_type_and_placement(Algorithm::Doubling, &shapes);
 }

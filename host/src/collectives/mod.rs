@@ -61,8 +61,8 @@ use oxccl_kernels::collectives::{
     AllToAllvCounts, all_gather, all_gather_doubling, all_gather_ports, all_gather_ring,
     all_reduce, all_reduce_doubling, all_reduce_packets, all_reduce_ports, all_reduce_ring,
     all_to_all, all_to_all_ports, all_to_allv, all_to_allv_ports, barrier, barrier_ports,
-    broadcast, broadcast_ports, reduce, reduce_ports, reduce_scatter, reduce_scatter_ports,
-    reduce_scatter_ring,
+    broadcast, broadcast_ports, reduce, reduce_ports, reduce_scatter, reduce_scatter_halving,
+    reduce_scatter_ports, reduce_scatter_ring,
 };
 use shape::Shape;
 
@@ -212,9 +212,9 @@ impl Communicator {
     /// The algorithm a call of `collective` of `bytes` bytes takes on this communicator:
     /// [`Self::all_reduce_algorithm`] for an all-reduce; for the others, where they run
     /// through the proxy (see the module docs), [`Algorithm::Ring`] for all-gather and
-    /// reduce-scatter where the ring is chosen, [`Algorithm::Doubling`] for an all-gather
-    /// among a power of two of ranks where recursive doubling is chosen (or would be for a
-    /// small all-reduce) and [`Algorithm::Ports`] otherwise, else [`Algorithm::Direct`] (on
+    /// reduce-scatter where the ring is chosen, [`Algorithm::Doubling`] for them among a
+    /// power of two of ranks where recursive doubling is chosen (or would be for a small
+    /// all-reduce) and [`Algorithm::Ports`] otherwise, else [`Algorithm::Direct`] (on
     /// registered buffers, in place of the peers' buffers).
     ///
     /// # Errors
@@ -242,14 +242,15 @@ impl Communicator {
     /// where the ranks cannot load and store each other's memory, or where an algorithm
     /// through the proxy is asked for (as for all-reduce: [`CollectiveConfig::algorithm`],
     /// then `OXCCL_ALGO`), [`Algorithm::Ring`] for all-gather and reduce-scatter where the
-    /// ring is chosen, [`Algorithm::Doubling`] for an all-gather among a power of two of
-    /// ranks where recursive doubling is chosen or would be for a small message, else
+    /// ring is chosen, [`Algorithm::Doubling`] for them among a power of two of ranks where
+    /// recursive doubling is chosen or would be for a small message, else
     /// [`Algorithm::Ports`]; `None` where they load and store.
     ///
-    /// An all-gather by recursive doubling sends each rank's data to each peer once, as the
-    /// all-pairs algorithm does, in `log2 n` messages a rank instead of `n - 1`, so it takes
-    /// it at every size (4 ranks over loopback Ethernet on 2 cores, 1 KiB-16 MiB: 0.6-1.0 of
-    /// the all-pairs time, 3 alternated runs).
+    /// An all-gather by recursive doubling (a reduce-scatter by recursive halving) sends
+    /// each rank's data to each peer once, as the all-pairs algorithm does, in `log2 n`
+    /// messages a rank instead of `n - 1`, so they take it at every size (4 ranks over
+    /// loopback Ethernet on 2 cores, all-gather 1 KiB-16 MiB: 0.6-1.0 of the all-pairs
+    /// time, 3 alternated runs).
     fn proxy_algorithm(&self, collective: Collective) -> Result<Option<Algorithm>> {
         let c = &self.config().collectives;
         let resolve = |bytes| {
@@ -264,7 +265,7 @@ impl Communicator {
         let (large, small) = (resolve(u64::MAX)?, resolve(1)?);
         Ok(large.through_proxy().then_some(match (collective, large) {
             (Collective::AllGather | Collective::ReduceScatter, Algorithm::Ring) => Algorithm::Ring,
-            (Collective::AllGather, _)
+            (Collective::AllGather | Collective::ReduceScatter, _)
                 if small == Algorithm::Doubling && self.size().is_power_of_two() =>
             {
                 Algorithm::Doubling
@@ -901,8 +902,8 @@ impl Communicator {
 
     /// Runs `call` over port channels, by `algo`: in a ring for [`Algorithm::Ring`]
     /// (all-reduce, all-gather and reduce-scatter), by recursive doubling for
-    /// [`Algorithm::Doubling`] (all-reduce and all-gather; the caller has checked the
-    /// number of ranks);
+    /// [`Algorithm::Doubling`] (all-reduce, all-gather, and reduce-scatter by recursive
+    /// halving; the caller has checked the number of ranks);
     /// the others have one port algorithm
     /// (setting them up on its first call: every rank takes this path at the same call, as
     /// they agree on the algorithm).
@@ -963,6 +964,11 @@ impl Communicator {
             }
             Collective::ReduceScatter if ring => {
                 reduce_scatter_ring::collective_reduce_scatter_ring::launch(stream, launch, args)
+            }
+            Collective::ReduceScatter if doubling => {
+                reduce_scatter_halving::collective_reduce_scatter_halving::launch(
+                    stream, launch, args,
+                )
             }
             Collective::ReduceScatter => {
                 reduce_scatter_ports::collective_reduce_scatter_ports::launch(stream, launch, args)

@@ -50,6 +50,35 @@ pub fn small_round_job(
     config
 }
 
+/// The ranks' values `x(rank)` combined by `op` and finished, as the collectives combine
+/// them: in rank order (`((x0 ⊕ x1) ⊕ x2) ⊕ x3`), or as recursive doubling and halving do,
+/// a balanced tree in rank order (`(x0 ⊕ x1) ⊕ (x2 ⊕ x3)`; a power of two of ranks).
+#[allow(dead_code)]
+pub fn combined<T: ReduceElement>(
+    ranks: u32,
+    op: oxccl::ReduceOp,
+    tree: bool,
+    x: &impl Fn(u32) -> T,
+) -> T {
+    fn subtree<T: ReduceElement>(
+        first: u32,
+        n: u32,
+        op: oxccl::ReduceOp,
+        x: &impl Fn(u32) -> T,
+    ) -> T {
+        match n {
+            1 => x(first),
+            _ => subtree(first, n / 2, op, x).combine(subtree(first + n / 2, n / 2, op, x), op),
+        }
+    }
+    let acc = if tree {
+        subtree(0, ranks, op, x)
+    } else {
+        (1..ranks).fold(x(0), |acc, p| acc.combine(x(p), op))
+    };
+    acc.finish(op, ranks)
+}
+
 /// Rank `rank`'s element `i` of call `call`: small integers (negative ones too, where the
 /// type has them), exact in every type.
 pub fn small_value<T: ReduceElement>(rank: u32, i: usize, call: u32) -> T {

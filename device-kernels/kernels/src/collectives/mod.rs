@@ -19,7 +19,8 @@
 //! round a ring of the ranks (for many ranks), as [`all_gather_ring`] and
 //! [`reduce_scatter_ring`] do its two halves, or [`all_reduce_doubling`] exchanges
 //! partial reductions with one partner a step (small messages, a power of two of ranks),
-//! as [`all_gather_doubling`] does the rounds gathered so far; [`all_gather_ports`],
+//! as [`all_gather_doubling`] does the rounds gathered so far and
+//! [`reduce_scatter_halving`] the halves of the partials still to reduce; [`all_gather_ports`],
 //! [`reduce_scatter_ports`], [`broadcast_ports`], [`reduce_ports`] and
 //! [`all_to_all_ports`] and [`all_to_allv_ports`] take one exchange a round, each sending
 //! the next round before reading this one out, and [`barrier_ports`] one exchange with
@@ -66,6 +67,7 @@ pub mod published_buffers;
 pub mod reduce;
 pub mod reduce_ports;
 pub mod reduce_scatter;
+pub mod reduce_scatter_halving;
 pub mod reduce_scatter_ports;
 pub mod reduce_scatter_ring;
 mod round_views;
