@@ -343,18 +343,23 @@ mod tests {
     use std::io::Write;
     use std::net::{Ipv4Addr, TcpListener};
 
-    /// Guards against a frame that stops mid-way keeping its connection covered for good:
-    /// waiting threads never read a frame that is not whole (they must not wait on the
-    /// network), so past [`PARTIAL_LIMIT`] they hand it to the receiver thread (which reads it
-    /// under the frame limit, as without them) and neither read nor cover the connection
-    /// until that thread has read it. With no receiver thread here, the frame stays unread.
-    #[test]
-    fn a_frame_begun_too_long_is_handed_to_the_receiver_thread() {
+    /// A test client's connection into an inbound end that writes into `memory`,
+    /// registered as `id` (no receiver thread: the test reads it).
+    struct Fixture {
+        proxy: ProxyService,
+        memory: Box<[u8]>,
+        id: u32,
+        client: TcpStream,
+        inbound: Arc<Inbound>,
+    }
+
+    /// A [`Fixture`] whose memory holds `bytes` bytes of `fill`.
+    fn fixture(fill: u8, bytes: usize) -> Fixture {
         let proxy = ProxyService::new(ProxyConfig::default()).unwrap();
-        let mut memory = vec![0xaa_u8; 4096].into_boxed_slice();
+        let mut memory = vec![fill; bytes].into_boxed_slice();
         let registry = Arc::new(EthernetRegistry::new());
         let id = registry
-            .add(memory.as_mut_ptr() as u64, 4096, Arc::new(()))
+            .add(memory.as_mut_ptr() as u64, bytes as u64, Arc::new(()))
             .unwrap();
         let context = ReceiverContext {
             rank: 0,
@@ -364,9 +369,32 @@ mod tests {
             staging: None,
         };
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (accepted, _) = listener.accept().unwrap();
-        let inbound = Inbound::new(accepted, 1, context).unwrap();
+        let inbound = Arc::new(Inbound::new(accepted, 1, context).unwrap());
+        Fixture {
+            proxy,
+            memory,
+            id,
+            client,
+            inbound,
+        }
+    }
+
+    /// Guards against a frame that stops mid-way keeping its connection covered for good:
+    /// waiting threads never read a frame that is not whole (they must not wait on the
+    /// network), so past [`PARTIAL_LIMIT`] they hand it to the receiver thread (which reads it
+    /// under the frame limit, as without them) and neither read nor cover the connection
+    /// until that thread has read it. With no receiver thread here, the frame stays unread.
+    #[test]
+    fn a_frame_begun_too_long_is_handed_to_the_receiver_thread() {
+        let Fixture {
+            proxy,
+            memory,
+            id,
+            mut client,
+            inbound,
+        } = fixture(0xaa, 4096);
         // A write of 1000 bytes of which 100 come.
         let mut head = [0u8; MAX_FRAME_HEADER_BYTES];
         let write = Message::Write {
@@ -463,23 +491,13 @@ mod tests {
     /// with nothing anywhere is covered, not read.
     #[test]
     fn a_frame_left_in_the_buffer_is_applied_by_the_next_look() {
-        let proxy = ProxyService::new(ProxyConfig::default()).unwrap();
-        let mut memory = vec![0_u8; 64].into_boxed_slice();
-        let registry = Arc::new(EthernetRegistry::new());
-        let id = registry
-            .add(memory.as_mut_ptr() as u64, 64, Arc::new(()))
-            .unwrap();
-        let context = ReceiverContext {
-            rank: 0,
-            registry,
-            failures: proxy.failure_sink(),
-            frame_timeout: Duration::from_secs(5),
-            staging: None,
-        };
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (accepted, _) = listener.accept().unwrap();
-        let inbound = Arc::new(Inbound::new(accepted, 1, context).unwrap());
+        let Fixture {
+            proxy,
+            memory,
+            id,
+            mut client,
+            inbound,
+        } = fixture(0, 64);
         let batch = [Some(inbound.clone())];
         assert!(!assist_batch(&batch), "nothing has come");
         assert!(inbound.covered_for().is_some(), "an empty look covers");
