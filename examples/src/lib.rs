@@ -62,6 +62,20 @@ pub fn micros(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e6)
 }
 
+/// `x` with three decimals, or as many more as keep three significant digits of a small
+/// one (past nine, in exponent form): a ratio or rate measured far below 1 is never printed
+/// as zero.
+pub fn figure(x: f64) -> String {
+    if !(x > 0.0 && x < 1.0) {
+        return format!("{x:.3}");
+    }
+    match 2 - x.log10().floor() as i32 {
+        ..=3 => format!("{x:.3}"),
+        decimals @ 4..=9 => format!("{x:.*}", decimals as usize),
+        _ => format!("{x:.2e}"),
+    }
+}
+
 /// Parses a byte count with an optional `K`, `M` or `G` suffix (powers of 1024).
 ///
 /// # Errors
@@ -83,8 +97,23 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_bytes, wait_until};
+    use super::{figure, parse_bytes, wait_until};
     use std::time::{Duration, Instant};
+
+    /// Guards against a small measured figure printed as zero (a put that took 500 µs once
+    /// printed its ratio to the baseline as `0.000`, which reads as nothing measured).
+    #[test]
+    fn small_figures_keep_three_significant_digits() {
+        assert_eq!(figure(21.3894), "21.389");
+        assert_eq!(figure(0.5), "0.500");
+        assert_eq!(figure(0.012345), "0.0123");
+        assert_eq!(figure(0.000374), "0.000374");
+        assert_eq!(figure(0.00000123), "0.00000123");
+        assert_eq!(figure(1.23e-9), "1.23e-9");
+        assert_eq!(figure(1.5e-12), "1.50e-12");
+        assert!(figure(1.5e-12).parse::<f64>().unwrap() > 0.0);
+        assert_eq!(figure(0.0), "0.000");
+    }
 
     /// Guards against a child that never ends holding its parent forever, and against a
     /// child that ends in time being reported as killed.

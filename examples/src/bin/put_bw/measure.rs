@@ -7,6 +7,7 @@ use crate::tcp_baseline::TcpStreamPair;
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Communicator, Error, Result, TransportChoice};
 use oxccl_device::launch::LaunchConfig;
+use oxccl_examples::figure;
 use oxccl_kernels::put_bandwidth::port_put_bandwidth;
 use std::time::{Duration, Instant};
 
@@ -43,10 +44,12 @@ impl Figure {
         let gbps = self.bytes_per_s / 1e9;
         let baseline_gbps = self.baseline_bytes_per_s / 1e9;
         format!(
-            "put_bw transport={transport} bytes={} gbps={gbps:.3} baseline={} baseline_gbps={baseline_gbps:.3} ratio={:.3}",
+            "put_bw transport={transport} bytes={} gbps={} baseline={} baseline_gbps={} ratio={}",
             self.bytes,
+            figure(gbps),
             baseline.name(),
-            gbps / baseline_gbps.max(1e-12),
+            figure(baseline_gbps),
+            figure(gbps / baseline_gbps.max(1e-12)),
         )
     }
 }
