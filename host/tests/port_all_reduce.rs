@@ -229,10 +229,11 @@ fn over_ethernet_all_reduce_takes_ports_and_registration_is_refused() {
 /// Guards against recursive doubling and the port collectives beside it overwriting each
 /// other's sets of the scratch, and against the automatic choice: over Ethernet, four
 /// ranks, small all-reduces take recursive doubling and large ones the ring (all-gather
-/// and reduce-scatter the ring too) where the ring starts at four ranks, else the all-pairs
-/// ports (all-gather recursive doubling, reduce-scatter recursive halving); broadcast the
-/// ports; calls of several rounds each, alternating,
-/// back to back with no host barrier; every result checked after one synchronize.
+/// and reduce-scatter the ring too) where the ring starts at four ranks, else the
+/// all-pairs ports (all-gather recursive doubling, reduce-scatter recursive halving);
+/// broadcast recursive doubling, reduce the ports; calls of several rounds each,
+/// alternating, back to back with no host barrier; every result checked after one
+/// synchronize.
 #[test]
 fn doubling_ring_and_port_collectives_back_to_back_over_ethernet() {
     for (ring_min_ranks, large, gather) in [
@@ -260,7 +261,8 @@ fn back_to_back(comm: &mut Communicator, large_algo: Algorithm, gather: Algorith
     for (c, algo) in [
         (Collective::AllGather, gather),
         (Collective::ReduceScatter, gather),
-        (Collective::Broadcast, Algorithm::Ports),
+        (Collective::Broadcast, Algorithm::Doubling),
+        (Collective::Reduce, Algorithm::Ports),
     ] {
         assert_eq!(comm.collective_algorithm(c, 64)?, algo, "{c}");
     }
@@ -303,6 +305,13 @@ fn back_to_back(comm: &mut Communicator, large_algo: Algorithm, gather: Algorith
         comm.broadcast_in_place(&mut cast, small, 2, &stream)?;
         let want: Vec<i32> = (0..small).map(|i| value(2, i, call + 200)).collect();
         checks.push((format!("broadcast {call}"), cast, want));
+        let mut reduced = comm.device().alloc_from(&input(call + 400, small))?;
+        comm.reduce_in_place(&mut reduced, small, ReduceOp::Sum, 1, &stream)?;
+        let want: Vec<i32> = match rank {
+            1 => (0..small).map(|i| sum(call + 400, i)).collect(),
+            _ => input(call + 400, small),
+        };
+        checks.push((format!("reduce {call}"), reduced, want));
         kept.push(own);
     }
     comm.synchronize(&stream)?;

@@ -83,18 +83,27 @@ fn all_to_allv_case<T: ReduceElement>(
 /// count, over port channels; every result checked on every rank.
 fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<()> {
     let (rank, n) = (comm.rank(), comm.size());
-    // Recursive doubling (halving), where forced, is all-gather's and reduce-scatter's
-    // alone, on a power of two of ranks.
+    // Recursive doubling (halving), where forced, is taken by all-gather, reduce-scatter and
+    // broadcast, on a power of two of ranks; its reductions combine as a tree.
     let doubling = match comm.config().collectives.algorithm {
         AlgorithmChoice::Use(Algorithm::Doubling) if n.is_power_of_two() => Algorithm::Doubling,
         _ => Algorithm::Ports,
     };
-    for c in [Collective::AllGather, Collective::ReduceScatter] {
+    for c in [
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+    ] {
         assert_eq!(comm.collective_algorithm(c, 4096)?, doubling, "{c}");
     }
-    for c in [Collective::Broadcast, Collective::AllToAllV] {
+    for c in [
+        Collective::Reduce,
+        Collective::AllToAll,
+        Collective::AllToAllV,
+    ] {
         assert_eq!(comm.collective_algorithm(c, 4096)?, Algorithm::Ports, "{c}");
     }
+    let tree = doubling == Algorithm::Doubling;
     let nu = n as usize;
     let stream = comm.device().stream()?;
     for (call, &count) in counts.iter().enumerate() {
@@ -112,7 +121,6 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
             ReduceOp::Avg,
         ] {
             let at = rank as usize * count;
-            let tree = doubling == Algorithm::Doubling;
             reduce_scatter_case(comm, count, call, op, &stream, |i| {
                 combined(n, op, tree, &|p| value::<T>(p, at + i, call))
             })?;
@@ -134,13 +142,7 @@ fn case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) -> Result<(
         // Reduce (sum and max) to the first and the last rank; the others' outputs untouched.
         for (root, op) in [(0, ReduceOp::Sum), (n - 1, ReduceOp::Max)] {
             let want: Vec<T> = (0..count)
-                .map(|i| {
-                    let mut acc = value::<T>(0, i, call);
-                    for p in 1..n {
-                        acc = acc.combine(value::<T>(p, i, call), op);
-                    }
-                    acc.finish(op, n)
-                })
+                .map(|i| combined(n, op, false, &|p| value::<T>(p, i, call)))
                 .collect();
             let mine = inputs::<T>(rank, count, call);
             let send = marked(comm, &mine)?;
@@ -192,13 +194,13 @@ fn port_collectives_every_type_and_placement() {
 }
 
 /// As [`port_collectives_every_type_and_placement`], with recursive doubling forced: the
-/// all-gather by recursive doubling and the reduce-scatter by recursive halving (a power
-/// of two of ranks; three take the ports) between the port collectives, back to back.
-/// Guards against one that sends the wrong rounds or halves at a step or to the wrong
-/// place, packs them wrong, combines what has not arrived, finishes (`Avg`) more than
-/// once, or reuses an area or a set of the scratch too early.
+/// all-gather and broadcast by recursive doubling and the reduce-scatter by recursive
+/// halving (a power of two of ranks; three take the ports) between the port collectives,
+/// back to back. Guards against one that sends the wrong rounds or halves at a step or to
+/// the wrong place, packs them wrong, combines what has not arrived, finishes (`Avg`) more
+/// than once, or reuses an area or a set of the scratch too early.
 #[test]
-fn doubling_all_gather_and_halving_reduce_scatter_among_the_port_collectives() {
+fn doubling_collectives_among_the_port_collectives() {
     let shapes = [(2, 1, 1), (3, 1, 2), (4, 2, 1), (8, 1, 1)];
     every_type_and_placement(Algorithm::Doubling, &shapes);
 }

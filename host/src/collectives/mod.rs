@@ -28,7 +28,8 @@
 //! through the proxy over port channels), or [`Algorithm::Ring`] (a ring through the proxy)
 //! from [`CollectiveConfig::ring_min_ranks`] ranks on, or for small messages among a power
 //! of two of ranks [`Algorithm::Doubling`] (recursive doubling through the proxy, up to
-//! [`CollectiveConfig::doubling_max_bytes`]); and all-gather, reduce-scatter, broadcast,
+//! [`CollectiveConfig::doubling_max_bytes`]; among such ranks all-gather, reduce-scatter and
+//! broadcast take it at every size); and all-gather, reduce-scatter, broadcast,
 //! reduce, all-to-all, all-to-all-v (one exchange a round) and the device barrier; buffer
 //! registration is refused with an error that says so. Forcing ports (`OXCCL_ALGO=ports`
 //! or [`CollectiveConfig::algorithm`]) sends every collective through the proxy on one
@@ -61,8 +62,8 @@ use oxccl_kernels::collectives::{
     AllToAllvCounts, all_gather, all_gather_doubling, all_gather_ports, all_gather_ring,
     all_reduce, all_reduce_doubling, all_reduce_packets, all_reduce_ports, all_reduce_ring,
     all_to_all, all_to_all_ports, all_to_allv, all_to_allv_ports, barrier, barrier_ports,
-    broadcast, broadcast_ports, reduce, reduce_ports, reduce_scatter, reduce_scatter_halving,
-    reduce_scatter_ports, reduce_scatter_ring,
+    broadcast, broadcast_doubling, broadcast_ports, reduce, reduce_ports, reduce_scatter,
+    reduce_scatter_halving, reduce_scatter_ports, reduce_scatter_ring,
 };
 use shape::Shape;
 
@@ -212,9 +213,10 @@ impl Communicator {
     /// The algorithm a call of `collective` of `bytes` bytes takes on this communicator:
     /// [`Self::all_reduce_algorithm`] for an all-reduce; for the others, where they run
     /// through the proxy (see the module docs), [`Algorithm::Ring`] for all-gather and
-    /// reduce-scatter where the ring is chosen, [`Algorithm::Doubling`] for them among a
-    /// power of two of ranks where recursive doubling is chosen (or would be for a small
-    /// all-reduce) and [`Algorithm::Ports`] otherwise, else [`Algorithm::Direct`] (on
+    /// reduce-scatter where the ring is chosen, [`Algorithm::Doubling`] for all-gather,
+    /// reduce-scatter and broadcast among a power of two of ranks where recursive doubling
+    /// is chosen (at any size where a small all-reduce takes it) and [`Algorithm::Ports`]
+    /// otherwise, else [`Algorithm::Direct`] (on
     /// registered buffers, in place of the peers' buffers).
     ///
     /// # Errors
@@ -242,15 +244,19 @@ impl Communicator {
     /// where the ranks cannot load and store each other's memory, or where an algorithm
     /// through the proxy is asked for (as for all-reduce: [`CollectiveConfig::algorithm`],
     /// then `OXCCL_ALGO`), [`Algorithm::Ring`] for all-gather and reduce-scatter where the
-    /// ring is chosen, [`Algorithm::Doubling`] for them among a power of two of ranks where
-    /// recursive doubling is chosen or would be for a small message, else
-    /// [`Algorithm::Ports`]; `None` where they load and store.
+    /// ring is chosen, [`Algorithm::Doubling`] for all-gather, reduce-scatter and broadcast
+    /// among a power of two of ranks where recursive doubling is chosen or would be for a
+    /// small all-reduce, else [`Algorithm::Ports`]; `None` where they load and store.
     ///
     /// An all-gather by recursive doubling (a reduce-scatter by recursive halving) sends
     /// each rank's data to each peer once, as the all-pairs algorithm does, in `log2 n`
-    /// messages a rank instead of `n - 1`, so they take it at every size (4 ranks over
+    /// messages a rank instead of `n - 1`, and a broadcast by recursive doubling sends the
+    /// root's data `n - 1` times in all, as the all-pairs broadcast does, in `n log2 n`
+    /// messages instead of `n (n - 1)`, so they take it at every size (4 ranks over
     /// loopback Ethernet on 2 cores, all-gather 1 KiB-16 MiB: 0.6-1.0 of the all-pairs
-    /// time, 3 alternated runs).
+    /// time, 3 alternated runs). A reduce by recursive doubling (the all-reduce's, written
+    /// out on the root) was no faster than the all-pairs reduce at 1-16 KiB and slower from
+    /// 256 KiB on (4 and 8 ranks), so reduce keeps its port algorithm.
     fn proxy_algorithm(&self, collective: Collective) -> Result<Option<Algorithm>> {
         let c = &self.config().collectives;
         let resolve = |bytes| {
@@ -263,10 +269,11 @@ impl Communicator {
             )
         };
         let (large, small) = (resolve(u64::MAX)?, resolve(1)?);
+        let pairs_off = self.size().is_power_of_two();
         Ok(large.through_proxy().then_some(match (collective, large) {
             (Collective::AllGather | Collective::ReduceScatter, Algorithm::Ring) => Algorithm::Ring,
-            (Collective::AllGather | Collective::ReduceScatter, _)
-                if small == Algorithm::Doubling && self.size().is_power_of_two() =>
+            (Collective::AllGather | Collective::ReduceScatter | Collective::Broadcast, _)
+                if small == Algorithm::Doubling && pairs_off =>
             {
                 Algorithm::Doubling
             }
@@ -902,8 +909,8 @@ impl Communicator {
 
     /// Runs `call` over port channels, by `algo`: in a ring for [`Algorithm::Ring`]
     /// (all-reduce, all-gather and reduce-scatter), by recursive doubling for
-    /// [`Algorithm::Doubling`] (all-reduce, all-gather, and reduce-scatter by recursive
-    /// halving; the caller has checked the number of ranks);
+    /// [`Algorithm::Doubling`] (all-reduce, all-gather, broadcast, and reduce-scatter by
+    /// recursive halving; the caller has checked the number of ranks);
     /// the others have one port algorithm
     /// (setting them up on its first call: every rank takes this path at the same call, as
     /// they agree on the algorithm).
@@ -972,6 +979,9 @@ impl Communicator {
             }
             Collective::ReduceScatter => {
                 reduce_scatter_ports::collective_reduce_scatter_ports::launch(stream, launch, args)
+            }
+            Collective::Broadcast if doubling => {
+                broadcast_doubling::collective_broadcast_doubling::launch(stream, launch, args)
             }
             Collective::Broadcast => {
                 broadcast_ports::collective_broadcast_ports::launch(stream, launch, args)

@@ -20,7 +20,8 @@
 //! [`reduce_scatter_ring`] do its two halves, or [`all_reduce_doubling`] exchanges
 //! partial reductions with one partner a step (small messages, a power of two of ranks),
 //! as [`all_gather_doubling`] does the rounds gathered so far and
-//! [`reduce_scatter_halving`] the halves of the partials still to reduce; [`all_gather_ports`],
+//! [`reduce_scatter_halving`] the halves of the partials still to reduce and
+//! [`broadcast_doubling`] the root's round; [`all_gather_ports`],
 //! [`reduce_scatter_ports`], [`broadcast_ports`], [`reduce_ports`] and
 //! [`all_to_all_ports`] and [`all_to_allv_ports`] take one exchange a round, each sending
 //! the next round before reading this one out, and [`barrier_ports`] one exchange with
@@ -55,6 +56,7 @@ pub mod all_to_allv_ports;
 pub mod barrier;
 pub mod barrier_ports;
 pub mod broadcast;
+pub mod broadcast_doubling;
 pub mod broadcast_ports;
 pub mod collective_args;
 mod elementwise;

@@ -173,8 +173,8 @@ pub(crate) fn wait_for_prev(a: &PortCollectiveArgs<'_>) -> Result<(), DeviceErro
 
 /// A step with one peer (a ring's, recursive doubling's), its first half: once every block
 /// has written its part, puts `bytes` bytes at `src` of our scratch into peer `to`'s
-/// scratch at `dst`, with a signal, and returns without waiting; [`wait_for`] is the second
-/// half.
+/// scratch at `dst`, with a signal (a signal alone for none), and returns without waiting;
+/// [`wait_for`] is the second half.
 ///
 /// # Errors
 /// The channel's and the grid barrier's.
@@ -189,7 +189,14 @@ pub(crate) fn send_to(
     a.barrier.sync_grid()?;
     let peers = a.peers;
     if a.n_ranks > 1 && arch::block_rank() == 0 {
-        block_signal(move || peers.get(to)?.put_with_signal(dst, src, bytes))?;
+        block_signal(move || {
+            let channel = peers.get(to)?;
+            if bytes == 0 {
+                channel.signal()
+            } else {
+                channel.put_with_signal(dst, src, bytes)
+            }
+        })?;
     }
     Ok(())
 }
