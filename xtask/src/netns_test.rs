@@ -218,7 +218,7 @@ pub fn run_netns_test(ws: &Workspace) -> Result<()> {
         ("allreduce, 4 ranks, 2 per node", &[0, 0, 1, 1][..], 29_504),
     ] {
         let outputs = Job { port, ..job }.run(title, placement)?;
-        check_over_ports("allreduce", &outputs[0])?;
+        check_through_proxy("allreduce", &outputs[0])?;
     }
     for (collective, port) in [
         ("allgather", 29_505),
@@ -242,7 +242,7 @@ pub fn run_netns_test(ws: &Workspace) -> Result<()> {
         };
         let title = format!("collectives --collective {collective}, 4 ranks, 2 per node");
         let outputs = job.run(&title, &[0, 0, 1, 1])?;
-        check_over_ports(collective, &outputs[0])?;
+        check_through_proxy(collective, &outputs[0])?;
     }
     drop(namespaces);
     println!("netns-test: ok (namespaces deleted)");
@@ -325,10 +325,13 @@ impl Job<'_> {
     }
 }
 
+/// The algorithms that run through the proxy over port channels, as the tables name them.
+const THROUGH_PROXY: [&str; 3] = ["ports", "ring", "doubling"];
+
 /// Checks rank 0's table of `program` (`allreduce`, or the collective `collectives` ran):
-/// every size ran the port algorithm (the ranks share no node), and no element was wrong;
-/// prints its rows.
-fn check_over_ports(program: &str, out: &str) -> Result<()> {
+/// every size ran an algorithm through the proxy ([`THROUGH_PROXY`]: the ranks share no
+/// node), and no element was wrong; prints its rows.
+fn check_through_proxy(program: &str, out: &str) -> Result<()> {
     let rows: Vec<&str> = out
         .lines()
         .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
@@ -336,11 +339,16 @@ fn check_over_ports(program: &str, out: &str) -> Result<()> {
     for row in &rows {
         println!("  {row}");
     }
-    let all_ports = rows
-        .iter()
-        .all(|r| r.split_whitespace().nth(5) == Some("ports"));
-    if rows.is_empty() || !all_ports || !out.contains("# Out of bounds values : 0 OK") {
-        bail!("{program}: expected every size over ports and no wrong element:\n{out}");
+    let through_proxy = rows.iter().all(|r| {
+        r.split_whitespace()
+            .nth(5)
+            .is_some_and(|algo| THROUGH_PROXY.contains(&algo))
+    });
+    if rows.is_empty() || !through_proxy || !out.contains("# Out of bounds values : 0 OK") {
+        bail!(
+            "{program}: expected every size through the proxy ({}) and no wrong element:\n{out}",
+            THROUGH_PROXY.join(", ")
+        );
     }
     Ok(())
 }
@@ -487,16 +495,28 @@ mod tests {
     use super::*;
 
     /// Guards against an all-reduce check that accepts a size that did not run over port
-    /// channels, a wrong element, or no table at all.
+    /// channels (through the proxy: ports, ring or recursive doubling), a wrong element, or
+    /// no table at all.
     #[test]
-    fn all_reduce_check_wants_ports_everywhere_and_no_wrong_element() {
+    fn all_reduce_check_wants_the_proxy_everywhere_and_no_wrong_element() {
         let good = "# oxccl all-reduce\n        1024          256    float    sum    -1    ports     \
                     44.80    0.00    0.00      0     43.44    0.00    0.00      0\n\
                     # Out of bounds values : 0 OK\n";
-        assert!(super::check_over_ports("allreduce", good).is_ok());
-        assert!(super::check_over_ports("allreduce", &good.replace("ports", "direct")).is_err());
-        assert!(super::check_over_ports("allreduce", &good.replace("0 OK", "3 FAILED")).is_err());
-        assert!(super::check_over_ports("allreduce", "# nothing\n").is_err());
+        assert!(super::check_through_proxy("allreduce", good).is_ok());
+        for algo in ["ring", "doubling"] {
+            let other = good.replace("ports", algo);
+            assert!(
+                super::check_through_proxy("allreduce", &other).is_ok(),
+                "{algo}"
+            );
+        }
+        let packets = good.replace("ports", "packets");
+        assert!(super::check_through_proxy("allreduce", &packets).is_err());
+        assert!(super::check_through_proxy("allreduce", &good.replace("ports", "direct")).is_err());
+        assert!(
+            super::check_through_proxy("allreduce", &good.replace("0 OK", "3 FAILED")).is_err()
+        );
+        assert!(super::check_through_proxy("allreduce", "# nothing\n").is_err());
     }
 
     /// Guards against a 4-rank check that accepts a transport the placement does not call
