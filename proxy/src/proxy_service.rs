@@ -760,6 +760,8 @@ fn run_polling(
     let mut napping = false;
     let mut idle = 0u32;
     let mut watch = StallWatch::default();
+    // Until when the host said triggers are coming and none has come yet: no nap then.
+    let mut expected_until: Option<Instant> = None;
     loop {
         let executed = drain_held(&mut held, shared);
         if executed > 0 {
@@ -767,6 +769,7 @@ fn run_polling(
             idle = 0;
             state.work_found(schedule);
             napping = false;
+            expected_until = None;
             consumer_pacing::after_drain(executed);
             continue;
         }
@@ -781,10 +784,13 @@ fn run_polling(
         idle = idle.saturating_add(1);
         // Acquire: pairs with the Release in `expect_triggers`.
         if shared.expecting.swap(false, Ordering::Acquire) {
-            // Hot from the start: spin first, as after a trigger.
+            // Hot from the start: spin first, as after a trigger, and no nap until the
+            // first trigger comes (a launch can take a while on a loaded machine), for
+            // [`EXPECTATION_WINDOW`] at most.
             state.work_found(schedule);
             napping = false;
             idle = 0;
+            expected_until = Instant::now().checked_add(EXPECTATION_WINDOW);
         }
         if napping {
             // One empty poll per nap: a poll, a look for a stall and a nap are all an idle
@@ -804,16 +810,29 @@ fn run_polling(
         }
         // Past the spin budget: look at the clock (every few polls, not on each), and
         // yield the core while hot; the hot spell over, nap.
-        if idle.is_multiple_of(POLLS_PER_CLOCK_LOOK)
-            && let Some(nap) = state.next_nap(schedule)
-        {
-            napping = true;
-            std::thread::park_timeout(nap);
-            continue;
+        if idle.is_multiple_of(POLLS_PER_CLOCK_LOOK) {
+            let now = Instant::now();
+            if expected_until.is_some_and(|until| now >= until) {
+                expected_until = None;
+            }
+            if expected_until.is_none()
+                && let Some(nap) = state.next_nap(schedule)
+            {
+                napping = true;
+                std::thread::park_timeout(nap);
+                continue;
+            }
         }
         std::thread::yield_now();
     }
 }
+
+/// How long a polling proxy thread told that triggers are coming
+/// ([`ProxyService::expect_triggers`]) keeps from napping while none has come: its hot spell
+/// may be shorter than a launch takes on a loaded machine (the first trigger then waited a
+/// whole nap). Bounded, so a launch that never pushes costs the core's idle time for this
+/// long at most (the thread yields meanwhile).
+const EXPECTATION_WINDOW: Duration = Duration::from_millis(100);
 
 /// Idle polls between two looks at the clock of a polling proxy thread past its spin budget.
 const POLLS_PER_CLOCK_LOOK: u32 = 16;

@@ -269,8 +269,10 @@ fn a_polling_proxy_needs_no_doorbell_and_never_writes_the_head() {
 
 /// Guards the latency of a kernel's first trigger after a long idle spell: with naps of
 /// 10 s, a trigger would wait up to 10 s, unless the host says work is coming
-/// (`expect_triggers`, called by the communicator before launching a kernel that pushes).
-/// Stopping a napping proxy must not wait out its nap either.
+/// (`expect_triggers`, called by the communicator before launching a kernel that pushes),
+/// also when the trigger comes a while after the call (a launch on a loaded machine: the
+/// proxy went back to its naps once its spin budget was spent, and this test failed under
+/// load). Stopping a napping proxy must not wait out its nap either.
 #[test]
 fn expect_triggers_ends_a_long_nap() {
     let schedule = PollSchedule {
@@ -283,6 +285,16 @@ fn expect_triggers_ends_a_long_nap() {
     napping.proxy.expect_triggers();
     let took = napping.signal();
     assert!(took < Duration::from_secs(2), "{took:?}");
+    for delay_ms in [1, 30] {
+        std::thread::sleep(Duration::from_millis(20));
+        napping.proxy.expect_triggers();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let took = napping.signal();
+        assert!(
+            took < Duration::from_secs(2),
+            "{delay_ms} ms later: {took:?}"
+        );
+    }
     std::thread::sleep(Duration::from_millis(20));
     let started = Instant::now();
     napping.proxy.stop().unwrap();
