@@ -12,9 +12,12 @@
 //!
 //! `--processes N` runs the measurement in N fresh processes, one after another, prints
 //! each one's line and then
-//! `pingpong_summary channel=<c> assist=<on|off> processes=<N> median_ratio=<x> max_ratio=<y>`:
+//! `pingpong_summary channel=<c> assist=<on|off> processes=<N> median_ratio=<x> max_ratio=<y>
+//! median_round_trip_us=<t> max_round_trip_us=<u> baseline_atomic_us=<lo>-<hi>`:
 //! a state a process settles into for its whole life shows in the spread, which the best of
-//! `--runs` inside one process cannot show. `--thread-stats` adds a line per thread of the
+//! `--runs` inside one process cannot show. The round trips and the baselines' range are
+//! there to tell a slow process from a fast baseline (on a virtual machine the two-thread
+//! baseline moves several-fold between processes, with where the vCPUs land). `--thread-stats` adds a line per thread of the
 //! process (CPU time, voluntary and involuntary context switches, from `/proc`).
 
 mod measure;

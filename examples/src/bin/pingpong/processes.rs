@@ -15,7 +15,8 @@ pub(crate) fn run_processes(args: &Args, n: u32) -> Result<(), String> {
     }
     let system = |context: String, source: std::io::Error| format!("{context}: {source}");
     let exe = std::env::current_exe().map_err(|e| system("finding this program".into(), e))?;
-    let mut ratios = Vec::with_capacity(n as usize);
+    // Per process: the ratio, the round trip and the baseline (microseconds).
+    let (mut ratios, mut trips, mut baselines) = (vec![], vec![], vec![]);
     for i in 0..n {
         let mut child = Command::new(&exe)
             .args(child_args(args))
@@ -47,16 +48,27 @@ pub(crate) fn run_processes(args: &Args, n: u32) -> Result<(), String> {
                 ));
             }
         }
-        let ratio = out
+        let line = out
             .lines()
             .find(|l| l.starts_with("pingpong "))
-            .and_then(ratio_of)
-            .ok_or_else(|| format!("measuring process {i} printed no ratio"))?;
-        ratios.push(ratio);
+            .ok_or_else(|| format!("measuring process {i} printed no pingpong line"))?;
+        let field = |name: &str| {
+            field_of(line, name)
+                .ok_or_else(|| format!("measuring process {i} printed no {name}: {line}"))
+        };
+        ratios.push(field("ratio")?);
+        trips.push(field("round_trip_us")?);
+        baselines.push(field("baseline_atomic_us")?);
     }
     let (median, max) = median_and_max(&mut ratios);
+    let (median_trip, max_trip) = median_and_max(&mut trips);
+    let (_, max_baseline) = median_and_max(&mut baselines);
+    // Sorted by `median_and_max`: the first is the smallest.
+    let min_baseline = baselines.first().copied().unwrap_or(f64::NAN);
     println!(
-        "pingpong_summary channel={} assist={} processes={n} median_ratio={median:.2} max_ratio={max:.2}",
+        "pingpong_summary channel={} assist={} processes={n} median_ratio={median:.2} \
+         max_ratio={max:.2} median_round_trip_us={median_trip:.2} \
+         max_round_trip_us={max_trip:.2} baseline_atomic_us={min_baseline:.2}-{max_baseline:.2}",
         args.channel.name(),
         args.assist.name()
     );
@@ -90,10 +102,10 @@ fn child_args(args: &Args) -> Vec<String> {
     v
 }
 
-/// The `ratio=` field of a `pingpong` line.
-fn ratio_of(line: &str) -> Option<f64> {
+/// The value of field `name` (`name=<x>`) of a `pingpong` line.
+fn field_of(line: &str, name: &str) -> Option<f64> {
     line.split_whitespace()
-        .find_map(|field| field.strip_prefix("ratio="))
+        .find_map(|field| field.strip_prefix(name)?.strip_prefix('='))
         .and_then(|r| r.parse().ok())
 }
 
@@ -121,8 +133,10 @@ mod tests {
     fn lines_parse_and_summaries_add_up() {
         let line = "pingpong channel=port assist=off ranks=2 iters=10 round_trip_us=0.50 \
                     baseline_atomic_us=0.25 ratio=2.00";
-        assert_eq!(ratio_of(line), Some(2.0));
-        assert_eq!(ratio_of("pingpong channel=port"), None);
+        assert_eq!(field_of(line, "ratio"), Some(2.0));
+        assert_eq!(field_of(line, "round_trip_us"), Some(0.5));
+        assert_eq!(field_of(line, "baseline_atomic_us"), Some(0.25));
+        assert_eq!(field_of("pingpong channel=port", "ratio"), None);
         assert_eq!(median_and_max(&mut [3.0, 1.0, 2.0]), (2.0, 3.0));
         assert_eq!(median_and_max(&mut [4.0, 1.0, 2.0, 3.0]), (2.5, 4.0));
     }
