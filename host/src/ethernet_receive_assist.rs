@@ -13,9 +13,9 @@
 //! How: [`oxccl_device::arch::host::set_wait_work`] makes every waiting thread past its
 //! spin budget call [`assist`], which, for each enlisted connection whose reading nobody
 //! holds and which has something (one `poll` for many sockets, and a flag for bytes read
-//! but not consumed), applies the frames that have arrived *whole* (so it never waits on the network),
-//! at most [`FRAMES_PER_ASSIST`] at a time, through the same checks and code as the
-//! receiver thread. Each look says the connection is covered for [`COVER`]; the receiver
+//! but not consumed), applies the frames that have arrived *whole* (so it never waits on
+//! the network), at most [`FRAMES_PER_ASSIST`] at a time, through the same checks and code
+//! as the receiver thread. Each look says the connection is covered for [`COVER`]; the receiver
 //! thread stays parked while it is, instead of waiting on its socket, so data that arrive
 //! wake nobody. Once nobody waits any more (the kernels compute, or ended), the cover runs
 //! out and the receiver thread reads again, at most [`COVER`] later.

@@ -112,10 +112,10 @@ fn ring_all_reduce_every_type_op_and_placement() {
 }
 
 /// Guards against a recursive-doubling all-reduce that pairs the wrong ranks at a step,
-/// sends what it has not reduced yet, finishes (`Avg`) more than once, overwrites a slot a put still reads, or
-/// reuses a set of the scratch too early (many rounds per call, calls back to back); and
-/// against one that runs on a number of ranks it cannot pair (three take the all-pairs
-/// ports).
+/// sends what it has not reduced yet, finishes (`Avg`) more than once, overwrites a slot a
+/// put still reads, or reuses a set of the scratch too early (many rounds per call, calls
+/// back to back); and against one that runs on a number of ranks it cannot pair (three
+/// take the all-pairs ports).
 #[test]
 fn doubling_all_reduce_every_type_op_and_placement() {
     let shapes = [

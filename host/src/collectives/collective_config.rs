@@ -45,9 +45,10 @@ pub struct CollectiveConfig {
     /// two. The default, 256 KiB: 4 ranks over loopback Ethernet on a 2-core machine
     /// (medians of 3 alternated runs, out of place and in place) took 64 B-256 KiB in
     /// 0.68-0.98 of the all-pairs ports' time, 1 MiB in 1.23 (each rank sends the whole
-    /// message `log2 n` times, the all-pairs two-shot `2 (n - 1) / n` of it). All-gather, reduce-scatter and broadcast take recursive doubling (halving) at every
-    /// size where a small all-reduce takes it (they send the same bytes as the all-pairs
-    /// algorithms, in fewer messages); 0 turns it off for all.
+    /// message `log2 n` times, the all-pairs two-shot `2 (n - 1) / n` of it). All-gather,
+    /// reduce-scatter and broadcast take recursive doubling (halving) at every size where
+    /// a small all-reduce takes it (they send the same bytes as the all-pairs algorithms,
+    /// in fewer messages); 0 turns it off for all.
     pub doubling_max_bytes: u64,
     /// The grid and block of direct kernels; `None` picks one for the device
     /// ([`Self::launch_for`]). Packet kernels run one block of the same size.

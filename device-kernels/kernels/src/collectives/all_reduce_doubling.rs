@@ -10,8 +10,9 @@
 //!   has reduced so far (the staged round at step 0) into its reduce slot of its partner
 //!   `r ^ b`, with a signal, waits for the partner's, and combines the two (the partial of
 //!   the ranks whose bit `b` is clear first; every operation is commutative, so both
-//!   partners hold the same bits). The result goes over the slot it read (the partner's put has landed, and no put reads
-//!   it yet), whence the next step sends it; the last step writes it to the output.
+//!   partners hold the same bits). The result goes over the slot it read (the partner's
+//!   put has landed, and no put reads it yet), whence the next step sends it; the last
+//!   step writes it to the output.
 //!
 //! After step `k` a rank holds the reduction over the `2^(k+1)` ranks that share its
 //! higher bits; after the last, over every rank, combined as a balanced tree in rank

@@ -17,8 +17,9 @@
 //! a state a process settles into for its whole life shows in the spread, which the best of
 //! `--runs` inside one process cannot show. The round trips and the baselines' range are
 //! there to tell a slow process from a fast baseline (on a virtual machine the two-thread
-//! baseline moves several-fold between processes, with where the vCPUs land). `--thread-stats` adds a line per thread of the
-//! process (CPU time, voluntary and involuntary context switches, from `/proc`).
+//! baseline moves several-fold between processes, with where the vCPUs land).
+//! `--thread-stats` adds a line per thread of the process (CPU time, voluntary and
+//! involuntary context switches, from `/proc`).
 
 mod measure;
 mod processes;
