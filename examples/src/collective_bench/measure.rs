@@ -12,6 +12,7 @@
 use super::case::{Buffers, Case, Expected};
 use super::options::CheckMode;
 use super::plan::Plan;
+use oxccl::collectives::Algorithm;
 use oxccl::{Communicator, ReduceElement, Result, Stream};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -66,7 +67,8 @@ fn sweep<T: ReduceElement>(comm: &mut Communicator, plan: &Plan) -> Result<Vec<S
         };
         // Registration needs load/store access between the ranks, which the port
         // algorithms are there for the lack of.
-        let register = plan.registers() && !matches!(algo.as_str(), "ports" | "ring" | "doubling");
+        let register =
+            plan.registers() && !Algorithm::parse(&algo).is_ok_and(Algorithm::through_proxy);
         let out_of_place = time_case::<T>(comm, &case, plan, register, &stream)?;
         let in_place = if plan.collective.has_in_place() {
             case.in_place = true;

@@ -59,6 +59,15 @@ impl Algorithm {
         )
     }
 
+    /// What runs of it among `ranks` ranks: recursive doubling pairs the ranks off, so other
+    /// counts than a power of two take the all-pairs [`Algorithm::Ports`] instead.
+    pub(crate) fn for_ranks(self, ranks: u32) -> Algorithm {
+        match self {
+            Algorithm::Doubling if !ranks.is_power_of_two() => Algorithm::Ports,
+            algo => algo,
+        }
+    }
+
     /// Parses a name (`packets`, `direct`, `ports`, `ring`, `doubling`).
     ///
     /// # Errors
@@ -228,6 +237,10 @@ mod tests {
             Algorithm::Ring,
             Algorithm::Doubling,
         ];
+        // Recursive doubling only where the ranks pair off.
+        assert_eq!(Algorithm::Doubling.for_ranks(3), Algorithm::Ports);
+        assert_eq!(Algorithm::Doubling.for_ranks(4), Algorithm::Doubling);
+        assert_eq!(Algorithm::Ring.for_ranks(3), Algorithm::Ring);
         for a in all {
             assert_eq!(Algorithm::parse(a.name()).unwrap(), a);
             let proxy = matches!(a, Algorithm::Ports | Algorithm::Ring | Algorithm::Doubling);

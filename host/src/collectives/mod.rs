@@ -180,17 +180,16 @@ impl Communicator {
     pub fn all_reduce_algorithm(&self, bytes: u64) -> Result<Algorithm> {
         let c = &self.config().collectives;
         let load_store = self.load_store();
-        let algo = match c.algorithm.resolve(
-            bytes,
-            self.size(),
-            algorithm::algo_from_env(),
-            load_store,
-            c.thresholds(),
-        )? {
-            // Recursive doubling pairs the ranks off: other counts take the all-pairs ports.
-            Algorithm::Doubling if !self.size().is_power_of_two() => Algorithm::Ports,
-            algo => algo,
-        };
+        let algo = c
+            .algorithm
+            .resolve(
+                bytes,
+                self.size(),
+                algorithm::algo_from_env(),
+                load_store,
+                c.thresholds(),
+            )?
+            .for_ranks(self.size());
         if algo == Algorithm::Packets && bytes.div_ceil(8) * 8 > c.packet_limit.div_ceil(64) * 64 {
             return Err(Error::InvalidUsage(format!(
                 "rank {}: all_reduce: the packet algorithm takes at most {} bytes (the \
@@ -268,12 +267,11 @@ impl Communicator {
                 c.thresholds(),
             )
         };
-        let (large, small) = (resolve(u64::MAX)?, resolve(1)?);
-        let pairs_off = self.size().is_power_of_two();
+        let (large, small) = (resolve(u64::MAX)?, resolve(1)?.for_ranks(self.size()));
         Ok(large.through_proxy().then_some(match (collective, large) {
             (Collective::AllGather | Collective::ReduceScatter, Algorithm::Ring) => Algorithm::Ring,
             (Collective::AllGather | Collective::ReduceScatter | Collective::Broadcast, _)
-                if small == Algorithm::Doubling && pairs_off =>
+                if small == Algorithm::Doubling =>
             {
                 Algorithm::Doubling
             }

@@ -189,14 +189,7 @@ pub(crate) fn send_to(
     a.barrier.sync_grid()?;
     let peers = a.peers;
     if a.n_ranks > 1 && arch::block_rank() == 0 {
-        block_signal(move || {
-            let channel = peers.get(to)?;
-            if bytes == 0 {
-                channel.signal()
-            } else {
-                channel.put_with_signal(dst, src, bytes)
-            }
-        })?;
+        block_signal(move || put_or_signal(peers.get(to)?, dst, src, bytes))?;
     }
     Ok(())
 }
@@ -228,14 +221,25 @@ fn put_to_peers(
 ) -> Result<(), DeviceError> {
     for p in (0..n_ranks).filter(|&p| p != rank) {
         let (at, bytes) = what.for_peer(p, rank, n_ranks);
-        let channel = peers.get(p)?;
-        if bytes == 0 {
-            channel.signal()?;
-        } else {
-            channel.put_with_signal(dst, staged_at + at, bytes)?;
-        }
+        put_or_signal(peers.get(p)?, dst, staged_at + at, bytes)?;
     }
     Ok(())
+}
+
+/// Puts `bytes` bytes at `src` of our scratch into the peer's at `dst` with a signal, or,
+/// for none, signals alone.
+#[inline(always)]
+fn put_or_signal(
+    channel: &PortChannelDeviceHandle<'_>,
+    dst: u64,
+    src: u64,
+    bytes: u64,
+) -> Result<(), DeviceError> {
+    if bytes == 0 {
+        channel.signal()
+    } else {
+        channel.put_with_signal(dst, src, bytes)
+    }
 }
 
 /// Thread 0 of block 0: waits for every peer's next signal. Plain values (see
