@@ -27,6 +27,7 @@
 
 use crate::error::{Error, Result};
 use crate::ethernet::lost_peer;
+use crate::ethernet_frame_reader::FrameReader;
 use crate::ethernet_receive_assist::{dismiss, enlist};
 use crate::ethernet_registry::EthernetRegistry;
 use crate::ethernet_staging::{Stager, Staging};
@@ -37,7 +38,6 @@ use crate::ethernet_wire::{
 use oxccl_proxy::{FailureSink, ProxyError};
 use parking_lot::Mutex;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
-use std::io::{BufRead, BufReader};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -108,7 +108,8 @@ pub(crate) struct Inbound {
 
 /// What reading a connection keeps from one frame to the next.
 pub(crate) struct ReadState {
-    reader: BufReader<TcpStream>,
+    /// The socket and the bytes read from it and not consumed yet.
+    pub(crate) reader: FrameReader,
     /// One chunk at most, grown as writes need it: the connection's whole buffer (the
     /// stager's, where there is one).
     chunk: Vec<u8>,
@@ -237,7 +238,7 @@ impl Inbound {
             stop: AtomicBool::new(false),
             finished: AtomicBool::new(false),
             reading: Mutex::new(ReadState {
-                reader: BufReader::with_capacity(READ_BUFFER_BYTES, read_half),
+                reader: FrameReader::with_capacity(READ_BUFFER_BYTES, read_half),
                 chunk: Vec::new(),
                 stager,
                 partial_since: None,
@@ -461,7 +462,7 @@ struct Buffer<'a> {
 /// Applies one frame (reading a write's payload first).
 fn apply(
     message: &Message,
-    reader: &mut BufReader<TcpStream>,
+    reader: &mut FrameReader,
     buffer: Buffer<'_>,
     stream: &TcpStream,
     context: &ReceiverContext,
@@ -545,7 +546,7 @@ fn apply(
 /// come up short and nothing of a frame that ends early is written); returns whether it
 /// did. See `ethernet_whole_payload.rs`.
 fn read_in_place(
-    reader: &mut BufReader<TcpStream>,
+    reader: &mut FrameReader,
     addr: u64,
     len: usize,
     deadline: Instant,
@@ -554,7 +555,7 @@ fn read_in_place(
         return Ok(true);
     }
     let buffered = reader.buffer().len().min(len);
-    match wait_whole_payload(reader.get_ref(), len - buffered, deadline) {
+    match wait_whole_payload(reader.stream(), len - buffered, deadline) {
         Ok(true) => {}
         Ok(false) => return Ok(false),
         Err(e) => {
@@ -571,8 +572,13 @@ fn read_in_place(
     let dst = unsafe { std::slice::from_raw_parts_mut(addr as usize as *mut u8, len) };
     dst[..buffered].copy_from_slice(&reader.buffer()[..buffered]);
     reader.consume(buffered);
-    read_exact_by(reader.get_mut(), &mut dst[buffered..], deadline, "payload")
-        .map_err(|e| e.to_string())?;
+    read_exact_by(
+        &mut reader.stream(),
+        &mut dst[buffered..],
+        deadline,
+        "payload",
+    )
+    .map_err(|e| e.to_string())?;
     Ok(true)
 }
 

@@ -17,6 +17,7 @@ pub mod embedded_ptx;
 pub mod error;
 pub mod ethernet;
 pub mod ethernet_connection;
+mod ethernet_frame_reader;
 mod ethernet_receive_assist;
 mod ethernet_receiver;
 pub mod ethernet_registry;
