@@ -151,6 +151,10 @@ static LOOKING: AtomicBool = AtomicBool::new(false);
 /// cache line each thread in turn takes from the others) and for the same connections'
 /// reference counts. Four ranks over Ethernet on 2 cores made half as many `poll` calls a
 /// call with one look at a time, and took some 20 % less time.
+///
+/// A look is short (taking a batch and one `poll`; frames are applied after it). A thread
+/// descheduled during one holds up the others' looks, not the frames: once the covers run
+/// out ([`COVER`]), the receiver threads read again.
 struct Look;
 
 impl Look {
