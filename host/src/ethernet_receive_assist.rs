@@ -34,13 +34,14 @@
 //! stay on the receiver thread.
 
 use crate::ethernet_frame_reader::Arrived;
+use crate::ethernet_ready_set::ReadySet;
 use crate::ethernet_receiver::{Inbound, ReadState, readable, writable};
 use crate::ethernet_wire::{LENGTH_PREFIX_BYTES, MAX_HEADER_BYTES, Message, decode_header};
 use parking_lot::Mutex;
-use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use smallvec::SmallVec;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// How long one look of a waiting thread keeps the receiver thread parked.
@@ -54,18 +55,60 @@ pub(crate) const PARTIAL_LIMIT: Duration = Duration::from_micros(200);
 /// to its own condition soon.
 pub(crate) const FRAMES_PER_ASSIST: usize = 4;
 
+/// An enlisted connection.
+struct Entry {
+    inbound: Weak<Inbound>,
+    /// Whether its socket is in the process's [`ReadySet`] (under [`token`]); one that is
+    /// not is looked at in every look.
+    in_set: bool,
+}
+
 /// The enlisted connections of this process.
-static ENLISTED: Mutex<Vec<Weak<Inbound>>> = Mutex::new(Vec::new());
+static ENLISTED: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
 /// How many are enlisted: a process without any pays one load per look.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
+/// The sockets of the enlisted connections (`None`: the system refused the set, and every
+/// connection is looked at in every look).
+static READY_SET: OnceLock<Option<ReadySet>> = OnceLock::new();
+
+/// The process's ready set, made at the first call.
+fn ready_set() -> Option<&'static ReadySet> {
+    READY_SET
+        .get_or_init(|| {
+            ReadySet::new()
+                .inspect_err(|e| {
+                    tracing::debug!(%e, "Ethernet receive assist: no epoll set, every look reads every connection");
+                })
+                .ok()
+        })
+        .as_ref()
+}
+
+/// The token of `inbound` in the ready set: its address, unique while the entry's `Weak`
+/// keeps the allocation.
+fn token(inbound: &Weak<Inbound>) -> u64 {
+    inbound.as_ptr() as usize as u64
+}
+
 /// Lets waiting threads read `inbound` (and installs the wait work, once).
 pub(crate) fn enlist(inbound: &Arc<Inbound>) {
     oxccl_device::arch::host::set_wait_work(assist);
+    let weak = Arc::downgrade(inbound);
+    let in_set = ready_set().is_some_and(|set| {
+        set.add(inbound.stream(), token(&weak))
+            .inspect_err(
+                |e| tracing::debug!(%e, "Ethernet receive assist: socket not in the epoll set"),
+            )
+            .is_ok()
+    });
     let mut enlisted = ENLISTED.lock();
-    enlisted.retain(|w| w.strong_count() > 0);
-    enlisted.push(Arc::downgrade(inbound));
+    enlisted.retain(|e| e.inbound.strong_count() > 0);
+    enlisted.push(Entry {
+        inbound: weak,
+        in_set,
+    });
     COUNT.store(enlisted.len(), Ordering::Relaxed);
 }
 
@@ -73,7 +116,17 @@ pub(crate) fn enlist(inbound: &Arc<Inbound>) {
 pub(crate) fn dismiss(inbound: &Arc<Inbound>) {
     let mut enlisted = ENLISTED.lock();
     let me = Arc::downgrade(inbound);
-    enlisted.retain(|w| w.strong_count() > 0 && !w.ptr_eq(&me));
+    enlisted.retain(|e| {
+        let gone = e.inbound.ptr_eq(&me);
+        if gone
+            && e.in_set
+            && let Some(set) = ready_set()
+        {
+            // Closing its descriptors would remove it too; this takes it out now.
+            let _ = set.remove(inbound.stream());
+        }
+        e.inbound.strong_count() > 0 && !gone
+    });
     COUNT.store(enlisted.len(), Ordering::Relaxed);
 }
 
@@ -105,39 +158,35 @@ pub(crate) fn assist_until_readable(stream: &TcpStream, deadline: Instant) {
     }
 }
 
-/// Connections one look asks the system about at once ([`assist`]).
-const LOOK_BATCH: usize = 16;
-
 /// The wait work: applies the whole frames that have arrived on every enlisted connection
 /// nobody is reading; returns whether it applied any.
 ///
-/// One `poll` tells which sockets have something, for up to [`LOOK_BATCH`] connections at a
-/// time; only those, and those with bytes left unconsumed in their reading state, are
-/// looked at further. A look at each (a peek, a system call per connection) cost a
-/// waiting thread of 4 ranks over Ethernet 12 system calls per look, most of them finding
-/// nothing, on cores the ranks that had something to do were short of.
+/// One `epoll_wait` ([`ReadySet`]) tells which sockets have something; only those, and the
+/// connections with bytes left unconsumed in their reading state, are looked at further.
+/// The others are covered, as a look that found nothing would. A look at each (a peek, a
+/// system call per connection) cost a waiting thread of 4 ranks over Ethernet 12 system
+/// calls per look, most of them finding nothing, on cores the ranks that had something to
+/// do were short of; a `poll` of all of them, a quarter of the CPU time of 4 ranks as
+/// processes.
 fn assist() -> bool {
     // Relaxed: a connection enlisted a moment ago is found at the next look.
     if COUNT.load(Ordering::Relaxed) == 0 {
         return false;
     }
-    let mut applied = false;
-    let mut at = 0;
-    loop {
-        let Some(look) = Look::begin() else {
+    let chosen = {
+        let Some(_look) = Look::begin() else {
             // Another waiting thread is looking at the connections now.
-            return applied;
+            return false;
         };
-        let (batch, ended) = next_batch(&mut at);
-        let ready = ready_in(&batch);
-        // Frames are applied after the look: two threads may apply frames of different
-        // connections at once (reading a large payload takes a while).
-        drop(look);
-        applied |= apply_ready(&batch, &ready);
-        if ended {
-            return applied;
-        }
+        choose(&Readiness::now())
+    };
+    // Frames are applied after the look: two threads may apply frames of different
+    // connections at once (reading a large payload takes a while).
+    let mut applied = false;
+    for inbound in &chosen {
+        applied |= assist_one(inbound);
     }
+    applied
 }
 
 /// Raised while a waiting thread looks at the connections ([`Look`]).
@@ -147,14 +196,13 @@ static LOOKING: AtomicBool = AtomicBool::new(false);
 ///
 /// Why one at a time: every waiting thread of the process looks for work, and connections
 /// are the process's, so a look by one serves them all; looks at once by several only
-/// compete for the same sockets (each `poll` takes a reference to every socket's file, a
-/// cache line each thread in turn takes from the others) and for the same connections'
-/// reference counts. Four ranks over Ethernet on 2 cores made half as many `poll` calls a
-/// call with one look at a time, and took some 20 % less time.
+/// compete for the same sockets and for the same connections' reference counts and covers.
+/// Four ranks over Ethernet on 2 cores made half as many `poll` calls a call with one look
+/// at a time, and took some 20 % less time.
 ///
-/// A look is short (taking a batch and one `poll`; frames are applied after it). A thread
-/// descheduled during one holds up the others' looks, not the frames: once the covers run
-/// out ([`COVER`]), the receiver threads read again.
+/// A look is short (one `epoll_wait` and a pass over the list; frames are applied after
+/// it). A thread descheduled during one holds up the others' looks, not the frames: once
+/// the covers run out ([`COVER`]), the receiver threads read again.
 struct Look;
 
 impl Look {
@@ -176,69 +224,75 @@ impl Drop for Look {
     }
 }
 
-/// Connections that may be read, at most [`LOOK_BATCH`], from `*at` on in the list of
-/// enlisted ones (`*at` moves past them); with whether the list ended. The list's lock is
-/// held only to take them: no allocation, and no frame applied under a lock that enlisting
-/// waits for.
-fn next_batch(at: &mut usize) -> (Batch, bool) {
-    let mut batch: Batch = Default::default();
-    let mut taken = 0;
-    let enlisted = ENLISTED.lock();
-    while taken < LOOK_BATCH {
-        let Some(next) = enlisted.get(*at) else {
-            return (batch, true);
+/// Most ready sockets one look learns of; more wait for the next look (the set is
+/// level-triggered: they are reported again).
+const READY_MOST: usize = 32;
+
+/// Which sockets of the ready set had something to read when a look began.
+struct Readiness {
+    /// Those under these tokens (the first `n`)...
+    tokens: [u64; READY_MOST],
+    n: usize,
+    /// ... unless this is false: not known (no set, or the call failed), and every
+    /// connection is looked at.
+    known: bool,
+}
+
+impl Readiness {
+    /// What the ready set says now.
+    fn now() -> Self {
+        let mut readiness = Readiness {
+            tokens: [0; READY_MOST],
+            n: 0,
+            known: false,
         };
-        *at += 1;
-        if let Some(inbound) = next.upgrade()
-            && !inbound.is_done()
-            && !inbound.is_handed_over()
+        if let Some(set) = ready_set()
+            && let Ok(n) = set.ready(&mut readiness.tokens)
         {
-            batch[taken] = Some(inbound);
-            taken += 1;
+            readiness.n = n;
+            readiness.known = true;
         }
+        readiness
     }
-    (batch, false)
+
+    /// Whether the socket of `entry` may have something to read.
+    fn includes(&self, entry: &Entry) -> bool {
+        !self.known || !entry.in_set || self.tokens[..self.n].contains(&token(&entry.inbound))
+    }
 }
 
-/// A batch of connections to look at; `None` past its end.
-type Batch = [Option<Arc<Inbound>>; LOOK_BATCH];
+/// Connections a look chose, held (a few without an allocation).
+type Chosen = SmallVec<[Arc<Inbound>; 8]>;
 
-/// Which connections of `batch` have something to read, on their socket (its end or an
-/// error too) or unconsumed in their reading state: one `poll` for all; the others are
-/// covered, as a look that found nothing would.
-fn ready_in(batch: &[Option<Arc<Inbound>>]) -> [bool; LOOK_BATCH] {
-    let mut ready = [false; LOOK_BATCH];
-    let inbounds = || batch.iter().flatten();
-    let Some(first) = inbounds().next() else {
-        return ready;
-    };
-    let mut fds: [PollFd<'_>; LOOK_BATCH] = std::array::from_fn(|i| {
-        let inbound = batch.get(i).and_then(Option::as_ref).unwrap_or(first);
-        PollFd::new(inbound.stream(), PollFlags::IN)
-    });
-    let fds = &mut fds[..batch.len().min(LOOK_BATCH)];
-    // An error (an interrupted call): every connection is looked at, as without the poll.
-    let polled = poll(fds, Some(&Timespec::default())).is_ok();
-    for ((inbound, fd), ready) in inbounds().zip(fds.iter()).zip(ready.iter_mut()) {
-        if !polled || !fd.revents().is_empty() || inbound.has_unread() {
-            *ready = true;
-        } else {
-            inbound.cover(COVER);
+/// The enlisted connections nobody has handed over whose socket `ready` includes or whose
+/// reading state holds unconsumed bytes; the others are covered, as a look that found
+/// nothing would. The list's lock is held for the pass only: no frame is applied under a
+/// lock that enlisting waits for.
+fn choose(ready: &Readiness) -> Chosen {
+    let mut chosen = Chosen::new();
+    let enlisted = ENLISTED.lock();
+    for entry in enlisted.iter() {
+        let Some(inbound) = entry.inbound.upgrade() else {
+            continue;
+        };
+        if inbound.is_done() || inbound.is_handed_over() {
+            continue;
+        }
+        if wanted(&inbound, ready.includes(entry)) {
+            chosen.push(inbound);
         }
     }
-    ready
+    chosen
 }
 
-/// [`assist_one`] for the connections of `batch` that `ready` marks; whether any frame was
-/// applied.
-fn apply_ready(batch: &[Option<Arc<Inbound>>], ready: &[bool; LOOK_BATCH]) -> bool {
-    let mut applied = false;
-    for (inbound, &ready) in batch.iter().flatten().zip(ready) {
-        if ready {
-            applied |= assist_one(inbound);
-        }
+/// Whether a look takes `inbound`: its socket may have something (`socket_ready`), or its
+/// reading state holds unconsumed bytes; if not, the look covers it.
+fn wanted(inbound: &Inbound, socket_ready: bool) -> bool {
+    if socket_ready || inbound.has_unread() {
+        return true;
     }
-    applied
+    inbound.cover(COVER);
+    false
 }
 
 /// Applies the whole frames that have arrived on `inbound`, if nobody is reading it.
@@ -405,9 +459,11 @@ mod tests {
     use std::io::Write;
     use std::net::{Ipv4Addr, TcpListener};
 
-    /// A look at `batch` and the frames it finds applied, as [`assist`] does.
-    fn assist_batch(batch: &[Option<Arc<Inbound>>]) -> bool {
-        apply_ready(batch, &ready_in(batch))
+    /// A look at `inbound` alone and the frames it finds applied, as [`assist`] does, its
+    /// socket asked with `poll` (it is not enlisted: no other test's waiting thread reads
+    /// it).
+    fn look_at(inbound: &Inbound) -> bool {
+        wanted(inbound, readable(inbound.stream(), Duration::ZERO)) && assist_one(inbound)
     }
 
     /// A test client's connection into an inbound end that writes into `memory`,
@@ -632,8 +688,7 @@ mod tests {
             mut client,
             inbound,
         } = fixture(0, 64);
-        let batch = [Some(inbound.clone())];
-        assert!(!assist_batch(&batch), "nothing has come");
+        assert!(!look_at(&inbound), "nothing has come");
         assert!(inbound.covered_for().is_some(), "an empty look covers");
         // Two writes of 8 bytes, sent at once.
         let mut frames = Vec::new();
@@ -656,10 +711,10 @@ mod tests {
             assert!(!state.buffered().is_empty(), "both came in one read");
         }
         assert!(!readable(inbound.stream(), Duration::ZERO));
-        assert!(assist_batch(&batch), "the buffered frame was left unread");
+        assert!(look_at(&inbound), "the buffered frame was left unread");
         assert!(inbound.try_reading().unwrap().buffered().is_empty());
         assert_eq!(&memory[..16], &[[1u8; 8], [2; 8]].concat()[..]);
-        assert!(!assist_batch(&batch), "nothing more has come");
+        assert!(!look_at(&inbound), "nothing more has come");
         assert!(proxy.check().is_ok());
     }
 

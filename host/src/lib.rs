@@ -18,6 +18,7 @@ pub mod error;
 pub mod ethernet;
 pub mod ethernet_connection;
 mod ethernet_frame_reader;
+mod ethernet_ready_set;
 mod ethernet_receive_assist;
 mod ethernet_receiver;
 pub mod ethernet_registry;
