@@ -132,17 +132,24 @@ impl Read for FrameReader {
     }
 }
 
+/// A connected pair of loopback TCP sockets, for tests: (sending end, receiving end).
+#[cfg(test)]
+pub(crate) fn loopback_pair() -> (TcpStream, TcpStream) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (receiver, _) = listener.accept().unwrap();
+    (sender, receiver)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{Arrived, FrameReader};
+    use super::{Arrived, FrameReader, loopback_pair};
     use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
+    use std::net::TcpStream;
     use std::time::{Duration, Instant};
 
     fn pair() -> (TcpStream, TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (receiver, _) = listener.accept().unwrap();
+        let (sender, receiver) = loopback_pair();
         receiver
             .set_read_timeout(Some(Duration::from_secs(5)))
             .unwrap();

@@ -76,16 +76,9 @@ impl ReadySet {
 #[cfg(test)]
 mod tests {
     use super::ReadySet;
+    use crate::ethernet_frame_reader::loopback_pair as pair;
     use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
     use std::time::{Duration, Instant};
-
-    fn pair() -> (TcpStream, TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (receiver, _) = listener.accept().unwrap();
-        (sender, receiver)
-    }
 
     /// The tokens `set` reports, sorted, once they are `expected` (loopback delivers at
     /// once, but not necessarily before `write` returns), or after five seconds.

@@ -466,6 +466,19 @@ mod tests {
         wanted(inbound, readable(inbound.stream(), Duration::ZERO)) && assist_one(inbound)
     }
 
+    /// The bytes of a frame writing `payload` at `offset` of registration `id`, and the
+    /// length of its header.
+    fn write_frame(id: u32, offset: u64, payload: &[u8]) -> (Vec<u8>, usize) {
+        let mut head = [0u8; MAX_FRAME_HEADER_BYTES];
+        let write = Message::Write {
+            id,
+            offset,
+            len: payload.len() as u32,
+        };
+        let n = encode(&write, &mut head).unwrap();
+        ([&head[..n], payload].concat(), n)
+    }
+
     /// A test client's connection into an inbound end that writes into `memory`,
     /// registered as `id` (no receiver thread: the test reads it).
     struct Fixture {
@@ -519,15 +532,8 @@ mod tests {
             inbound,
         } = fixture(0xaa, 4096);
         // A write of 1000 bytes of which 100 come.
-        let mut head = [0u8; MAX_FRAME_HEADER_BYTES];
-        let write = Message::Write {
-            id,
-            offset: 0,
-            len: 1000,
-        };
-        let n = encode(&write, &mut head).unwrap();
-        client.write_all(&head[..n]).unwrap();
-        client.write_all(&[1; 100]).unwrap();
+        let (frame, n) = write_frame(id, 0, &[1; 1000]);
+        client.write_all(&frame[..n + 100]).unwrap();
         let start = Instant::now();
         while !inbound.is_handed_over() {
             assert!(!assist_one(&inbound), "a frame not whole was applied");
@@ -544,7 +550,7 @@ mod tests {
         );
         // Even once the frame is whole, waiting threads leave it to the receiver thread:
         // what they read of it stays in the connection's buffer, unapplied.
-        client.write_all(&[1; 900]).unwrap();
+        client.write_all(&frame[n + 100..]).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         assert!(!assist_one(&inbound));
         assert!(inbound.covered_for().is_none());
@@ -574,18 +580,11 @@ mod tests {
             mut client,
             inbound,
         } = fixture(0, 2 * LARGE);
-        let frame = |offset: u64, len: usize, byte: u8| {
-            let mut head = [0u8; MAX_FRAME_HEADER_BYTES];
-            let write = Message::Write {
-                id,
-                offset,
-                len: len as u32,
-            };
-            let n = encode(&write, &mut head).unwrap();
-            let mut bytes = head[..n].to_vec();
-            bytes.extend((0..len).map(|i| byte.wrapping_add(i as u8)));
-            bytes
+        let payload = |len: usize, byte: u8| -> Vec<u8> {
+            (0..len).map(|i| byte.wrapping_add(i as u8)).collect()
         };
+        let frame =
+            |offset: u64, len: usize, byte: u8| write_frame(id, offset, &payload(len, byte)).0;
         let arrive = |client: &mut TcpStream, bytes: &[u8]| {
             client.write_all(bytes).unwrap();
             // Loopback delivers at once; the look must find the bytes there.
@@ -593,9 +592,6 @@ mod tests {
             // As if the piece had come within `PARTIAL_LIMIT` (the limit is the subject of
             // `a_frame_begun_too_long_is_handed_to_the_receiver_thread`).
             inbound.try_reading().unwrap().partial_since = None;
-        };
-        let expected = |len: usize, byte: u8| -> Vec<u8> {
-            (0..len).map(|i| byte.wrapping_add(i as u8)).collect()
         };
         // 1000 bytes in three pieces, the first cutting the header.
         let small = frame(0, 1000, 7);
@@ -606,7 +602,7 @@ mod tests {
         assert!(memory[..1000].iter().all(|&b| b == 0), "written early");
         arrive(&mut client, &small[600..]);
         assert!(assist_one(&inbound), "a whole frame was not applied");
-        assert_eq!(&memory[..1000], &expected(1000, 7)[..]);
+        assert_eq!(&memory[..1000], &payload(1000, 7)[..]);
         // A write larger than the buffer: not applied while part of it is missing.
         let large = frame(LARGE as u64, LARGE, 3);
         arrive(&mut client, &large[..LARGE / 2]);
@@ -614,7 +610,7 @@ mod tests {
         assert!(memory[LARGE..].iter().all(|&b| b == 0), "written early");
         arrive(&mut client, &large[LARGE / 2..]);
         assert!(assist_one(&inbound), "a whole large frame was not applied");
-        assert_eq!(&memory[LARGE..], &expected(LARGE, 3)[..]);
+        assert_eq!(&memory[LARGE..], &payload(LARGE, 3)[..]);
         assert!(!inbound.is_handed_over());
         assert!(proxy.check().is_ok());
     }
@@ -693,11 +689,7 @@ mod tests {
         // Two writes of 8 bytes, sent at once.
         let mut frames = Vec::new();
         for (offset, byte) in [(0u64, 1u8), (8, 2)] {
-            let mut head = [0u8; MAX_FRAME_HEADER_BYTES];
-            let write = Message::Write { id, offset, len: 8 };
-            let n = encode(&write, &mut head).unwrap();
-            frames.extend_from_slice(&head[..n]);
-            frames.extend_from_slice(&[byte; 8]);
+            frames.extend(write_frame(id, offset, &[byte; 8]).0);
         }
         client.write_all(&frames).unwrap();
         let start = Instant::now();

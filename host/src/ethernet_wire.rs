@@ -551,9 +551,7 @@ mod tests {
         timeout: Duration,
         receive_buffer: Option<usize>,
     ) -> (TcpStream, TcpStream) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (receiver, _) = listener.accept().unwrap();
+        let (sender, receiver) = crate::ethernet_frame_reader::loopback_pair();
         rustix::net::sockopt::set_socket_send_buffer_size(&sender, 4096).unwrap();
         if let Some(bytes) = receive_buffer {
             rustix::net::sockopt::set_socket_recv_buffer_size(&receiver, bytes).unwrap();
