@@ -8,7 +8,7 @@ use common::config_with_assist;
 use oxccl::TransportChoice;
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl_device::launch::LaunchConfig;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 fn ethernet(assist: bool) -> InProcessConfig {
     let mut config = config_with_assist(assist);
@@ -69,7 +69,18 @@ fn ethernet_receiver_thread_sleeps_while_kernels_wait() {
             comm.synchronize(&stream)?;
             comm.barrier()?;
             let receiver = format!("oxccl-eth-r{rank}-from{peer}");
-            let before = context_switches_of(&receiver).expect("the receiver thread");
+            // A new thread takes its name once it first runs, and the waiting kernel
+            // threads may have applied the first round's frames before it did.
+            let named_by = Instant::now() + Duration::from_secs(10);
+            let before = loop {
+                match context_switches_of(&receiver) {
+                    Some(switches) => break switches,
+                    None if Instant::now() < named_by => {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    None => panic!("no thread named {receiver} after 10 s"),
+                }
+            };
             let start = Instant::now();
             ping(ROUNDS)?;
             comm.synchronize(&stream)?;
@@ -80,8 +91,16 @@ fn ethernet_receiver_thread_sleeps_while_kernels_wait() {
             let elapsed = start.elapsed();
             let looks = u64::try_from(2 * elapsed.as_millis()).unwrap_or(u64::MAX);
             let allowed = (u64::from(ROUNDS) / 4).saturating_add(looks);
+            // Round trips longer than a waiting thread's cover (1 ms: a machine so loaded
+            // that the kernel threads are off their cores for whole time slices) leave the
+            // frames to the receiver threads, as they should: then only the looks' bound.
+            let per_round_trip = if elapsed < Duration::from_millis(u64::from(ROUNDS)) {
+                u64::from(ROUNDS)
+            } else {
+                u64::MAX
+            };
             assert!(
-                woken < allowed.min(u64::from(ROUNDS)),
+                woken < allowed.min(per_round_trip),
                 "assist {assist}, rank {rank}: the receiver thread was switched in {woken} \
                  times over {ROUNDS} round trips ({elapsed:?})"
             );
