@@ -35,7 +35,7 @@
 
 use crate::ethernet_frame_reader::Arrived;
 use crate::ethernet_ready_set::ReadySet;
-use crate::ethernet_receiver::{Inbound, ReadState, readable, writable};
+use crate::ethernet_receiver::{CoverEnd, Inbound, ReadState, readable, writable};
 use crate::ethernet_wire::{LENGTH_PREFIX_BYTES, MAX_HEADER_BYTES, Message, decode_header};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -270,6 +270,7 @@ type Chosen = SmallVec<[Arc<Inbound>; 8]>;
 /// lock that enlisting waits for.
 fn choose(ready: &Readiness) -> Chosen {
     let mut chosen = Chosen::new();
+    let cover = CoverEnd::after(COVER);
     let enlisted = ENLISTED.lock();
     for entry in enlisted.iter() {
         let Some(inbound) = entry.inbound.upgrade() else {
@@ -278,7 +279,7 @@ fn choose(ready: &Readiness) -> Chosen {
         if inbound.is_done() || inbound.is_handed_over() {
             continue;
         }
-        if wanted(&inbound, ready.includes(entry)) {
+        if wanted(&inbound, ready.includes(entry), cover) {
             chosen.push(inbound);
         }
     }
@@ -286,12 +287,12 @@ fn choose(ready: &Readiness) -> Chosen {
 }
 
 /// Whether a look takes `inbound`: its socket may have something (`socket_ready`), or its
-/// reading state holds unconsumed bytes; if not, the look covers it.
-fn wanted(inbound: &Inbound, socket_ready: bool) -> bool {
+/// reading state holds unconsumed bytes; if not, the look covers it until `cover`.
+fn wanted(inbound: &Inbound, socket_ready: bool, cover: CoverEnd) -> bool {
     if socket_ready || inbound.has_unread() {
         return true;
     }
-    inbound.cover(COVER);
+    inbound.cover_until(cover);
     false
 }
 
@@ -463,7 +464,8 @@ mod tests {
     /// socket asked with `poll` (it is not enlisted: no other test's waiting thread reads
     /// it).
     fn look_at(inbound: &Inbound) -> bool {
-        wanted(inbound, readable(inbound.stream(), Duration::ZERO)) && assist_one(inbound)
+        let ready = readable(inbound.stream(), Duration::ZERO);
+        wanted(inbound, ready, CoverEnd::after(COVER)) && assist_one(inbound)
     }
 
     /// The bytes of a frame writing `payload` at `offset` of registration `id`, and the

@@ -201,6 +201,17 @@ pub(crate) fn writable(socket: &impl AsFd) -> bool {
         && fds[0].revents().contains(PollFlags::OUT)
 }
 
+/// When a cover ends ([`Inbound::cover_until`]), on the clock of [`clock_now`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CoverEnd(u64);
+
+impl CoverEnd {
+    /// `for_how_long` from now.
+    pub(crate) fn after(for_how_long: Duration) -> Self {
+        CoverEnd(clock_now().saturating_add(for_how_long.as_nanos() as u64))
+    }
+}
+
 /// The instant [`Inbound::covered_until`] counts from.
 fn clock_epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -306,11 +317,19 @@ impl Inbound {
     /// Says that a waiting thread looks after the connection for `for_how_long` from now
     /// (unless it is handed over to the receiver thread).
     pub(crate) fn cover(&self, for_how_long: Duration) {
+        self.cover_until(CoverEnd::after(for_how_long));
+    }
+
+    /// As [`Self::cover`], until `end` (one clock read for a look's many connections).
+    pub(crate) fn cover_until(&self, end: CoverEnd) {
         if self.is_handed_over() {
             return;
         }
-        let until = clock_now().saturating_add(for_how_long.as_nanos() as u64);
-        self.covered_until.fetch_max(until, Ordering::Relaxed);
+        // Relaxed: a hint for the receiver thread, which carries no data. Read first: a
+        // cover already as long leaves the cache line alone.
+        if self.covered_until.load(Ordering::Relaxed) < end.0 {
+            self.covered_until.fetch_max(end.0, Ordering::Relaxed);
+        }
     }
 
     /// Hands the connection to the receiver thread now, until it has read the next frame.
