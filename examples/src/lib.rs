@@ -5,7 +5,7 @@
 pub mod collective_bench;
 pub mod thread_stats;
 
-use std::process::{Child, ExitStatus};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -55,6 +55,29 @@ pub fn wait_until(child: &mut Child, deadline: Instant) -> std::io::Result<Optio
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Runs `command` with its standard output into a file of its own (a pipe nobody reads
+/// while waiting could fill and stall it), waits for it until `deadline` (then kills it,
+/// as [`wait_until`]), and returns how it ended (`None`: killed) and what it printed. `tag`
+/// names the file's folder apart from other runs at the same time; the folder is removed.
+///
+/// # Errors
+/// The system's errors from the file, starting, polling or killing the child.
+pub fn run_captured(
+    command: &mut Command,
+    tag: &str,
+    deadline: Instant,
+) -> std::io::Result<(Option<ExitStatus>, String)> {
+    let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let out_path = dir.join("stdout");
+    let ended = std::fs::File::create(&out_path)
+        .and_then(|out| command.stdout(out).spawn())
+        .and_then(|mut child| wait_until(&mut child, deadline));
+    let text = std::fs::read_to_string(&out_path);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((ended?, text?))
 }
 
 /// A duration in microseconds with two decimals.

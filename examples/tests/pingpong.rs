@@ -12,19 +12,15 @@ const RUN_DEADLINE: Duration = Duration::from_secs(120);
 /// round trips and baselines span theirs.
 #[test]
 fn process_lines_and_summary() {
-    let dir = std::env::temp_dir().join(format!("pingpong-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out_path = dir.join("stdout");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pingpong"))
-        .args(["--channel", "port", "--assist", "on", "--processes", "2"])
-        .args(["--iters", "300", "--runs", "1"])
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let status = oxccl_examples::wait_until(&mut child, Instant::now() + RUN_DEADLINE).unwrap();
-    let text = std::fs::read_to_string(&out_path).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    let (status, text) = oxccl_examples::run_captured(
+        Command::new(env!("CARGO_BIN_EXE_pingpong"))
+            .args(["--channel", "port", "--assist", "on", "--processes", "2"])
+            .args(["--iters", "300", "--runs", "1"])
+            .stderr(Stdio::inherit()),
+        "pingpong-test",
+        Instant::now() + RUN_DEADLINE,
+    )
+    .unwrap();
     assert!(status.is_some_and(|s| s.success()), "{status:?}:\n{text}");
     let fields = |line: &str| -> Vec<(String, String)> {
         line.split_whitespace()

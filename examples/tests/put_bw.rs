@@ -9,23 +9,18 @@ const RUN_DEADLINE: Duration = Duration::from_secs(120);
 /// Runs `put_bw` with `extra` arguments and tiny sizes; returns its standard output.
 fn run(extra: &[&str]) -> String {
     // One folder per run: the tests run at once, and each removes its own.
-    let tag = extra.join("").replace('-', "");
-    let dir = std::env::temp_dir().join(format!("put-bw-test-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out_path = dir.join("stdout");
-    let out = std::fs::File::create(&out_path).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_put_bw"))
-        .args(["--min-bytes", "4K", "--max-bytes", "16K"])
-        .args(["--total-bytes", "64K", "--runs", "1", "--timeout-s", "30"])
-        .args(extra)
-        .env_remove("OXCCL_TRANSPORT")
-        .stdout(out)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let status = oxccl_examples::wait_until(&mut child, Instant::now() + RUN_DEADLINE).unwrap();
-    let text = std::fs::read_to_string(&out_path).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    let tag = format!("put-bw-test-{}", extra.join("").replace('-', ""));
+    let (status, text) = oxccl_examples::run_captured(
+        Command::new(env!("CARGO_BIN_EXE_put_bw"))
+            .args(["--min-bytes", "4K", "--max-bytes", "16K"])
+            .args(["--total-bytes", "64K", "--runs", "1", "--timeout-s", "30"])
+            .args(extra)
+            .env_remove("OXCCL_TRANSPORT")
+            .stderr(Stdio::inherit()),
+        &tag,
+        Instant::now() + RUN_DEADLINE,
+    )
+    .unwrap();
     assert!(
         status.is_some_and(|s| s.success()),
         "put_bw {extra:?} ended with {status:?}:\n{text}"
