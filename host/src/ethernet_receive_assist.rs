@@ -36,6 +36,7 @@
 use crate::ethernet_frame_reader::Arrived;
 use crate::ethernet_ready_set::ReadySet;
 use crate::ethernet_receiver::{CoverEnd, Inbound, ReadState, readable, writable};
+use crate::ethernet_whole_payload::queued;
 use crate::ethernet_wire::{LENGTH_PREFIX_BYTES, MAX_HEADER_BYTES, Message, decode_header};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -402,10 +403,9 @@ fn next_frame(inbound: &Inbound, state: &mut ReadState, may_read: &mut bool) -> 
         // It would fit behind the buffered bytes: all that had arrived was read.
         return NextFrame::Begun;
     }
-    let Ok(queued) = rustix::io::ioctl_fionread(inbound.stream()) else {
+    let Ok(queued) = queued(inbound.stream()) else {
         return NextFrame::Whole;
     };
-    let queued = usize::try_from(queued).unwrap_or(usize::MAX);
     if buffered.len().saturating_add(queued) >= need {
         NextFrame::Whole
     } else {

@@ -63,7 +63,7 @@ fn poll_for(stream: &TcpStream, bytes: usize, deadline: Instant) -> io::Result<b
 }
 
 /// Bytes queued for reading on `stream`.
-fn queued(stream: &TcpStream) -> io::Result<usize> {
+pub(crate) fn queued(stream: &TcpStream) -> io::Result<usize> {
     let n = rustix::io::ioctl_fionread(stream)?;
     Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }
