@@ -56,6 +56,7 @@
 //! | `collective.rs` | all-gather, ring all-gather, barrier, broadcast |
 //! | `config.rs` | [`Config`] |
 //! | `limits.rs` | the open-file limit |
+//! | `local_port.rs` | [`free_loopback_port`]: a root port for a job on this host |
 //! | `error.rs` | [`Error`] |
 
 #![warn(missing_docs)]
@@ -71,6 +72,7 @@ mod frame;
 mod handshake;
 mod init;
 mod limits;
+mod local_port;
 mod messaging;
 mod net;
 mod peer;
@@ -90,5 +92,6 @@ pub use env::{
 pub use error::{Error, ErrorKind, Peer, RankList, Result};
 pub use frame::PROTOCOL_VERSION;
 pub use limits::{open_files_for_ranks_in_process, raise_open_file_limit};
+pub use local_port::free_loopback_port;
 pub use net::RootListener;
 pub use unique_id::{ParseUniqueIdError, SECRET_BYTES, Secret, UNIQUE_ID_PREFIX, UniqueId};

@@ -60,10 +60,7 @@ pub fn launch_processes(args: &BenchArgs, baselines: &Baselines) -> Result<bool>
         context: context.into(),
         source,
     };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| system("finding a free port for the job", e))?
-        .port();
+    let port = oxccl_bootstrap::free_loopback_port()?;
     let secret = oxccl_bootstrap::Secret::random()?.to_hex();
     let exe = std::env::current_exe().map_err(|e| system("finding this program", e))?;
     let forwarded: Vec<String> = std::env::args()
