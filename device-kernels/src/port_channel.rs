@@ -4,7 +4,8 @@
 //! executes triggers in order, checking each against the registered sizes and known ids
 //! (a refused trigger writes nothing and stops the channel; the host reports it). Offsets
 //! are bytes into the memories the host bound to the channel (`dst_memory_id` on the peer,
-//! `src_memory_id` here). One trigger carries at most [`MAX_TRIGGER_BYTES`] of offset and
+//! `src_memory_id` here), or into others registered for it that a put names through
+//! [`PortChannelDeviceHandle::with_memories`] ([`DstMemoryId`], [`SrcMemoryId`]). One trigger carries at most [`MAX_TRIGGER_BYTES`] of offset and
 //! size; `put` sends a copy larger than that from offset 0 as two triggers, and refuses
 //! offsets a trigger cannot carry.
 //!
@@ -31,6 +32,52 @@ pub struct PortChannelIds {
     pub src_memory_id: u32,
     /// Reserved, zero.
     pub reserved: u32,
+}
+
+/// A memory of a port channel's peer that its puts may write instead of the destination it
+/// was built with: the memory's id at this rank's proxy, from the host's
+/// `Communicator::port_dst_memory`. Passed to a kernel like any argument (it is `Pod`).
+///
+/// With [`SrcMemoryId`] and [`PortChannelDeviceHandle::with_memories`] this is MSCCL++'s
+/// `put(dst, dstOffset, src, srcOffset, size)` with memory ids: one channel (one semaphore,
+/// one connection) moves data between any of the memories registered for it. An id is not
+/// an address: the proxy checks each trigger's ids against its table (the destination must
+/// be a memory of the channel's peer reached over the channel's transport, the source one
+/// of this rank) and the range against the memory's size, so a wrong id is a reported
+/// failure of the channel, never a write elsewhere.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct DstMemoryId(u32);
+
+/// A memory of this rank that a port channel's puts may read instead of the source it was
+/// built with: the memory's id at this rank's proxy, from the host's
+/// `Communicator::port_src_memory`. See [`DstMemoryId`].
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct SrcMemoryId(u32);
+
+impl DstMemoryId {
+    /// The destination memory with id `id` at the proxy (checked there, see the type).
+    pub const fn from_raw(id: u32) -> Self {
+        DstMemoryId(id)
+    }
+
+    /// The id at the proxy.
+    pub const fn raw(self) -> u32 {
+        self.0
+    }
+}
+
+impl SrcMemoryId {
+    /// The source memory with id `id` at the proxy (checked there, see [`DstMemoryId`]).
+    pub const fn from_raw(id: u32) -> Self {
+        SrcMemoryId(id)
+    }
+
+    /// The id at the proxy.
+    pub const fn raw(self) -> u32 {
+        self.0
+    }
 }
 
 /// Kernel-side handle of a port channel. Valid for `'a`, the life of the host channel that
@@ -87,6 +134,27 @@ impl<'a> PortChannelDeviceHandle<'a> {
     /// The ids its triggers carry.
     pub const fn ids(&self) -> PortChannelIds {
         self.ids
+    }
+
+    /// This channel with its puts going from `src` (ours) into `dst` (the peer's) instead
+    /// of the memories it was built with; signals, flushes and waits are the channel's own,
+    /// and ordered with its other puts as usual. The handle is a copy: the original keeps
+    /// its memories.
+    ///
+    /// ```ignore
+    /// // MSCCL++: chan.put(dst_id, dst_off, src_id, src_off, bytes)
+    /// chan.with_memories(dst, src).put_with_signal(dst_off, src_off, bytes)?;
+    /// ```
+    #[inline(always)]
+    pub const fn with_memories(self, dst: DstMemoryId, src: SrcMemoryId) -> Self {
+        PortChannelDeviceHandle {
+            ids: PortChannelIds {
+                dst_memory_id: dst.0,
+                src_memory_id: src.0,
+                ..self.ids
+            },
+            ..self
+        }
     }
 
     #[inline(always)]
@@ -352,6 +420,31 @@ mod tests {
                 data(trigger_type::DATA, 8, 16, 100),
                 data(trigger_type::DATA, 0, 0, MAX),
                 data(trigger_type::DATA | trigger_type::FLAG, MAX, MAX, 100),
+            ]
+        );
+    }
+
+    /// Guards against a put on a channel with other memories naming the channel's own
+    /// memories, or losing its semaphore id.
+    #[test]
+    fn with_memories_names_them_in_every_put() {
+        let ring = Ring::new();
+        let chan = ring.channel();
+        let other = chan.with_memories(DstMemoryId::from_raw(7), SrcMemoryId::from_raw(9));
+        other.put(8, 16, 100).unwrap();
+        other.put_with_signal(0, 0, 4).unwrap();
+        chan.put(1, 2, 3).unwrap();
+        let moved = |kind, dst_offset, src_offset, size| TriggerFields {
+            dst_memory_id: 7,
+            src_memory_id: 9,
+            ..data(kind, dst_offset, src_offset, size)
+        };
+        assert_eq!(
+            ring.pushed(),
+            [
+                moved(trigger_type::DATA, 8, 16, 100),
+                moved(trigger_type::DATA | trigger_type::FLAG, 0, 0, 4),
+                data(trigger_type::DATA, 1, 2, 3),
             ]
         );
     }

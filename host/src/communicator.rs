@@ -68,7 +68,7 @@ use crate::transport::{Transport, TransportChoice};
 use oxccl_device::DeviceError;
 use oxccl_device::abort::{AbortReason, AbortRecord};
 use oxccl_device::error::DeviceOp;
-use oxccl_device::port_channel::PortChannelIds;
+use oxccl_device::port_channel::{DstMemoryId, PortChannelIds, SrcMemoryId};
 use oxccl_proxy::{
     Connection, FIFO_SITE, HostCell, INBOUND_SITE, IdlePolicy, MemoryId, MemoryRegion, ProxyConfig,
     ProxyService, RdmaKey,
@@ -1001,6 +1001,82 @@ impl Communicator {
         }
     }
 
+    /// A peer's `memory` as a port channel's proxy writes it over `transport`: by its
+    /// owner's id over the network transports, mapped here over the others.
+    ///
+    /// # Errors
+    /// Memory of this rank, or memory its owner did not make reachable over `transport`.
+    fn reach_over(
+        &mut self,
+        transport: Transport,
+        memory: &RegisteredMemory,
+    ) -> Result<MemoryRegion> {
+        match transport {
+            Transport::Ethernet => self.reach_over_ethernet(memory),
+            Transport::Ib(_) => reach_over_ib(self.rank(), memory),
+            _ => self.reach(memory),
+        }
+    }
+
+    /// `memory` of `channel`'s peer as a destination the channel's puts may name
+    /// ([`DstMemoryId`], through
+    /// [`with_memories`](oxccl_device::port_channel::PortChannelDeviceHandle::with_memories))
+    /// besides the one it was built with: MSCCL++'s `ProxyService::addMemory`. One channel to a peer can so
+    /// move data into any of the peer's registered memories, without a semaphore and a
+    /// channel for each. Local: no exchange with the peer; asking again for the same
+    /// memory gives the same id. The id is valid for the channels to that peer over the
+    /// same transport; the proxy refuses it on any other (a reported channel failure).
+    ///
+    /// # Errors
+    /// A channel of another communicator, memory of a rank other than the channel's peer,
+    /// memory the peer did not make reachable over the channel's transport, or more
+    /// memories than the proxy can name.
+    pub fn port_dst_memory(
+        &mut self,
+        channel: &PortChannel,
+        memory: &RegisteredMemory,
+    ) -> Result<DstMemoryId> {
+        let rank = self.rank();
+        let known = self.channels.get(&channel.id()).map(|e| e.channel);
+        if known != Some(channel.channel()) {
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank}: {} is not a port channel of this communicator",
+                channel.channel()
+            )));
+        }
+        if memory.rank() != channel.peer() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank}: the destination of a put on {} must be memory of its peer {}, \
+                 not of rank {}",
+                channel.channel(),
+                channel.peer(),
+                memory.rank()
+            )));
+        }
+        let region = self.reach_over(channel.transport(), memory)?;
+        Ok(DstMemoryId::from_raw(self.memory_id(region)?.0))
+    }
+
+    /// `memory` of this rank as a source the puts of any of its port channels may name
+    /// ([`SrcMemoryId`], through
+    /// [`with_memories`](oxccl_device::port_channel::PortChannelDeviceHandle::with_memories))
+    /// besides the one each was built with; see [`Self::port_dst_memory`].
+    ///
+    /// # Errors
+    /// Memory of another rank, a copy of a registration instead of the one `register`
+    /// returned, or more memories than the proxy can name.
+    pub fn port_src_memory(&mut self, memory: &RegisteredMemory) -> Result<SrcMemoryId> {
+        if memory.rank() != self.rank() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: the source of a put must be memory of this rank, not of rank {}",
+                self.rank(),
+                memory.rank()
+            )));
+        }
+        let region = self.reach(memory)?;
+        Ok(SrcMemoryId::from_raw(self.memory_id(region)?.0))
+    }
+
     /// A port channel to `peer` that copies from `src` (ours) into `dst` (the peer's).
     /// Pairwise: `peer` must build its channel to us at the same point.
     ///
@@ -1044,32 +1120,18 @@ impl Communicator {
         tracing::debug!(rank = self.rank(), peer, key, %transport, "port channel");
         let cells = self.semaphores.cells(&self.device)?;
         let remote_inbound = self.swap_inbound(peer, ChannelKind::Port, key, transport, &cells)?;
-        let (connection, remote_inbound, dst): (Arc<dyn Connection>, _, _) = match transport {
-            Transport::Ethernet => (
-                self.ethernet_connection(peer)?,
-                self.reach_over_ethernet(&remote_inbound)?,
-                self.reach_over_ethernet(dst)?,
-            ),
-            Transport::Ib(_) => (
-                self.ib_connection(peer)?,
-                reach_over_ib(self.rank(), &remote_inbound)?,
-                reach_over_ib(self.rank(), dst)?,
-            ),
-            Transport::CudaIpc => (
-                Arc::new(CudaIpcConnection::new(
-                    &self.device,
-                    peer,
-                    self.config.wait_timeout,
-                )?),
-                self.reach(&remote_inbound)?,
-                self.reach(dst)?,
-            ),
-            _ => (
-                Arc::new(HostIpcConnection::new(peer)),
-                self.reach(&remote_inbound)?,
-                self.reach(dst)?,
-            ),
+        let connection: Arc<dyn Connection> = match transport {
+            Transport::Ethernet => self.ethernet_connection(peer)?,
+            Transport::Ib(_) => self.ib_connection(peer)?,
+            Transport::CudaIpc => Arc::new(CudaIpcConnection::new(
+                &self.device,
+                peer,
+                self.config.wait_timeout,
+            )?),
+            _ => Arc::new(HostIpcConnection::new(peer)),
         };
+        let remote_inbound = self.reach_over(transport, &remote_inbound)?;
+        let dst = self.reach_over(transport, dst)?;
         let src = self.reach(src)?;
         let (channel, record) = self.new_channel(ChannelKind::Port, peer)?;
         let id = self
