@@ -1,47 +1,22 @@
 //! Port-channel puts naming other registered memories than the channel's own
 //! (`Communicator::port_dst_memory` / `port_src_memory`, `with_memories` on the device),
-//! over host IPC and Ethernet, and the ids' misuse refused.
+//! over the node's transport and Ethernet, on the emulator and on GPU 0 where there is one
+//! (the GPU bundle runs this program), and the ids' misuse refused.
 #![allow(missing_docs)]
 
 mod common;
 
 use common::config_with_assist;
+use oxccl::Backend;
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Communicator, DeviceBuffer, Error, RegisteredMemory, Result, TransportChoice};
+use oxccl_device::DeviceError;
 use oxccl_device::launch::LaunchConfig;
-use oxccl_device::port_channel::{DstMemoryId, PortChannelDeviceHandle, SrcMemoryId};
-use oxccl_device::{DeviceError, kernel};
+use oxccl_kernels::device_check::{put_between_memories, put_then_flush};
 use oxccl_proxy::{ProxyError, Refusal, Side};
 
 /// Bytes of each buffer.
 const BYTES: usize = 3000;
-
-/// Puts `bytes` from `src` into `dst` with a signal, then the channel's own memories,
-/// flushes, and waits for the peer's two signals.
-#[kernel]
-fn put_between(
-    chan: PortChannelDeviceHandle<'_>,
-    dst: DstMemoryId,
-    src: SrcMemoryId,
-    bytes: u64,
-) -> Result<(), DeviceError> {
-    chan.with_memories(dst, src).put_with_signal(0, 0, bytes)?;
-    chan.put_with_signal(16, 16, bytes - 16)?;
-    chan.flush()?;
-    chan.wait()?;
-    chan.wait()
-}
-
-/// Puts 16 bytes from `src` into `dst` and flushes.
-#[kernel]
-fn put_and_flush(
-    chan: PortChannelDeviceHandle<'_>,
-    dst: DstMemoryId,
-    src: SrcMemoryId,
-) -> Result<(), DeviceError> {
-    chan.with_memories(dst, src).put(0, 0, 16)?;
-    chan.flush()
-}
 
 /// Byte `i` of source buffer `which` of `rank`.
 fn byte(rank: u32, which: u8, i: usize) -> u8 {
@@ -75,10 +50,22 @@ fn buffers(comm: &mut Communicator) -> Result<(Vec<DeviceBuffer<u8>>, Gathered)>
     Ok((bufs, all))
 }
 
-fn job(transport: TransportChoice, assist: bool) -> InProcessConfig {
+fn job(backend: Backend, transport: TransportChoice, assist: bool) -> InProcessConfig {
     let mut config = config_with_assist(assist);
     config.communicator.transport = transport;
+    config.backend = backend;
     config
+}
+
+/// The emulator, and the CUDA backend where a driver and GPU are present (else the reason
+/// it is skipped is printed).
+fn backends(test: &str) -> Vec<Backend> {
+    let mut backends = vec![Backend::Cpu];
+    match Backend::cuda_device_count() {
+        Ok(_) => backends.push(Backend::Cuda),
+        Err(why) => println!("{test}: the cuda part is skipped: {why}"),
+    }
+    backends
 }
 
 /// Guards against a put naming other memories writing the channel's own destination (or
@@ -87,9 +74,18 @@ fn job(transport: TransportChoice, assist: bool) -> InProcessConfig {
 /// over host IPC (by mapping).
 #[test]
 fn one_channel_puts_between_several_memories() {
-    for transport in [TransportChoice::HostIpc, TransportChoice::Ethernet] {
-        for assist in [false, true] {
-            in_process::run(2, job(transport, assist), |comm| {
+    let cases = backends("one_channel_puts_between_several_memories")
+        .into_iter()
+        .flat_map(|b| [TransportChoice::HostIpc, TransportChoice::Ethernet].map(|t| (b, t)));
+    for (backend, transport) in cases {
+        // Assist exists on the emulator alone.
+        let assists: &[bool] = if backend == Backend::Cpu {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &assist in assists {
+            in_process::run(2, job(backend, transport, assist), |comm| {
                 let (rank, peer) = (comm.rank(), 1 - comm.rank());
                 let (bufs, all) = buffers(comm)?;
                 let (p, r) = (peer as usize, rank as usize);
@@ -103,7 +99,7 @@ fn one_channel_puts_between_several_memories() {
                     "same id again"
                 );
                 let stream = comm.device().stream()?;
-                put_between::launch(
+                put_between_memories::launch(
                     &stream,
                     LaunchConfig::grid(1),
                     chan.device_handle(),
@@ -137,66 +133,67 @@ fn one_channel_puts_between_several_memories() {
 /// out ids for memory of the wrong rank.
 #[test]
 fn ids_of_the_wrong_rank_are_refused() {
-    in_process::run(3, job(TransportChoice::HostIpc, false), |comm| {
-        let rank = comm.rank();
-        let (bufs, all) = buffers(comm)?;
-        let r = rank as usize;
-        if rank == 0 {
-            let to_1 = comm.port_channel(1, &all[2][1], &all[0][0])?;
-            let to_2 = comm.port_channel(2, &all[2][2], &all[0][0])?;
-            // The host refuses memory of a rank that is not the channel's peer, or not ours.
-            for e in [
-                comm.port_dst_memory(&to_1, &all[3][2]).unwrap_err(),
-                comm.port_dst_memory(&to_1, &all[3][0]).unwrap_err(),
-            ] {
+    in_process::run(
+        3,
+        job(Backend::Cpu, TransportChoice::HostIpc, false),
+        |comm| {
+            let rank = comm.rank();
+            let (bufs, all) = buffers(comm)?;
+            let r = rank as usize;
+            if rank == 0 {
+                let to_1 = comm.port_channel(1, &all[2][1], &all[0][0])?;
+                let to_2 = comm.port_channel(2, &all[2][2], &all[0][0])?;
+                // The host refuses memory of a rank that is not the channel's peer, or not ours.
+                for e in [
+                    comm.port_dst_memory(&to_1, &all[3][2]).unwrap_err(),
+                    comm.port_dst_memory(&to_1, &all[3][0]).unwrap_err(),
+                ] {
+                    assert!(
+                        matches!(&e, Error::InvalidUsage(m) if m.contains("peer 1")),
+                        "{e}"
+                    );
+                }
+                let e = comm.port_src_memory(&all[1][1]).unwrap_err();
                 assert!(
-                    matches!(&e, Error::InvalidUsage(m) if m.contains("peer 1")),
+                    matches!(&e, Error::InvalidUsage(m) if m.contains("rank 1")),
                     "{e}"
                 );
+                // An id of rank 2's memory, named on the channel to rank 1.
+                let of_2 = comm.port_dst_memory(&to_2, &all[3][2])?;
+                let src = comm.port_src_memory(&all[1][r])?;
+                let stream = comm.device().stream()?;
+                let handle = to_1.device_handle().with_memories(of_2, src);
+                put_then_flush::launch(&stream, LaunchConfig::grid(1), handle, 0, 0, 16)?;
+                // The kernel learns the channel stopped; the host is told why.
+                match stream.synchronize() {
+                    Err(Error::KernelError { error, .. }) => {
+                        assert_eq!(error, DeviceError::Aborted)
+                    }
+                    other => panic!("expected the flush to fail, got {other:?}"),
+                }
+                match comm.check() {
+                    Err(Error::Proxy(ProxyError::TriggerRefused {
+                        peer: Some(1),
+                        refusal:
+                            Refusal::WrongRank {
+                                side: Side::Dst,
+                                owner: 2,
+                                expected: 1,
+                                ..
+                            },
+                        ..
+                    })) => {}
+                    other => panic!("expected the put to be refused, got {other:?}"),
+                }
+            } else {
+                // The other end of rank 0's channel (set up pairwise).
+                let _to_0 = comm.port_channel(0, &all[2][0], &all[0][r])?;
             }
-            let e = comm.port_src_memory(&all[1][1]).unwrap_err();
-            assert!(
-                matches!(&e, Error::InvalidUsage(m) if m.contains("rank 1")),
-                "{e}"
-            );
-            // An id of rank 2's memory, named on the channel to rank 1.
-            let of_2 = comm.port_dst_memory(&to_2, &all[3][2])?;
-            let src = comm.port_src_memory(&all[1][r])?;
-            let stream = comm.device().stream()?;
-            put_and_flush::launch(
-                &stream,
-                LaunchConfig::grid(1),
-                to_1.device_handle(),
-                of_2,
-                src,
-            )?;
-            // The kernel learns the channel stopped; the host is told why.
-            match stream.synchronize() {
-                Err(Error::KernelError { error, .. }) => assert_eq!(error, DeviceError::Aborted),
-                other => panic!("expected the flush to fail, got {other:?}"),
-            }
-            match comm.check() {
-                Err(Error::Proxy(ProxyError::TriggerRefused {
-                    peer: Some(1),
-                    refusal:
-                        Refusal::WrongRank {
-                            side: Side::Dst,
-                            owner: 2,
-                            expected: 1,
-                            ..
-                        },
-                    ..
-                })) => {}
-                other => panic!("expected the put to be refused, got {other:?}"),
-            }
-        } else {
-            // The other end of rank 0's channel (set up pairwise).
-            let _to_0 = comm.port_channel(0, &all[2][0], &all[0][r])?;
-        }
-        comm.barrier()?;
-        let untouched = bufs[3].to_vec()?.iter().all(|&b| b == 0xee);
-        assert!(untouched, "rank {rank}: a refused put wrote destination 1");
-        Ok(())
-    })
+            comm.barrier()?;
+            let untouched = bufs[3].to_vec()?.iter().all(|&b| b == 0xee);
+            assert!(untouched, "rank {rank}: a refused put wrote destination 1");
+            Ok(())
+        },
+    )
     .unwrap();
 }

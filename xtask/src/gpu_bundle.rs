@@ -30,6 +30,7 @@ const GPU_TESTS: &[(&str, &str)] = &[
     ("oxccl", "device_checks"),
     ("oxccl", "bad_input"),
     ("oxccl", "registered_memory"),
+    ("oxccl", "port_memory_ids"),
 ];
 
 /// Example programs the bundle runs.

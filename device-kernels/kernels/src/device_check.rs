@@ -4,7 +4,7 @@ use oxccl_device::error::DeviceError;
 use oxccl_device::fifo::{FifoDeviceHandle, ProxyTrigger, TriggerFields, trigger_type};
 use oxccl_device::grid_barrier::GridBarrierDeviceHandle;
 use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
-use oxccl_device::port_channel::PortChannelDeviceHandle;
+use oxccl_device::port_channel::{DstMemoryId, PortChannelDeviceHandle, SrcMemoryId};
 use oxccl_device::{DeviceViewMut, arch, kernel};
 
 /// Does nothing: its launch is all there is to time (`launch_bench`).
@@ -122,6 +122,27 @@ pub fn put_then_flush(
 ) -> Result<(), DeviceError> {
     chan.put(dst_off, src_off, bytes)?;
     chan.flush()
+}
+
+/// Puts `bytes` from `src` into `dst` (memories named through
+/// [`PortChannelDeviceHandle::with_memories`]) with a signal, then `bytes - 16` from offset
+/// 16 of the channel's own memories to the same offset with a signal, flushes, and waits
+/// for the peer's two signals: one channel moving data between two pairs of memories.
+///
+/// # Errors
+/// A put, the flush or a wait failed.
+#[kernel]
+pub fn put_between_memories(
+    chan: PortChannelDeviceHandle<'_>,
+    dst: DstMemoryId,
+    src: SrcMemoryId,
+    bytes: u64,
+) -> Result<(), DeviceError> {
+    chan.with_memories(dst, src).put_with_signal(0, 0, bytes)?;
+    chan.put_with_signal(16, 16, bytes.saturating_sub(16))?;
+    chan.flush()?;
+    chan.wait()?;
+    chan.wait()
 }
 
 /// Flushes a port channel once.

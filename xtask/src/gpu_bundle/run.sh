@@ -44,6 +44,7 @@ step tests 600 "test result" "$here/bin/cuda_backend" --nocapture --test-threads
 step device-checks 300 "collective all-reduce" "$here/bin/device_checks" --nocapture --test-threads=1
 step bad-input 300 "test result" "$here/bin/bad_input" --test-threads=1
 step registered-memory 120 "test result" "$here/bin/registered_memory" --nocapture --test-threads=1
+step port-memory-ids 120 "test result" "$here/bin/port_memory_ids" --nocapture --test-threads=1
 step launch 120 "^launch " "$here/bin/launch_bench" --backend cuda --threads 1,256 --streams 1,2 --iters 2000 --runs 3
 step fifo-rtt 120 "^fifo_rtt " "$here/bin/fifo_bench" --round-trip --backend cuda --items 20000
 step pingpong-port 300 "^pingpong " "$here/bin/pingpong" --backend cuda --channel port --iters 2000
