@@ -181,6 +181,11 @@ pub const EXPECTATIONS: &[Expectation] = &[
         kernels: "port_*",
         needs: &[Need::FifoPublish, Need::FifoSync, Need::SemaphoreWait],
     },
+    // One port channel putting between two pairs of memories, then a flush and waits.
+    Expectation {
+        kernels: "put_between_memories",
+        needs: &[Need::FifoPublish, Need::FifoSync, Need::SemaphoreWait],
+    },
     // Threads of the block copy, thread 0 signals.
     Expectation {
         kernels: "memory_ring_exchange",
