@@ -5,12 +5,12 @@
 
 mod common;
 
-use common::{assert_same, combined, small_round_job as job, small_value as value};
+use common::{
+    TypedCase, assert_same, combined, every_type, small_round_job as job, small_value as value,
+};
 use oxccl::collectives::{Algorithm, AlgorithmChoice, Collective};
 use oxccl::in_process;
-use oxccl::{
-    Communicator, DeviceBuffer, Error, ReduceElement, ReduceOp, Result, TransportChoice, bf16, f16,
-};
+use oxccl::{Communicator, DeviceBuffer, Error, ReduceElement, ReduceOp, Result, TransportChoice};
 use oxccl_device::coop::contiguous_chunk;
 use oxccl_kernels::collectives::PortLayout;
 
@@ -48,6 +48,15 @@ fn ring_reduced<T: ReduceElement>(
         acc = acc.combine(value::<T>((owner + k) % ranks, i, call), op);
     }
     acc.finish(op, ranks)
+}
+
+/// [`case`] for [`every_type`].
+struct AllReduceCase;
+
+impl TypedCase for AllReduceCase {
+    fn run<T: ReduceElement>(&self, comm: &mut Communicator, counts: &[usize]) -> Result<()> {
+        case::<T>(comm, counts)
+    }
 }
 
 /// Every op and placement of `T` for each count, every result checked on every rank;
@@ -172,20 +181,7 @@ fn every_type_op_and_placement(algo: Algorithm, shapes: &[(u32, u32, u32)]) {
                     algo => algo,
                 };
                 assert_eq!(comm.all_reduce_algorithm(1 << 20)?, taken, "{ranks} ranks");
-                // Many rounds for two types; every type and operation over a few.
-                case::<f32>(comm, &[1000, 3001])?;
-                case::<i64>(comm, &[1001])?;
-                let counts = [1usize, 7, 100];
-                case::<f32>(comm, &counts)?;
-                case::<f64>(comm, &counts)?;
-                case::<f16>(comm, &counts)?;
-                case::<bf16>(comm, &counts)?;
-                case::<i8>(comm, &counts)?;
-                case::<u8>(comm, &counts)?;
-                case::<i32>(comm, &counts)?;
-                case::<u32>(comm, &counts)?;
-                case::<i64>(comm, &counts)?;
-                case::<u64>(comm, &counts)
+                every_type(comm, &AllReduceCase)
             },
         )
         .unwrap();

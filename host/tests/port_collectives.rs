@@ -6,10 +6,12 @@
 mod common;
 
 use common::gather_scatter_cases::{all_gather_case, inputs, marked, read, reduce_scatter_case};
-use common::{assert_same, combined, small_round_job as job, small_value as value};
+use common::{
+    TypedCase, assert_same, combined, every_type, small_round_job as job, small_value as value,
+};
 use oxccl::collectives::{Algorithm, AlgorithmChoice, Collective};
 use oxccl::in_process;
-use oxccl::{Communicator, ReduceElement, ReduceOp, Result, TransportChoice, bf16, f16};
+use oxccl::{Communicator, ReduceElement, ReduceOp, Result, TransportChoice};
 
 /// Elements rank `from` sends rank `to` in an all-to-all-v of about `count` each: half,
 /// once or one and a half times `count` by the pair, none for some pairs.
@@ -76,6 +78,15 @@ fn all_to_allv_case<T: ReduceElement>(
     let what = format!("all_to_allv {:?} n={count} ranks={n}", T::TYPE);
     assert_same(&what, &read(&what, &recv, recv_len)?, &want);
     Ok(())
+}
+
+/// [`case`] for [`every_type`].
+struct PortCase;
+
+impl TypedCase for PortCase {
+    fn run<T: ReduceElement>(&self, comm: &mut Communicator, counts: &[usize]) -> Result<()> {
+        case::<T>(comm, counts)
+    }
 }
 
 /// All-gather, reduce-scatter (every operation), all-to-all, all-to-all-v, reduce and
@@ -211,20 +222,7 @@ fn every_type_and_placement(algo: Algorithm, shapes: &[(u32, u32, u32)]) {
         in_process::run(
             ranks,
             job(AlgorithmChoice::Use(algo), blocks, threads),
-            |comm| {
-                // Many rounds for two types; every type over a few.
-                case::<f32>(comm, &[1000, 3001])?;
-                case::<i64>(comm, &[333])?;
-                let counts = [1usize, 7, 100];
-                case::<f64>(comm, &counts)?;
-                case::<f16>(comm, &counts)?;
-                case::<bf16>(comm, &counts)?;
-                case::<i8>(comm, &counts)?;
-                case::<u8>(comm, &counts)?;
-                case::<i32>(comm, &counts)?;
-                case::<u32>(comm, &counts)?;
-                case::<u64>(comm, &counts)
-            },
+            |comm| every_type(comm, &PortCase),
         )
         .unwrap();
     }

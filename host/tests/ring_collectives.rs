@@ -5,10 +5,10 @@
 mod common;
 
 use common::gather_scatter_cases::{all_gather_case, inputs, reduce_scatter_case};
-use common::{assert_same, small_round_job as job, small_value as value};
+use common::{TypedCase, assert_same, every_type, small_round_job as job, small_value as value};
 use oxccl::collectives::{Algorithm, AlgorithmChoice, Collective};
 use oxccl::in_process;
-use oxccl::{Communicator, ReduceElement, ReduceOp, Result, bf16, f16};
+use oxccl::{Communicator, ReduceElement, ReduceOp, Result};
 use oxccl_kernels::collectives::PortLayout;
 
 const OPS: [ReduceOp; 5] = [
@@ -28,6 +28,15 @@ fn ring_block<T: ReduceElement>(ranks: u32, op: ReduceOp, b: u32, at: usize, cal
         acc = acc.combine(value::<T>((first + k) % ranks, at, call), op);
     }
     acc.finish(op, ranks)
+}
+
+/// [`case`] for [`every_type`].
+struct RingCase;
+
+impl TypedCase for RingCase {
+    fn run<T: ReduceElement>(&self, comm: &mut Communicator, counts: &[usize]) -> Result<()> {
+        case::<T>(comm, counts)
+    }
 }
 
 /// All-gather and reduce-scatter (every operation) of `T`, in place and not, for each
@@ -64,18 +73,7 @@ fn ring_all_gather_and_reduce_scatter_every_type_op_and_placement() {
     let ring = AlgorithmChoice::Use(Algorithm::Ring);
     for (ranks, blocks, threads) in [(1, 1, 1), (2, 1, 1), (3, 2, 2), (4, 1, 1), (5, 1, 2)] {
         in_process::run(ranks, job(ring, blocks, threads), |comm| {
-            // Many rounds for two types; every type over a few.
-            case::<f32>(comm, &[1000, 3001])?;
-            case::<i64>(comm, &[333])?;
-            let counts = [1usize, 7, 100];
-            case::<f64>(comm, &counts)?;
-            case::<f16>(comm, &counts)?;
-            case::<bf16>(comm, &counts)?;
-            case::<i8>(comm, &counts)?;
-            case::<u8>(comm, &counts)?;
-            case::<i32>(comm, &counts)?;
-            case::<u32>(comm, &counts)?;
-            case::<u64>(comm, &counts)
+            every_type(comm, &RingCase)
         })
         .unwrap();
     }

@@ -298,3 +298,28 @@ pub fn assert_same<T: ReduceElement>(what: &str, got: &[T], want: &[T]) {
         );
     }
 }
+
+/// A check run once per element type by [`every_type`]: `run::<T>` checks `counts`
+/// elements of `T`, one call per count.
+pub trait TypedCase {
+    fn run<T: ReduceElement>(&self, comm: &mut Communicator, counts: &[usize]) -> Result<()>;
+}
+
+/// Runs `case` for every element type: many rounds (1000 and 3001 elements of f32, 1001
+/// of i64), then every type over a few elements (1, 7, 100), where the ends of a round and
+/// the cuts between blocks and threads fall elsewhere.
+pub fn every_type(comm: &mut Communicator, case: &impl TypedCase) -> Result<()> {
+    case.run::<f32>(comm, &[1000, 3001])?;
+    case.run::<i64>(comm, &[1001])?;
+    let counts = [1usize, 7, 100];
+    case.run::<f32>(comm, &counts)?;
+    case.run::<f64>(comm, &counts)?;
+    case.run::<oxccl::f16>(comm, &counts)?;
+    case.run::<oxccl::bf16>(comm, &counts)?;
+    case.run::<i8>(comm, &counts)?;
+    case.run::<u8>(comm, &counts)?;
+    case.run::<i32>(comm, &counts)?;
+    case.run::<u32>(comm, &counts)?;
+    case.run::<i64>(comm, &counts)?;
+    case.run::<u64>(comm, &counts)
+}
