@@ -118,3 +118,50 @@ fn short_soak_is_clean() {
         }
     }
 }
+
+/// Guards against a job of more ranks than one host can hold starting thread after thread
+/// (or process after process) until the system refuses one: the process aborted after
+/// some 13 000 threads of `--ranks 100000`. Refused before anything starts, with the limit.
+#[test]
+fn too_many_ranks_are_refused_before_anything_starts() {
+    let max = oxccl::in_process::MAX_RANKS;
+    for ranks in [0, max + 1, 100_000] {
+        let mut a = args(&[]);
+        a.ranks = ranks;
+        let e = Plan::new(Collective::AllReduce, &a, ranks).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("--ranks {ranks}"))
+                && e.to_string().contains(&max.to_string()),
+            "{e}"
+        );
+    }
+    let started = std::time::Instant::now();
+    let config = oxccl::in_process::InProcessConfig::default();
+    let e = oxccl::in_process::run(max + 1, config, |_| Ok(())).unwrap_err();
+    assert!(
+        matches!(&e, oxccl::Error::InvalidUsage(m) if m.contains("at most")),
+        "{e}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "it started ranks"
+    );
+}
+
+/// Guards against a count that means nothing (no timed call, a grid of no block, sizes
+/// that never grow) being quietly replaced by another instead of refused.
+#[test]
+fn meaningless_counts_are_refused() {
+    for (flag, value) in [
+        ("--iters", "0"),
+        ("--blocks", "0"),
+        ("--threads", "0"),
+        ("--step-factor", "1"),
+    ] {
+        let parsed = Cli::try_parse_from(["bench", flag, value]);
+        let e = parsed
+            .err()
+            .unwrap_or_else(|| panic!("{flag} {value} was accepted"));
+        assert!(e.to_string().contains(flag), "{flag}: {e}");
+    }
+}

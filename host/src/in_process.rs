@@ -20,6 +20,13 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Most ranks [`run`] starts in one process. Each rank is a thread with a proxy thread of
+/// its own and maps every peer's registered memory, so a job of more would run out of the
+/// process's memory mappings (65530 by default on Linux) while starting its threads, which
+/// the standard library cannot report as an error (the process aborts); a job near this
+/// limit gets a clear error from its first mapping that does not fit instead.
+pub const MAX_RANKS: u32 = 1024;
+
 /// Settings of an in-process job.
 #[derive(Clone, Debug)]
 pub struct InProcessConfig {
@@ -73,17 +80,17 @@ impl Job {
 /// results by rank.
 ///
 /// # Errors
-/// [`Error::Ranks`] with every failing rank's error (a panic counts, with its message), the
-/// root cause first.
+/// [`Error::InvalidUsage`] for no rank or more than [`MAX_RANKS`]; [`Error::Ranks`] with
+/// every failing rank's error (a panic counts, with its message), the root cause first.
 pub fn run<T, F>(ranks: u32, config: InProcessConfig, body: F) -> Result<Vec<T>>
 where
     T: Send,
     F: Fn(&mut Communicator) -> Result<T> + Sync,
 {
-    if ranks == 0 {
-        return Err(Error::InvalidUsage(
-            "an in-process job needs at least one rank".into(),
-        ));
+    if ranks == 0 || ranks > MAX_RANKS {
+        return Err(Error::InvalidUsage(format!(
+            "an in-process job of {ranks} ranks: it needs at least one and at most {MAX_RANKS}"
+        )));
     }
     let exchanges = InProcessExchange::group(ranks, config.exchange_timeout);
     let job = Arc::new(Job {

@@ -49,11 +49,11 @@ pub struct BenchArgs {
     /// Largest size, in bytes (suffixes K, M, G).
     #[arg(long, default_value = "16M", value_parser = parse_bytes)]
     pub max_bytes: u64,
-    /// Factor between consecutive sizes.
-    #[arg(long, default_value_t = 4)]
+    /// Factor between consecutive sizes (at least 2).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..))]
     pub step_factor: u64,
-    /// Timed iterations per size.
-    #[arg(long, default_value_t = 20)]
+    /// Timed iterations per size (at least 1).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     pub iters: u32,
     /// Untimed iterations per size.
     #[arg(long, default_value_t = 3)]
@@ -83,10 +83,10 @@ pub struct BenchArgs {
     #[arg(long, value_parser = parse_bytes)]
     pub round_bytes: Option<u64>,
     /// Blocks of every collective kernel (default: the library's choice).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub blocks: Option<u32>,
     /// Threads per block of every collective kernel (default: the library's choice).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
     /// Check the first call of each size (`first`) or every timed call (`every`).
     #[arg(long, value_enum, default_value_t = CheckMode::First)]

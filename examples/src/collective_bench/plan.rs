@@ -41,8 +41,12 @@ impl Plan {
     /// ranks for all-to-all-v, or no size large enough for one element per rank.
     pub fn new(collective: Collective, args: &BenchArgs, ranks: u32) -> Result<Plan> {
         let bad = |what: String| Err(Error::InvalidUsage(what));
-        if ranks == 0 {
-            return bad("--ranks: at least one rank".into());
+        if ranks == 0 || ranks > oxccl::in_process::MAX_RANKS {
+            return bad(format!(
+                "--ranks {ranks}: at least one rank and at most {} on this host, as threads or \
+                 as processes",
+                oxccl::in_process::MAX_RANKS
+            ));
         }
         if collective.rooted() && args.root >= ranks {
             return bad(format!("--root {}: the job has {ranks} ranks", args.root));
