@@ -75,6 +75,15 @@ impl<T: Pod> DeviceBuffer<T> {
                     AllocError::TooLarge => Error::InvalidUsage(format!(
                         "a buffer of {bytes} bytes does not fit in memory"
                     )),
+                    AllocError::OutOfMemory { available } => Error::System {
+                        context: format!(
+                            "allocating {bytes} bytes on {} device {}: the machine has {available} \
+                             bytes of memory available",
+                            device.backend(),
+                            device.ordinal()
+                        ),
+                        source: std::io::ErrorKind::OutOfMemory.into(),
+                    },
                     AllocError::System(source) => Error::System {
                         context: format!(
                             "allocating {bytes} bytes on {} device {}",

@@ -839,6 +839,17 @@ fn buffers_are_filled_as_asked_aligned_and_sized() {
         device.alloc::<u64>(usize::MAX / 4),
         Err(Error::InvalidUsage(_))
     ));
+    // More than the machine has (1 PiB): refused as out of memory, as `cuMemAlloc` does,
+    // not granted as a sparse mapping whose pages cannot all exist.
+    match device.alloc::<u8>(1 << 50) {
+        Err(e @ Error::System { .. }) => {
+            assert!(e.to_string().contains("memory available"), "{e}");
+            let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref());
+            let kind = source.map(std::io::Error::kind);
+            assert_eq!(kind, Some(std::io::ErrorKind::OutOfMemory), "{e}");
+        }
+        other => panic!("1 PiB: {other:?}"),
+    }
     assert_eq!(device.ordinal(), 3);
     assert_eq!(device.backend(), oxccl::Backend::Cpu);
 }

@@ -96,9 +96,11 @@ pub fn checked_call<T: ReduceElement>(
     case: &Case,
     stream: &Stream,
 ) -> Result<u64> {
+    // The device buffers first: a size beyond the machine's memory is refused there, with
+    // a clear error, before the host copies below are made.
+    let mut bufs = case.alloc::<T>(comm)?;
     let input = case.input::<T>();
     let want = case.expected::<T>();
-    let mut bufs = case.alloc::<T>(comm)?;
     case.reset(&mut bufs, &input)?;
     case.call(comm, &mut bufs, stream)?;
     comm.synchronize(stream)?;
@@ -112,9 +114,10 @@ fn time_case<T: ReduceElement>(
     register: bool,
     stream: &Stream,
 ) -> Result<Timing> {
+    // The device buffers first, as in `checked_call`.
+    let mut bufs = case.alloc::<T>(comm)?;
     let input = case.input::<T>();
     let want: Option<Expected<T>> = case.expected::<T>();
-    let mut bufs = case.alloc::<T>(comm)?;
     if register {
         comm.register_collective_buffer(&bufs.input)?;
         if let Some(out) = &bufs.output {

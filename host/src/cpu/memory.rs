@@ -42,8 +42,37 @@ pub(crate) enum Fill {
 pub(crate) enum AllocError {
     /// The size does not fit in the address space once rounded up to pages.
     TooLarge,
+    /// More than the system has available (see [`available_memory`]): refused before a
+    /// page is touched, as `cuMemAlloc` refuses more than the GPU has free.
+    OutOfMemory {
+        /// Bytes available when it was asked.
+        available: u64,
+    },
     /// The system refused the memory (no memory, no file descriptors, ...).
     System(std::io::Error),
+}
+
+/// Allocations from this size on are checked against [`available_memory`] first (below
+/// it the check would cost more than it can catch).
+const CHECKED_FROM: usize = 64 << 20;
+
+/// Bytes of memory the system can give now without swapping out what is in use, plus
+/// free swap: `MemAvailable` and `SwapFree` of `/proc/meminfo` (shared memory, which an
+/// allocation is, can go to swap). `None` where the file says neither.
+pub(crate) fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line[name.len()..]
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()?;
+        kib.checked_mul(1024)
+    };
+    let available = field("MemAvailable:")?;
+    Some(available.saturating_add(field("SwapFree:").unwrap_or(0)))
 }
 
 /// One page-aligned, shareable allocation, unmapped on drop.
@@ -74,6 +103,14 @@ impl HostMemory {
             .checked_next_multiple_of(PAGE)
             .filter(|&len| isize::try_from(len).is_ok())
             .ok_or(AllocError::TooLarge)?;
+        // A memfd is sparse: without this, a size beyond the machine's memory would be
+        // granted, and the process killed by the system once the pages are touched.
+        if len >= CHECKED_FROM
+            && let Some(available) = available_memory()
+            && len as u64 > available
+        {
+            return Err(AllocError::OutOfMemory { available });
+        }
         let system = |e: rustix::io::Errno| AllocError::System(e.into());
         let fd =
             rustix::fs::memfd_create(MEMFD_NAME, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
@@ -252,6 +289,24 @@ fn release_after_kernels<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards against an allocation larger than the machine's memory being handed out (a
+    /// memfd is sparse) and then filled, which got the process killed by the system (a
+    /// 1 TB `pingpong --bytes` buffer) where `cuMemAlloc` returns out-of-memory.
+    #[test]
+    fn more_than_the_machine_has_is_refused_untouched() {
+        let available = available_memory().expect("MemAvailable in /proc/meminfo");
+        for fill in [Fill::Zero, Fill::Uninitialized] {
+            let bytes = usize::try_from(available)
+                .unwrap()
+                .saturating_mul(4)
+                .max(1 << 40);
+            match HostMemory::new(bytes, fill) {
+                Err(AllocError::OutOfMemory { available: a }) => assert!(a < bytes as u64),
+                other => panic!("{bytes} bytes: {other:?}"),
+            }
+        }
+    }
 
     /// Guards against allocations that are not page-aligned, not zeroed when asked, or
     /// zeroed when not asked (code relying on zeroed memory must fail here as on a GPU), and
