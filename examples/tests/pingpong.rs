@@ -88,3 +88,26 @@ fn process_lines_and_summary() {
     assert!((number(lo) - lowest).abs() < 0.006, "{text}");
     assert!((number(hi) - highest).abs() < 0.006, "{text}");
 }
+
+/// Guards against the programs ignoring `OXCCL_BACKEND` (they ran on the emulator whatever
+/// it said) or taking a misspelt one for the default.
+#[test]
+fn backend_comes_from_the_environment() {
+    for (value, want) in [("garbage", "unknown backend `garbage`"), ("cuda", "cuda")] {
+        let (status, text) = oxccl_examples::run_captured(
+            Command::new("sh")
+                .args(["-c", "exec \"$0\" --iters 10 --runs 1 2>&1"])
+                .arg(env!("CARGO_BIN_EXE_pingpong"))
+                .env("OXCCL_BACKEND", value),
+            "pingpong-backend-test",
+            Instant::now() + RUN_DEADLINE,
+        )
+        .unwrap();
+        if value == "cuda" && status.is_some_and(|s| s.success()) {
+            // A machine with a GPU: it ran there.
+            continue;
+        }
+        assert!(!status.is_some_and(|s| s.success()), "{value}: {text}");
+        assert!(text.contains(want), "{value}: {text}");
+    }
+}

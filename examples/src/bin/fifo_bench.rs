@@ -85,7 +85,7 @@ struct Args {
     /// Where `--round-trip` pushes from: `cpu` (a host thread calls the device API, as the
     /// emulator's kernel threads do) or `cuda` (a kernel on GPU 0, the FIFO in mapped host
     /// memory, the semaphore raised by a CUDA IPC connection's stream write); `auto` picks.
-    #[arg(long, default_value = "cpu", value_parser = oxccl_examples::collective_bench::options::parse_backend)]
+    #[arg(long, env = oxccl::backend::BACKEND_ENV, default_value = "cpu", value_parser = oxccl_examples::collective_bench::options::parse_backend)]
     backend: Backend,
     /// With `--round-trip` on the emulator: push from a kernel (the path a GPU takes) rather
     /// than from a host thread.

@@ -60,7 +60,7 @@ struct Args {
     only: Vec<Measure>,
     /// Where the kernels run: `cpu` (the emulator), `cuda` (GPU 0; with several streams,
     /// each its own `Device` of the GPUs in turn), or `auto`.
-    #[arg(long, default_value = "cpu", value_parser = oxccl_examples::collective_bench::options::parse_backend)]
+    #[arg(long, env = oxccl::backend::BACKEND_ENV, default_value = "cpu", value_parser = oxccl_examples::collective_bench::options::parse_backend)]
     backend: Backend,
 }
 

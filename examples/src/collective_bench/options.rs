@@ -117,8 +117,9 @@ pub struct BenchArgs {
     /// as threads of one process.
     #[arg(long)]
     pub processes: bool,
-    /// Backend of every rank's device: `auto`, `cpu` (the emulator) or `cuda`.
-    #[arg(long, default_value = "cpu", value_parser = parse_backend)]
+    /// Backend of every rank's device: `auto`, `cpu` (the emulator) or `cuda`; `OXCCL_BACKEND`
+    /// when not given, as for the library's `Backend::from_env`.
+    #[arg(long, env = oxccl::backend::BACKEND_ENV, default_value = "cpu", value_parser = parse_backend)]
     pub backend: Backend,
     /// Also time Open MPI's counterpart with the same ranks, sizes, type, operation and
     /// iterations in the same run (needs mpicc and mpirun).
@@ -128,6 +129,10 @@ pub struct BenchArgs {
 
 /// A backend named as `OXCCL_BACKEND` names it.
 pub fn parse_backend(name: &str) -> Result<Backend, String> {
+    // Empty (`OXCCL_BACKEND=`) means unset, as for `Backend::from_env`.
+    if name.trim().is_empty() {
+        return Ok(Backend::Cpu);
+    }
     name.parse::<Backend>().map_err(|e| e.to_string())
 }
 

@@ -89,7 +89,7 @@ struct Args {
     #[arg(long)]
     thread_stats: bool,
     /// Backend of both ranks' devices: `auto`, `cpu` (the emulator) or `cuda`.
-    #[arg(long, default_value = "cpu", value_parser = oxccl_examples::collective_bench::options::parse_backend)]
+    #[arg(long, env = oxccl::backend::BACKEND_ENV, default_value = "cpu", value_parser = oxccl_examples::collective_bench::options::parse_backend)]
     backend: oxccl::Backend,
 }
 
