@@ -29,18 +29,20 @@ use oxccl_bootstrap::{
     about = "Time bootstrap init, all-gather (log N vs ring) and barrier with N ranks as threads"
 )]
 struct Args {
-    /// Number of ranks (threads of this process).
-    #[arg(long, default_value_t = 8)]
+    /// Number of ranks (threads of this process), at most 1024: each is a thread with
+    /// sockets to its peers, and many more would exhaust the process's memory mappings
+    /// (which aborts it) or its open files.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024), default_value_t = 8)]
     ranks: usize,
     /// Bytes each rank contributes to the all-gathers.
     #[arg(long, default_value_t = 64)]
     bytes: usize,
     /// Timed iterations of each operation (default: more at small N, fewer at large N,
     /// where one ring all-gather is a million messages).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     iters: Option<usize>,
     /// Deadline of every bootstrap call, in seconds.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), default_value_t = 300)]
     timeout_s: u64,
 }
 
@@ -70,16 +72,14 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<String, String> {
     let n = args.ranks;
-    if n == 0 {
-        return Err("--ranks must be at least 1".into());
-    }
     let iters = args.iters.unwrap_or((4096 / n).clamp(3, 50)).max(1);
     let wanted = open_files_for_ranks_in_process(n);
     let limit = raise_open_file_limit(wanted).map_err(|e| e.to_string())?;
     if limit < wanted {
-        eprintln!(
-            "bootstrap_bench: open-file limit {limit} is below the ~{wanted} this run may need"
-        );
+        return Err(format!(
+            "{n} ranks need some {wanted} open files, above this process's limit of {limit} \
+             (raise it with `ulimit -n`, or run fewer ranks)"
+        ));
     }
     let config = Config::default().with_timeout(Duration::from_secs(args.timeout_s));
     let (id, listener) = UniqueId::listen("127.0.0.1:0".parse().expect("literal address"))

@@ -63,13 +63,13 @@ const WAIT: WaitPolicy<'static> = WaitPolicy::with_timeout_ns(60_000_000_000);
 #[derive(Parser, Debug)]
 struct Args {
     /// Triggers to move.
-    #[arg(long, default_value_t = 2_000_000)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), default_value_t = 2_000_000)]
     items: u64,
     /// Ring capacity (slots).
     #[arg(long, default_value_t = 512)]
     capacity: u32,
     /// Best of this many runs of each.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 3)]
     runs: u32,
     /// Measure a trigger's round trip through the proxy thread instead of throughput.
     #[arg(long)]

@@ -35,20 +35,20 @@ use std::time::{Duration, Instant};
 #[derive(Parser, Debug)]
 struct Args {
     /// Threads per launch (one block), a comma-separated list.
-    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), value_delimiter = ',', default_value = "1,4")]
     threads: Vec<u32>,
     /// Host threads launching at the same time, each on its own device, a comma-separated
     /// list.
-    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), value_delimiter = ',', default_value = "1,2")]
     streams: Vec<u32>,
     /// Launch + synchronize iterations per run.
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 20_000)]
     iters: u32,
     /// Launches per `synchronize` in the batched measurement.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 20)]
     batch: u32,
     /// Runs of each measurement; the best is reported.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 5)]
     runs: u32,
     /// Only these measurements (for profiling one of them), a comma-separated list.
     #[arg(

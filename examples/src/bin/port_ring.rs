@@ -24,13 +24,13 @@ use std::time::Duration;
 #[derive(Parser, Debug)]
 struct Args {
     /// 32-bit words each rank contributes.
-    #[arg(long, default_value_t = 70_001)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = 70_001)]
     chunk: usize,
     /// All-gathers to run on the same channels.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 3)]
     rounds: u32,
     /// Longest any single wait may take, in seconds.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), default_value_t = 30)]
     timeout_s: u64,
 }
 

@@ -68,14 +68,14 @@ struct Args {
     #[arg(long, value_enum, default_value = "port")]
     channel: Channel,
     /// Round trips to time.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 10_000)]
     iters: u32,
     /// Bytes carried by each message (0: signals only).
     #[arg(long, default_value_t = 0)]
     bytes: u64,
     /// Timed runs of the channel and of the baseline; the best of each is reported, so a
     /// run disturbed by the OS scheduler does not decide the figure.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 5)]
     runs: u32,
     /// Proxy assist (port channels): `on` lets the pushing kernel thread execute its own
     /// trigger when the proxy thread is idle; `off` leaves every trigger to the proxy thread.

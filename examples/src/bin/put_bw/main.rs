@@ -51,16 +51,16 @@ struct Args {
     #[arg(long, default_value = "256M", value_parser = parse_bytes)]
     total_bytes: u64,
     /// Most puts per timed run.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 2000)]
     max_iters: u32,
     /// Timed runs per size; the best is reported.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), default_value_t = 3)]
     runs: u32,
     /// Run the two ranks as processes this program starts.
     #[arg(long)]
     processes: bool,
     /// Longest any single wait of a rank may take, in seconds.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), default_value_t = 60)]
     timeout_s: u64,
 }
 
