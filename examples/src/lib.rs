@@ -167,3 +167,16 @@ mod tests {
         assert!(parse_bytes("99999999999999G").is_err());
     }
 }
+
+/// Sends the library's log (`tracing`) to standard error, at the level `RUST_LOG` asks
+/// (`info` shows the transport and backend choices; the syntax is `tracing-subscriber`'s
+/// `EnvFilter`), `warn` when it is unset: a setting the library ignores with a warning (a
+/// misspelt `OXCCL_PROXY_THREAD`) is seen. Call first in `main`; a second call does nothing.
+pub fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

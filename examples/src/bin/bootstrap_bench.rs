@@ -57,6 +57,7 @@ const RING: usize = 1;
 const BARRIER: usize = 2;
 
 fn main() -> ExitCode {
+    oxccl_examples::init_logging();
     let args = Args::parse();
     match run(&args) {
         Ok(line) => {

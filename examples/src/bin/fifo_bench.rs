@@ -358,6 +358,7 @@ fn idle_main(args: &Args) -> std::process::ExitCode {
 }
 
 fn main() -> std::process::ExitCode {
+    oxccl_examples::init_logging();
     let args = Args::parse();
     if args.round_trip {
         return round_trip_main(&args);

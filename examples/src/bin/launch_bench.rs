@@ -76,6 +76,7 @@ enum Measure {
 }
 
 fn main() -> std::process::ExitCode {
+    oxccl_examples::init_logging();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => std::process::ExitCode::SUCCESS,

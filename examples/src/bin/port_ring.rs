@@ -98,6 +98,7 @@ fn run(args: &Args) -> Result<String> {
 }
 
 fn main() -> std::process::ExitCode {
+    oxccl_examples::init_logging();
     match run(&Args::parse()) {
         Ok(line) => {
             println!("{line}");

@@ -107,6 +107,7 @@ impl Baselines {
 /// The program: runs the benchmark of `collective` as `args` say and exits with success
 /// only if every result was right.
 pub fn main(collective: Collective, args: &BenchArgs) -> std::process::ExitCode {
+    crate::init_logging();
     match run(collective, args) {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,

@@ -94,6 +94,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
+    oxccl_examples::init_logging();
     let args = Args::parse();
     let outcome = match args.processes {
         Some(n) => processes::run_processes(&args, n),

@@ -107,6 +107,7 @@ fn parse_transport(name: &str) -> Result<TransportChoice, String> {
 }
 
 fn main() -> std::process::ExitCode {
+    oxccl_examples::init_logging();
     let args = Args::parse();
     let outcome = if oxccl_bootstrap::LaunchEnv::detect().is_ok() {
         measure::run_launched(&args)
