@@ -118,6 +118,19 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{s}` is too large"))
 }
 
+/// Sends the library's log (`tracing`) to standard error, at the level `RUST_LOG` asks
+/// (`info` shows the transport and backend choices; the syntax is `tracing-subscriber`'s
+/// `EnvFilter`), `warn` when it is unset: a setting the library ignores with a warning (a
+/// misspelt `OXCCL_PROXY_THREAD`) is seen. Call first in `main`; a second call does nothing.
+pub fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 #[cfg(test)]
 mod tests {
     use super::{figure, parse_bytes, wait_until};
@@ -166,17 +179,4 @@ mod tests {
         assert!(parse_bytes("12Q").is_err());
         assert!(parse_bytes("99999999999999G").is_err());
     }
-}
-
-/// Sends the library's log (`tracing`) to standard error, at the level `RUST_LOG` asks
-/// (`info` shows the transport and backend choices; the syntax is `tracing-subscriber`'s
-/// `EnvFilter`), `warn` when it is unset: a setting the library ignores with a warning (a
-/// misspelt `OXCCL_PROXY_THREAD`) is seen. Call first in `main`; a second call does nothing.
-pub fn init_logging() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
