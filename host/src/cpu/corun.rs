@@ -14,8 +14,8 @@
 //! `Communicator::new`); other devices' kernel threads keep their own host threads.
 //!
 //! How: the first thread (a host thread in `synchronize`, or a pool thread that took the
-//! launch first) about to run a one-thread kernel thread opens the process's *runner*
-//! ([`open`]). Another thread about to run one finds the runner open and instead *donates*
+//! launch first) about to run a one-thread kernel thread while the policy wants kernel
+//! threads to take turns ([`wanted`]) opens the process's *runner* ([`open`]). Another thread about to run one finds the runner open and instead *donates*
 //! its kernel thread ([`donate`]), with a stack; a host thread then waits for its launch to
 //! complete as it would for a pool thread. Each thread tries to open the runner first and
 //! donates only if it could not ([`place`]), each under the registry's lock: two threads
