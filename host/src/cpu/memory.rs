@@ -58,8 +58,38 @@ const CHECKED_FROM: usize = 64 << 20;
 
 /// Bytes of memory the system can give now without swapping out what is in use, plus
 /// free swap: `MemAvailable` and `SwapFree` of `/proc/meminfo` (shared memory, which an
-/// allocation is, can go to swap). `None` where the file says neither.
+/// allocation is, can go to swap), or less where the process's memory control group (a
+/// container's limit) leaves less. `None` where `/proc/meminfo` says neither.
 pub(crate) fn available_memory() -> Option<u64> {
+    let system = system_available_memory()?;
+    Some(cgroup_headroom().map_or(system, |headroom| headroom.min(system)))
+}
+
+/// What the memory control group the process sees as its own (a container's, mounted at
+/// `/sys/fs/cgroup`) lets it still allocate: limit less usage, from cgroup v2's
+/// `memory.max` / `memory.current` or v1's `memory.limit_in_bytes` / `memory.usage_in_bytes`.
+/// `None` without a limit (`max`, or v1's page-rounded `i64::MAX`) or without the files.
+fn cgroup_headroom() -> Option<u64> {
+    let read =
+        |path: &str| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    let (limit, usage) = match read("/sys/fs/cgroup/memory.max") {
+        Some(limit) => (limit, read("/sys/fs/cgroup/memory.current")?),
+        None => (
+            read("/sys/fs/cgroup/memory/memory.limit_in_bytes")?,
+            read("/sys/fs/cgroup/memory/memory.usage_in_bytes")?,
+        ),
+    };
+    headroom(limit, usage)
+}
+
+/// What a control group of `limit` bytes using `usage` lets a process still allocate;
+/// `None` for no limit (v1 writes "no limit" as `i64::MAX` rounded down to a page).
+fn headroom(limit: u64, usage: u64) -> Option<u64> {
+    (limit < 1 << 62).then(|| limit.saturating_sub(usage))
+}
+
+/// `MemAvailable` plus `SwapFree` of `/proc/meminfo` (see [`available_memory`]).
+fn system_available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let field = |name: &str| -> Option<u64> {
         let line = text.lines().find(|l| l.starts_with(name))?;
@@ -306,6 +336,15 @@ mod tests {
                 other => panic!("{bytes} bytes: {other:?}"),
             }
         }
+    }
+
+    /// Guards against a container's memory limit being ignored, or v1's way of saying
+    /// "no limit" being taken for one.
+    #[test]
+    fn cgroup_headroom_is_limit_less_usage() {
+        assert_eq!(headroom(4 << 30, 1 << 30), Some(3 << 30));
+        assert_eq!(headroom(1 << 30, 2 << 30), Some(0));
+        assert_eq!(headroom(9_223_372_036_854_771_712, 1 << 30), None);
     }
 
     /// Guards against allocations that are not page-aligned, not zeroed when asked, or
