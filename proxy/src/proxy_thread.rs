@@ -70,6 +70,8 @@ pub(crate) struct ProxyThread {
     mail: AtomicBool,
     /// The OS thread, to wake it when a service joins.
     thread: std::sync::OnceLock<Thread>,
+    /// Whether the thread is counted in [`unassisted_threads`].
+    counted_unassisted: AtomicBool,
 }
 
 impl ProxyThread {
@@ -80,11 +82,16 @@ impl ProxyThread {
         shared_by_process: bool,
         place: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<(Arc<ProxyThread>, std::thread::JoinHandle<()>)> {
+        let unassisted = !first.assist;
         let door = Arc::new(ProxyThread {
             joining: Mutex::new(vec![first]),
             mail: AtomicBool::new(true),
             thread: std::sync::OnceLock::new(),
+            counted_unassisted: AtomicBool::new(false),
         });
+        // Counted before any kernel can push to it, not when the thread first runs: see
+        // `count_unassisted`.
+        door.count_unassisted(unassisted);
         let served = door.clone();
         let handle = std::thread::Builder::new().name(name).spawn(move || {
             place();
@@ -96,10 +103,32 @@ impl ProxyThread {
 
     /// Adds `member`, waking the thread.
     fn join(&self, member: Member) {
+        if !member.assist {
+            self.count_unassisted(true);
+        }
         self.joining.lock().push(member);
         // Release: pairs with the Acquire swap in `serve`; the list's lock orders the rest.
         self.mail.store(true, Ordering::Release);
         self.wake();
+    }
+
+    /// Counts the thread in [`unassisted_threads`] if `unassisted` (it serves, or is about
+    /// to serve, a FIFO without assist), else not.
+    ///
+    /// A service joining without assist is counted at once, by the joining thread: counted
+    /// only once the proxy thread took it in (when it first ran, for a new thread), a
+    /// kernel launched in between found no such thread and ran apart for its whole launch
+    /// instead of taking turns (the emulator decides at a launch whether its kernel thread
+    /// takes turns, and opens the process's runner only where it would).
+    fn count_unassisted(&self, unassisted: bool) {
+        // Relaxed: a count the emulator's placement reads as a hint.
+        if self.counted_unassisted.swap(unassisted, Ordering::Relaxed) != unassisted {
+            if unassisted {
+                UNASSISTED.fetch_add(1, Ordering::Relaxed);
+            } else {
+                UNASSISTED.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Wakes the thread if parked.
@@ -121,29 +150,6 @@ static UNASSISTED: AtomicUsize = AtomicUsize::new(0);
 /// them among the threads that want a core.
 pub fn unassisted_threads() -> usize {
     UNASSISTED.load(Ordering::Relaxed)
-}
-
-/// Counts the calling proxy thread in [`unassisted_threads`] while it serves a FIFO
-/// without assist; says whether it does.
-struct Unassisted(bool);
-
-impl Unassisted {
-    fn set(&mut self, unassisted: bool) {
-        if unassisted != self.0 {
-            self.0 = unassisted;
-            if unassisted {
-                UNASSISTED.fetch_add(1, Ordering::Relaxed);
-            } else {
-                UNASSISTED.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
-impl Drop for Unassisted {
-    fn drop(&mut self) {
-        self.set(false);
-    }
 }
 
 /// The process's shared proxy thread, while it has members.
@@ -206,7 +212,7 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
     let mut park_timeout = PARK_TIMEOUT;
     // When the current idle spell started yielding, if it has.
     let mut yielding_since: Option<Instant> = None;
-    let mut unassisted = Unassisted(false);
+    let mut unassisted = false;
     loop {
         // Acquire: pairs with the Release in `join`.
         if door.mail.swap(false, Ordering::Acquire) {
@@ -216,7 +222,8 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
                 watch: StallWatch::default(),
                 stalled: false,
             }));
-            unassisted.set(members.iter().any(|s| !s.member.assist));
+            unassisted = members.iter().any(|s| !s.member.assist);
+            door.count_unassisted(unassisted);
         }
         let mut executed_any = false;
         // Whether an empty FIFO is looked at for a stall this poll (the idle polls counted
@@ -254,7 +261,10 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
                 // Release: the service's `stop` reads it with Acquire, after which nothing
                 // of its FIFO is touched here.
                 gone.member.shared.attached.store(false, Ordering::Release);
-                unassisted.set(members.iter().any(|s| !s.member.assist));
+                unassisted = members.iter().any(|s| !s.member.assist);
+                // A service joining meanwhile counted itself, and is taken in (and the
+                // count set again) at the next look at the mail.
+                door.count_unassisted(unassisted);
                 continue;
             }
             if drained == Some(0) && (s.stalled || stall_look) {
@@ -263,6 +273,7 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
             i += 1;
         }
         if members.is_empty() && leave(door, shared_by_process) {
+            door.count_unassisted(false);
             return;
         }
         if executed_any {
@@ -275,7 +286,7 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
         idle = idle.saturating_add(1);
         // How long the thread stays hot after its last execution: not at all if every
         // member has assist.
-        let yield_polls = if unassisted.0 { YIELD_POLLS } else { 0 };
+        let yield_polls = if unassisted { YIELD_POLLS } else { 0 };
         let all_stalled = !members.is_empty() && members.iter().all(|s| s.stalled);
         if idle < yield_polls && !all_stalled {
             if idle <= spin.polls() {
