@@ -1,7 +1,10 @@
 //! Port channels on the host: a semaphore, a registered channel at the proxy, and the ids
 //! of the memories it moves data between. [`PortChannel::device_handle`] is what kernels get.
 //!
-//! Built by [`Communicator::port_channel`](crate::Communicator::port_channel). A channel
+//! Built by [`Communicator::port_channel`](crate::Communicator::port_channel); its puts may
+//! also name other registered memories, through ids from
+//! [`Communicator::port_dst_memory`](crate::Communicator::port_dst_memory) and
+//! [`Communicator::port_src_memory`](crate::Communicator::port_src_memory). A channel
 //! holds a share of everything its handles point to (the proxy's FIFO cells, its semaphore
 //! counters, its abort record), so a handle borrowed from it is valid as long as the
 //! channel; the proxy's tables hold the memories it copies between.
