@@ -1035,6 +1035,42 @@ fn fail(shared: &Shared, channel: &Channel, id: u32, error: ProxyError) {
 mod tests {
     use super::SpinBudget;
 
+    /// Guards against a proxy thread of a service without assist being counted only once
+    /// it first runs: a kernel launched before then was placed as if no thread served a
+    /// FIFO without assist. The thread is held before it runs while the count is read.
+    #[cfg(not(oxccl_loom))]
+    #[test]
+    fn a_thread_without_assist_is_counted_before_it_runs() {
+        use super::{Member, ProxyConfig, ProxyService};
+        use crate::proxy_thread::{ProxyThread, unassisted_threads};
+        use std::sync::atomic::Ordering;
+        let service = ProxyService::new(ProxyConfig {
+            assist: false,
+            ..Default::default()
+        })
+        .unwrap();
+        let member = Member {
+            consumer: service.consumer.clone(),
+            cells: service.cells.clone(),
+            shared: service.shared.clone(),
+            assist: false,
+        };
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (_door, thread) = ProxyThread::spawn("held-proxy".into(), member, false, move || {
+            let _ = held.recv();
+        })
+        .unwrap();
+        // Other tests' threads only add to the count; this one's must be in it already.
+        let counted = unassisted_threads();
+        release.send(()).unwrap();
+        service.shared.shutdown.store(true, Ordering::Release);
+        thread.join().unwrap();
+        assert!(
+            counted >= 1,
+            "a thread without assist was not counted before it ran"
+        );
+    }
+
     /// Guards against a spin budget that keeps spinning while the work only ever comes after
     /// yields (taking a core from the threads that produce it), or that never spins again
     /// once work comes quickly.
