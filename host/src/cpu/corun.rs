@@ -15,8 +15,9 @@
 //!
 //! How: the first thread (a host thread in `synchronize`, or a pool thread that took the
 //! launch first) about to run a one-thread kernel thread while the policy wants kernel
-//! threads to take turns ([`wanted`]) opens the process's *runner* ([`open`]). Another thread about to run one finds the runner open and instead *donates*
-//! its kernel thread ([`donate`]), with a stack; a host thread then waits for its launch to
+//! threads to take turns ([`wanted`]) opens the process's *runner* ([`open`]). Another
+//! thread about to run one finds the runner open and instead *donates* its kernel thread
+//! ([`donate`]), with a stack; a host thread then waits for its launch to
 //! complete as it would for a pool thread. Each thread tries to open the runner first and
 //! donates only if it could not ([`place`]), each under the registry's lock: two threads
 //! about to run kernel threads at the same moment (two ranks launching at once) then always
@@ -240,12 +241,22 @@ pub(crate) enum Placement {
 }
 
 /// Where thread `index` of `launch` (of `stream`), claimed by the calling thread (a host
-/// thread in `synchronize` or a pool thread), runs: this thread opens the runner if it
-/// can, else donates the kernel thread to the runner if the policy wants it, else runs it
-/// alone. Runner first, each step under the registry's lock: two threads about to run
-/// kernel threads at the same moment then end up runner and guest (see the module docs).
+/// thread in `synchronize` or a pool thread), runs: alone if it may not take turns or the
+/// policy does not want it to now ([`wanted`]); else this thread opens the runner if it
+/// can, else donates the kernel thread to the runner, else runs it alone. Runner first,
+/// each step under the registry's lock: two threads about to run kernel threads at the
+/// same moment then end up runner and guest (see the module docs).
+///
+/// The policy is asked before the runner is opened too: every one-thread launch used to
+/// open and close the runner, three takes of the registry's lock, which every rank's
+/// thread shares; with two ranks on two cores (where no one donates) that was some 0.1 µs
+/// of a 0.5 µs small all-reduce. A thread that finds co-running wanted later opens the
+/// runner itself.
 pub(crate) fn place(stream: &Arc<CpuStream>, launch: &Arc<Launch>, index: u32) -> Placement {
-    if let Some(runner) = open(stream, launch) {
+    if !may_take_turns(stream, launch) || !wanted() {
+        return Placement::Alone;
+    }
+    if let Some(runner) = open(launch) {
         Placement::Runner(runner)
     } else if donate(stream, launch, index).is_ok() {
         Placement::Donated
@@ -255,14 +266,12 @@ pub(crate) fn place(stream: &Arc<CpuStream>, launch: &Arc<Launch>, index: u32) -
 }
 
 /// Gives thread `index` of one-thread `launch` (of `stream`), claimed by the caller, to the
-/// runner, if there is one on another thread and the policy wants it; else hands it back.
+/// runner, if there is one on another thread; else hands it back. (Whether it may and
+/// should take turns, [`place`] asked.)
 ///
 /// On `Ok` the runner completes the thread (reports it done); the caller waits for its
 /// launch as for a pool thread's.
 fn donate(stream: &Arc<CpuStream>, launch: &Arc<Launch>, index: u32) -> Result<(), ()> {
-    if !may_take_turns(stream, launch) || !wanted() {
-        return Err(());
-    }
     // Cheap look first: most calls find no runner (the stack is got outside the lock).
     let me = std::thread::current().id();
     if !REGISTRY.lock().takes(me, launch) {
@@ -297,18 +306,10 @@ pub(crate) struct Runner {
     _not_send: core::marker::PhantomData<*const ()>,
 }
 
-/// Makes the calling host thread the process's runner, if there is none, its kernel
-/// thread (of a `launch` of `stream` about to run here) may take turns, and the policy
-/// would have another kernel thread take turns with it now ([`wanted`]).
-///
-/// Without the last condition every one-thread launch opened and closed the runner, three
-/// takes of the registry's lock, which every rank's thread shares: with two ranks on two
-/// cores (where no one donates) that was some 0.1 µs of a 0.5 µs small all-reduce. A
-/// thread that finds co-running wanted later opens the runner itself (see [`place`]).
-fn open(stream: &CpuStream, launch: &Launch) -> Option<Runner> {
-    if !may_take_turns(stream, launch) || !wanted() {
-        return None;
-    }
+/// Makes the calling host thread the process's runner, if there is none and `launch`
+/// (whose kernel thread is about to run here) does not run apart for now. (Whether its
+/// kernel thread may and should take turns, [`place`] asked.)
+fn open(launch: &Launch) -> Option<Runner> {
     let mut registry = REGISTRY.lock();
     if registry.runner.is_some() || registry.apart(launch) {
         return None;
