@@ -152,6 +152,16 @@ pub fn unassisted_threads() -> usize {
     UNASSISTED.load(Ordering::Relaxed)
 }
 
+/// Takes a proxy thread out of [`unassisted_threads`] when its `serve` ends, however it
+/// ends (a panic included).
+struct UncountAtEnd<'a>(&'a ProxyThread);
+
+impl Drop for UncountAtEnd<'_> {
+    fn drop(&mut self) {
+        self.0.count_unassisted(false);
+    }
+}
+
 /// The process's shared proxy thread, while it has members.
 static SHARED_THREAD: Mutex<Option<Arc<ProxyThread>>> = Mutex::new(None);
 
@@ -213,6 +223,7 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
     // When the current idle spell started yielding, if it has.
     let mut yielding_since: Option<Instant> = None;
     let mut unassisted = false;
+    let _uncounted_at_end = UncountAtEnd(door);
     loop {
         // Acquire: pairs with the Release in `join`.
         if door.mail.swap(false, Ordering::Acquire) {
@@ -273,7 +284,6 @@ fn serve(door: &ProxyThread, shared_by_process: bool) {
             i += 1;
         }
         if members.is_empty() && leave(door, shared_by_process) {
-            door.count_unassisted(false);
             return;
         }
         if executed_any {
