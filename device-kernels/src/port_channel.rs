@@ -5,9 +5,10 @@
 //! (a refused trigger writes nothing and stops the channel; the host reports it). Offsets
 //! are bytes into the memories the host bound to the channel (`dst_memory_id` on the peer,
 //! `src_memory_id` here), or into others registered for it that a put names through
-//! [`PortChannelDeviceHandle::with_memories`] ([`DstMemoryId`], [`SrcMemoryId`]). One trigger carries at most [`MAX_TRIGGER_BYTES`] of offset and
-//! size; `put` sends a copy larger than that from offset 0 as two triggers, and refuses
-//! offsets a trigger cannot carry.
+//! [`PortChannelDeviceHandle::with_memories`] ([`DstMemoryId`], [`SrcMemoryId`]). One
+//! trigger carries at most [`MAX_TRIGGER_BYTES`] of offset and size; `put` sends a copy
+//! larger than that from offset 0 as two triggers, and refuses offsets a trigger cannot
+//! carry.
 //!
 //! Ordering: triggers of one channel execute in push order, so a `signal` after a `put`
 //! arrives after the data. A `put` returns when the request is queued, not done: reuse the

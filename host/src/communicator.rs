@@ -1021,9 +1021,9 @@ impl Communicator {
     /// `memory` of `channel`'s peer as a destination the channel's puts may name
     /// ([`DstMemoryId`], through
     /// [`with_memories`](oxccl_device::port_channel::PortChannelDeviceHandle::with_memories))
-    /// besides the one it was built with: MSCCL++'s `ProxyService::addMemory`. One channel to a peer can so
-    /// move data into any of the peer's registered memories, without a semaphore and a
-    /// channel for each. Local: no exchange with the peer; asking again for the same
+    /// besides the one it was built with: MSCCL++'s `ProxyService::addMemory`. One channel
+    /// to a peer can so move data into any of the peer's registered memories, without a
+    /// semaphore and a channel for each. Local: no exchange with the peer; asking again for the same
     /// memory gives the same id. The id is valid for the channels to that peer over the
     /// same transport; the proxy refuses it on any other (a reported channel failure).
     ///
