@@ -279,3 +279,82 @@ fn port_barrier_waits_for_the_last_rank() {
     })
     .unwrap();
 }
+
+/// One call of [`eager_calls_back_to_back_with_late_ranks`]: a broadcast from `root`, a
+/// reduce (sum) to `root`, or an all-reduce (sum), each of call number `call`.
+#[derive(Clone, Copy, Debug)]
+enum EagerStep {
+    Broadcast { root: u32 },
+    Reduce { root: u32 },
+    AllReduce,
+}
+
+/// Guards against an eager broadcast or reduce (data one way, the receivers' dones let the
+/// sender run ahead by a few rounds, across calls) whose sender writes a round's slot before
+/// its receiver has read it out, waits for dones that never come, or leaves its owed dones
+/// to be taken for another collective's signals: runs of broadcasts from one root (many
+/// rounds each), then from another root, reduces to a third, an all-reduce, and back,
+/// every call enqueued back to back with no host barrier, while one rank enqueues its calls
+/// late and another stalls in the middle; every output is checked at the end.
+#[test]
+fn eager_calls_back_to_back_with_late_ranks() {
+    use EagerStep::{AllReduce, Broadcast, Reduce};
+    let mut steps = vec![];
+    steps.extend([Broadcast { root: 0 }; 8]);
+    steps.extend([Broadcast { root: 2 }; 2]);
+    steps.extend([Reduce { root: 1 }; 5]);
+    steps.push(AllReduce);
+    steps.extend([Broadcast { root: 0 }; 4]);
+    steps.extend([
+        Reduce { root: 0 },
+        Broadcast { root: 0 },
+        Reduce { root: 0 },
+    ]);
+    steps.extend([Reduce { root: 2 }; 4]);
+    for transport in [TransportChoice::Auto, TransportChoice::Ethernet] {
+        let mut config = job(AlgorithmChoice::Use(Algorithm::Ports), 2, 2);
+        config.communicator.transport = transport;
+        in_process::run(3, config, |comm| {
+            let (rank, n) = (comm.rank(), comm.size());
+            let count = 100; // 400 bytes: four rounds of 128
+            let stream = comm.device().stream()?;
+            let mut outputs = vec![];
+            for (call, &step) in steps.iter().enumerate() {
+                let call = call as u32;
+                if (rank, call) == (1, 0) {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                if (rank, call) == (2, 4) || (rank, call) == (0, 12) {
+                    std::thread::sleep(std::time::Duration::from_millis(30));
+                }
+                let send = marked(comm, &inputs::<i32>(rank, count, call))?;
+                let mut recv = marked(comm, &vec![0; count])?;
+                match step {
+                    Broadcast { root } => comm.broadcast(&send, &mut recv, count, root, &stream)?,
+                    Reduce { root } => {
+                        comm.reduce(&send, &mut recv, count, ReduceOp::Sum, root, &stream)?
+                    }
+                    AllReduce => {
+                        comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?
+                    }
+                }
+                // Kept until the end: the calls run on after the loop has gone on.
+                outputs.push((step, call, send, recv));
+            }
+            comm.synchronize(&stream)?;
+            for (step, call, _, recv) in &outputs {
+                let sum = |i| (0..n).map(|p| value::<i32>(p, i, *call)).sum::<i32>();
+                let want: Vec<i32> = match *step {
+                    Broadcast { root } => inputs::<i32>(root, count, *call),
+                    Reduce { root } if root == rank => (0..count).map(sum).collect(),
+                    Reduce { .. } => vec![0; count],
+                    AllReduce => (0..count).map(sum).collect(),
+                };
+                let what = format!("rank {rank}, call {call}: {step:?} over {transport:?}");
+                assert_same(&what, &read(&what, recv, count)?, &want);
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+}

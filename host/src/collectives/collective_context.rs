@@ -13,7 +13,9 @@ use crate::error::{Error, Result};
 use crate::grid_barrier::GridBarrier;
 use crate::memory_channel::MemoryChannel;
 use crate::port_channel::PortChannel;
-use oxccl_kernels::collectives::{CollectiveArgs, PortCollectiveArgs, PortLayout, ScratchLayout};
+use oxccl_kernels::collectives::{
+    CollectiveArgs, PortCollectiveArgs, PortLayout, PortProtocol, ScratchLayout,
+};
 use std::collections::HashMap;
 
 /// A communicator's collective state. Every rank creates it at the same call (the first
@@ -62,6 +64,9 @@ pub(crate) struct PortPath {
     pub(crate) scratch: DeviceBuffer<u8>,
     /// The number of the next round (see `PortCollectiveArgs::sequence`).
     pub(crate) sequence: u64,
+    /// The protocol of the last call and the waits it left owed on this rank (see
+    /// `PortCollectiveArgs::protocol`).
+    pub(crate) protocol: PortProtocol,
 }
 
 impl CollectiveContext {
@@ -166,6 +171,7 @@ impl CollectiveContext {
             scratch: p.scratch.view_mut(),
             layout: p.layout,
             sequence: p.sequence,
+            protocol: p.protocol,
             rank,
             n_ranks,
             ..PortCollectiveArgs::default()
@@ -259,6 +265,7 @@ impl PortPath {
             peers,
             scratch,
             sequence: 0,
+            protocol: PortProtocol::default(),
         })
     }
 }

@@ -59,11 +59,11 @@ use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp};
 use oxccl_device::{DeviceView, DeviceViewMut};
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
 use oxccl_kernels::collectives::{
-    AllToAllvCounts, all_gather, all_gather_doubling, all_gather_ports, all_gather_ring,
-    all_reduce, all_reduce_doubling, all_reduce_packets, all_reduce_ports, all_reduce_ring,
-    all_to_all, all_to_all_ports, all_to_allv, all_to_allv_ports, barrier, barrier_ports,
-    broadcast, broadcast_doubling, broadcast_ports, reduce, reduce_ports, reduce_scatter,
-    reduce_scatter_halving, reduce_scatter_ports, reduce_scatter_ring,
+    AllToAllvCounts, PortProtocol, all_gather, all_gather_doubling, all_gather_ports,
+    all_gather_ring, all_reduce, all_reduce_doubling, all_reduce_packets, all_reduce_ports,
+    all_reduce_ring, all_to_all, all_to_all_ports, all_to_allv, all_to_allv_ports, barrier,
+    barrier_ports, broadcast, broadcast_doubling, broadcast_ports, reduce, reduce_ports,
+    reduce_scatter, reduce_scatter_halving, reduce_scatter_ports, reduce_scatter_ring,
 };
 use shape::Shape;
 
@@ -1006,7 +1006,13 @@ impl Communicator {
             _ => all_reduce_ports::collective_all_reduce_ports::launch(stream, launch, args),
         }?;
         if let Some(p) = ctx.ports.as_mut() {
-            p.sequence += taken;
+            let (kind, root) = match collective {
+                Collective::Broadcast if !doubling => (PortProtocol::BROADCAST, call.root),
+                Collective::Reduce => (PortProtocol::REDUCE, call.root),
+                _ => (PortProtocol::LOCKSTEP, 0),
+            };
+            p.sequence += p.protocol.switch_rounds(kind, root) + taken;
+            p.protocol = p.protocol.after(kind, root, rank, taken);
         }
         Ok(())
     }

@@ -17,8 +17,8 @@
 //!
 //! With two ranks, and for a message of one round with more, it takes one exchange a round
 //! instead
-//! ([`PortLayout::one_shot_all_reduce`](super::PortLayout::one_shot_all_reduce)): the
-//! reduce of `reduce_ports` with every rank its root. Each rank stages its round and puts
+//! ([`PortLayout::one_shot_all_reduce`](super::PortLayout::one_shot_all_reduce)), a reduce
+//! with every rank its root, in lockstep. Each rank stages its round and puts
 //! it whole into its reduce slot of the peer, with a signal; once the peer's has come, it
 //! stages and sends the next round, then reduces its staged round and the peer's slot, in
 //! rank order, into its output.
@@ -36,7 +36,6 @@
 use super::elementwise::reduce_ranks;
 use super::port_collective_args::PortCollectiveArgs;
 use super::port_exchange::{Part, send_to_peers, wait_for_peers};
-use super::reduce_ports::{Receivers, reduce_rounds};
 use super::round_views::{typed, typed_mut, window, window_mut};
 use oxccl_device::coop::{Grid, contiguous_chunk};
 use oxccl_device::dispatch_element;
@@ -52,7 +51,7 @@ use oxccl_device::{DeviceView, DeviceViewMut};
 /// Invalid ids, short buffers, channel (a peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_all_reduce_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (dtype, op) = args.check()?;
+    let (args, dtype, op) = args.begin()?;
     dispatch_element!(dtype, T => all_reduce::<T>(&args, op))
 }
 
@@ -64,7 +63,7 @@ fn all_reduce<T: ReduceElement>(
     let size = core::mem::size_of::<T>() as u64;
     if a.layout.one_shot_all_reduce(a.count.saturating_mul(size)) {
         // Rounds of `PortLayout::all_reduce_ports_round`: the reduce's.
-        return reduce_rounds::<T>(a, op, Receivers::Every);
+        return one_shot::<T>(a, op);
     }
     let (n, r, nr, l) = (a.count, a.rank, a.n_ranks, a.layout);
     let per = l.all_reduce_round(size);
@@ -141,5 +140,68 @@ fn stage_and_send<T: ReduceElement>(
         l.reduce_slot(set, a.rank),
         staged_at,
         Part::TheirChunk { len, size },
+    )
+}
+
+/// The one-shot all-reduce: every rank's `input` reduced into every rank's `output`, in
+/// rounds of [`PortLayout::copy_round_bytes`](super::PortLayout::copy_round_bytes) (see the
+/// module docs).
+#[inline(always)]
+fn one_shot<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Result<(), DeviceError> {
+    let (c, r, nr, l) = (a.count, a.rank, a.n_ranks, a.layout);
+    let size = core::mem::size_of::<T>() as u64;
+    let input = typed::<T>(a.input, 0, c)?;
+    let output = typed_mut::<T>(a.output, 0, c)?;
+    let scratch = a.scratch.cast::<T>()?;
+    let per = l.copy_round_bytes() / size;
+    let (mut off, mut seq) = (0, a.sequence);
+    if c > 0 {
+        one_shot_stage_and_send(a, input, scratch, 0, per.min(c), seq)?;
+    }
+    while off < c {
+        let len = per.min(c - off);
+        let set = super::PortLayout::set_of(seq);
+        let staged = window_mut(scratch, l.staged(set) / size, len)?;
+        wait_for_peers(a)?;
+        if off + len < c {
+            let next = per.min(c - off - len);
+            one_shot_stage_and_send(a, input, scratch, off + len, next, seq + 1)?;
+        }
+        reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {
+            if p == r {
+                Ok(staged.as_view())
+            } else {
+                Ok(window_mut(scratch, l.reduce_slot(set, p) / size, len)?.as_view())
+            }
+        })?;
+        off += len;
+        seq += 1;
+    }
+    Ok(())
+}
+
+/// Stages the `len` elements of `input` from `off` on (round number `seq`) and puts them
+/// into our reduce slot of every peer, with a signal; does not wait. Staged, not put from
+/// the input: in place, the reduction writes its output (its input) before it reads its
+/// own part. (A function, not a closure: see `all_gather_ports`.)
+#[inline(always)]
+fn one_shot_stage_and_send<T: ReduceElement>(
+    a: &PortCollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    scratch: DeviceViewMut<'_, T>,
+    off: u64,
+    len: u64,
+    seq: u64,
+) -> Result<(), DeviceError> {
+    let size = core::mem::size_of::<T>() as u64;
+    let set = super::PortLayout::set_of(seq);
+    let staged_at = a.layout.staged(set);
+    window_mut(scratch, staged_at / size, len)?.copy_from(Grid, window(input, off, len)?)?;
+    let bytes = len * size;
+    send_to_peers(
+        a,
+        a.layout.reduce_slot(set, a.rank),
+        staged_at,
+        Part::Whole { bytes },
     )
 }

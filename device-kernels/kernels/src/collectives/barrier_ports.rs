@@ -15,6 +15,6 @@ use oxccl_device::kernel;
 /// Invalid ids, channel (a peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_barrier_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    args.check()?;
+    let (args, _, _) = args.begin()?;
     exchange_with_peers(&args, 0, 0, Part::Nothing)
 }

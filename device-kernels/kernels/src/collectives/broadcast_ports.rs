@@ -1,18 +1,22 @@
 //! Broadcast over port channels, through the proxy (ranks without a load/store path to
-//! each other), in rounds of [`PortLayout::copy_round_bytes`](super::PortLayout::copy_round_bytes):
-//! the root stages its round and puts it into its gather slot of every peer, with a
-//! signal; every other rank signals the root (and each other) with nothing, which tells
-//! the root that the rank is done with the set of two rounds before; each copies the
-//! root's round into its output. The data's type does not matter: rounds are bytes.
+//! each other), eager (see [`port_protocol`](super::port_protocol)), in rounds of
+//! [`PortLayout::copy_round_bytes`](super::PortLayout::copy_round_bytes): the root stages
+//! each round and puts it into its gather slot of every peer, with a signal; each peer
+//! waits for the root's signal, copies the round into its output and answers with a done.
+//! The others exchange nothing among themselves.
 //!
-//! Pipelined as the all-gather is (see `all_gather_ports`): once a round's signals have
-//! come, the next round is staged and sent (by the root; a signal by the others) before this
-//! one is copied out.
+//! The root writes a round's set (its staged round, its gather slot of each peer) again
+//! [`PortLayout::SETS`](super::PortLayout::SETS) rounds later; before it does, it waits for
+//! every peer's done of that earlier round (the peer has read it out, and our proxy has read
+//! our staged round, whose put came before it). So it runs up to that many rounds ahead,
+//! across calls too (the dones a call leaves owed are waited for by the next). The data's
+//! type does not matter: rounds are bytes.
 
 use super::port_collective_args::PortCollectiveArgs;
-use super::port_exchange::{Part, send_to_peers, wait_for_peers};
+use super::port_exchange::{Part, send_to, send_to_peers, wait_for, wait_for_peers};
+use super::port_layout::PortLayout;
+use super::port_protocol::PortProtocol;
 use super::round_views::{window, window_mut};
-use oxccl_device::DeviceView;
 use oxccl_device::coop::Grid;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
@@ -24,7 +28,7 @@ use oxccl_device::kernel;
 /// Invalid ids, short buffers, channel (a peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (dtype, _) = args.check()?;
+    let (args, mut owed, dtype, _) = args.begin_as(PortProtocol::BROADCAST)?;
     let a = &args;
     let (r, root, l) = (a.rank, a.root, a.layout);
     let bytes = a.count.saturating_mul(dtype.size());
@@ -40,45 +44,33 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
     };
     let per = l.copy_round_bytes();
     let (mut off, mut seq) = (0, a.sequence);
-    if bytes > 0 {
-        stage_and_send(a, input, 0, per.min(bytes), seq)?;
-    }
     while off < bytes {
         let len = per.min(bytes - off);
-        let set = super::PortLayout::set_of(seq);
-        wait_for_peers(a)?;
-        if off + len < bytes {
-            stage_and_send(a, input, off + len, per.min(bytes - off - len), seq + 1)?;
-        }
-        if r != root {
+        let set = PortLayout::set_of(seq);
+        if r == root {
+            if owed as u64 >= PortLayout::SETS {
+                // Every peer's done of the round `SETS` before this one (see the module docs).
+                wait_for_peers(a)?;
+                owed -= 1;
+            }
+            let staged_at = l.staged(set);
+            window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;
+            send_to_peers(
+                a,
+                l.gather_slot(set, root),
+                staged_at,
+                Part::Whole { bytes: len },
+            )?;
+            owed += 1;
+        } else {
+            wait_for(a, root)?;
             let src = window_mut(a.scratch, l.gather_slot(set, root), len)?;
             window_mut(output, off, len)?.copy_from(Grid, src.as_view())?;
+            // Done: every block has copied the round out (`send_to` meets the grid first).
+            send_to(a, root, 0, 0, 0)?;
         }
         off += len;
         seq += 1;
     }
     Ok(())
-}
-
-/// The root stages the `len` bytes of its `input` from `off` on (round number `seq`) and
-/// puts them into its gather slot of every peer, with a signal; the others signal every
-/// peer with nothing (see the module docs). Does not wait. (A function, not a closure: see
-/// `all_gather_ports`.)
-#[inline(always)]
-fn stage_and_send(
-    a: &PortCollectiveArgs<'_>,
-    input: DeviceView<'_, u8>,
-    off: u64,
-    len: u64,
-    seq: u64,
-) -> Result<(), DeviceError> {
-    let set = super::PortLayout::set_of(seq);
-    let staged_at = a.layout.staged(set);
-    let what = if a.rank == a.root {
-        window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;
-        Part::Whole { bytes: len }
-    } else {
-        Part::Nothing
-    };
-    send_to_peers(a, a.layout.gather_slot(set, a.rank), staged_at, what)
 }

@@ -22,10 +22,11 @@
 //! as [`all_gather_doubling`] does the rounds gathered so far and
 //! [`reduce_scatter_halving`] the halves of the partials still to reduce and
 //! [`broadcast_doubling`] the root's round; [`all_gather_ports`],
-//! [`reduce_scatter_ports`], [`broadcast_ports`], [`reduce_ports`] and
-//! [`all_to_all_ports`] and [`all_to_allv_ports`] take one exchange a round, each sending
-//! the next round before reading this one out, and [`barrier_ports`] one exchange with
-//! nothing in it.
+//! [`reduce_scatter_ports`], [`all_to_all_ports`] and [`all_to_allv_ports`] take one
+//! exchange a round, each sending the next round before reading this one out, and
+//! [`barrier_ports`] one exchange with nothing in it. [`broadcast_ports`] and
+//! [`reduce_ports`] are eager: data flow one way and the sender runs ahead of its receivers
+//! by up to three rounds, across calls ([`port_protocol`]).
 //!
 //! **Packets** (all-reduce, small): [`all_reduce_packets`] sends its input to
 //! every peer as LL16 packets; each rank reduces what it received. One pass, no meeting.
@@ -65,6 +66,7 @@ mod peer_input_reduction;
 pub mod port_collective_args;
 mod port_exchange;
 pub mod port_layout;
+pub mod port_protocol;
 pub mod published_buffers;
 pub mod reduce;
 pub mod reduce_ports;
@@ -80,4 +82,5 @@ pub use all_to_allv_counts::AllToAllvCounts;
 pub use collective_args::CollectiveArgs;
 pub use port_collective_args::PortCollectiveArgs;
 pub use port_layout::PortLayout;
+pub use port_protocol::PortProtocol;
 pub use scratch_layout::ScratchLayout;

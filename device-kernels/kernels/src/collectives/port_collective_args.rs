@@ -2,7 +2,9 @@
 //! other only through the proxy: another node, or Ethernet asked for).
 
 use super::collective_args::{CallIds, invalid_argument};
+use super::port_exchange::{Part, exchange_with_peers};
 use super::port_layout::PortLayout;
+use super::port_protocol::PortProtocol;
 use oxccl_device::KernelArg;
 use oxccl_device::channel_set::ChannelSetDeviceHandle;
 use oxccl_device::error::DeviceError;
@@ -43,8 +45,11 @@ pub struct PortCollectiveArgs<'a> {
     pub dtype: u32,
     /// Reduction ([`ReduceOp`] id; `Sum` where the collective reduces nothing).
     pub op: u32,
-    /// The root (broadcast); 0 elsewhere.
+    /// The root (broadcast, reduce); 0 elsewhere.
     pub root: u32,
+    /// The protocol of the communicator's last port collective and the waits it left owed
+    /// (see [`PortProtocol`]).
+    pub protocol: PortProtocol,
     /// Zero.
     pub reserved: u32,
 }
@@ -66,6 +71,55 @@ impl PortCollectiveArgs<'_> {
             layout_ranks: self.layout.n_ranks,
         };
         ids.check(&self.barrier)
+    }
+
+    /// The start of a lockstep kernel (every port collective but broadcast and reduce): the
+    /// call's type and operation, once [checked](Self::check), and the arguments to run
+    /// with, their first round number past the switch from an eager protocol, if the last
+    /// call ran one (see [`PortProtocol`]).
+    ///
+    /// # Errors
+    /// As [`Self::check`], and the channels' and the grid barrier's.
+    #[inline(always)]
+    pub(crate) fn begin(self) -> Result<(Self, DataType, ReduceOp), DeviceError> {
+        let (args, _, dtype, op) = self.begin_as(PortProtocol::LOCKSTEP)?;
+        Ok((args, dtype, op))
+    }
+
+    /// The start of a kernel of protocol `kind` (with the call's root): as [`Self::begin`],
+    /// and the dones the last call left owed to carry on with where this call continues its
+    /// protocol. Where it switches, it first waits for those dones, then runs the switch's
+    /// exchange with every peer, in the round the call's first round number names; the
+    /// arguments returned start one round later.
+    ///
+    /// # Errors
+    /// As [`Self::begin`].
+    #[inline(always)]
+    pub(crate) fn begin_as(
+        self,
+        kind: u32,
+    ) -> Result<(Self, u32, DataType, ReduceOp), DeviceError> {
+        let (dtype, op) = self.check()?;
+        let last = self.protocol;
+        if last.continues(kind, self.root) {
+            return Ok((self, last.owed, dtype, op));
+        }
+        let (peers, rank) = (self.peers, self.rank);
+        if last.owed > 0 && oxccl_device::arch::block_rank() == 0 {
+            oxccl_device::block::block_wait(move || {
+                for p in (0..self.n_ranks).filter(|&p| last.owed_by(rank, p)) {
+                    let channel = peers.get(p)?;
+                    for _ in 0..last.owed {
+                        channel.wait()?;
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        exchange_with_peers(&self, 0, 0, Part::Nothing)?;
+        let mut args = self;
+        args.sequence += last.switch_rounds(kind, self.root);
+        Ok((args, 0, dtype, op))
     }
 
     /// Records `InvalidArgument` with `detail` on the barrier's policy and returns it.

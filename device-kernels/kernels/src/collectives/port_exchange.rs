@@ -18,6 +18,10 @@
 //! round reach every rank through the ring in the next round. Recursive doubling
 //! ([`send_to`], [`wait_for`] a partner) likewise signals one peer a step (see
 //! `all_reduce_doubling`).
+//!
+//! All of these are the lockstep protocol; broadcast and reduce are eager, and a switch
+//! between protocols is one exchange with nothing in it (see
+//! [`port_protocol`](super::port_protocol)).
 
 use super::all_to_allv::share;
 use super::all_to_allv_counts::AllToAllvCounts;
@@ -37,13 +41,10 @@ pub(crate) enum Part<'k> {
     TheirChunk { len: u64, size: u64 },
     /// Our own chunk of such a round (all-reduce: reduced).
     OurChunk { len: u64, size: u64 },
-    /// The first `bytes` bytes, to every peer (all-gather; broadcast from the root).
+    /// The first `bytes` bytes, to every peer (all-gather; broadcast from the root; the one-shot all-reduce).
     Whole { bytes: u64 },
     /// Block `p` of `bytes` bytes to peer `p` (reduce-scatter, all-to-all).
     TheirBlock { bytes: u64 },
-    /// The first `bytes` bytes to peer `to` alone (reduce, to the root), nothing to the
-    /// others.
-    WholeTo { bytes: u64, to: u32 },
     /// Of the `counts[p]` elements of `size` bytes each we send peer `p`, the bytes from
     /// `off` on, at most `per`, from block `p` of `per` bytes (all-to-all-v).
     TheirShare {
@@ -52,8 +53,8 @@ pub(crate) enum Part<'k> {
         size: u64,
         counts: &'k [u64; AllToAllvCounts::MAX_RANKS],
     },
-    /// Nothing: a signal alone (broadcast to the root, which only needs to know the peer
-    /// is done with the set).
+    /// Nothing: a signal alone (a barrier; the switch between protocols; the reduce's
+    /// dones).
     Nothing,
 }
 
@@ -70,8 +71,6 @@ impl Part<'_> {
             Part::OurChunk { len, size } => chunk(rank, len, size),
             Part::Whole { bytes } => (0, bytes),
             Part::TheirBlock { bytes } => (p as u64 * bytes, bytes),
-            Part::WholeTo { bytes, to } if to == p => (0, bytes),
-            Part::WholeTo { .. } => (0, 0),
             Part::TheirShare {
                 per,
                 off,
