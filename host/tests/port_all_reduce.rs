@@ -257,7 +257,7 @@ fn back_to_back(comm: &mut Communicator, large_algo: Algorithm, gather: Algorith
     for (c, algo) in [
         (Collective::AllGather, gather),
         (Collective::ReduceScatter, gather),
-        (Collective::Broadcast, Algorithm::Doubling),
+        (Collective::Broadcast, Algorithm::Ports),
         (Collective::Reduce, Algorithm::Ports),
     ] {
         assert_eq!(comm.collective_algorithm(c, 64)?, algo, "{c}");

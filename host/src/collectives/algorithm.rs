@@ -31,9 +31,10 @@ pub enum Algorithm {
     /// where [`Algorithm::Ports`] makes `n - 1` puts. For small messages among a power of
     /// two of ranks across nodes (chosen up to
     /// [`CollectiveConfig::doubling_max_bytes`](super::CollectiveConfig::doubling_max_bytes)).
-    /// All-gather, broadcast (recursive doubling) and reduce-scatter (recursive halving)
-    /// take it too, at every size where a small all-reduce would; other rank counts, and the
-    /// other collectives, take [`Algorithm::Ports`].
+    /// All-gather (recursive doubling) and reduce-scatter (recursive halving) take it too,
+    /// at every size where a small all-reduce would, and broadcast (recursive doubling)
+    /// where it is asked for at every size; other rank counts, and the other collectives,
+    /// take [`Algorithm::Ports`].
     Doubling,
 }
 

@@ -28,9 +28,10 @@
 //! through the proxy over port channels), or [`Algorithm::Ring`] (a ring through the proxy)
 //! from [`CollectiveConfig::ring_min_ranks`] ranks on, or for small messages among a power
 //! of two of ranks [`Algorithm::Doubling`] (recursive doubling through the proxy, up to
-//! [`CollectiveConfig::doubling_max_bytes`]; among such ranks all-gather, reduce-scatter and
-//! broadcast take it at every size); and all-gather, reduce-scatter, broadcast,
-//! reduce, all-to-all, all-to-all-v (one exchange a round) and the device barrier; buffer
+//! [`CollectiveConfig::doubling_max_bytes`]; among such ranks all-gather and reduce-scatter
+//! take it at every size); and all-gather, reduce-scatter, all-to-all, all-to-all-v (one
+//! exchange a round), broadcast and reduce (eager: data one way, the sender runs ahead of
+//! its receivers) and the device barrier; buffer
 //! registration is refused with an error that says so. Forcing ports (`OXCCL_ALGO=ports`
 //! or [`CollectiveConfig::algorithm`]) sends every collective through the proxy on one
 //! node too; forcing `ring` (or the ring's rank count, through the proxy) sends all-reduce,
@@ -212,10 +213,10 @@ impl Communicator {
     /// The algorithm a call of `collective` of `bytes` bytes takes on this communicator:
     /// [`Self::all_reduce_algorithm`] for an all-reduce; for the others, where they run
     /// through the proxy (see the module docs), [`Algorithm::Ring`] for all-gather and
-    /// reduce-scatter where the ring is chosen, [`Algorithm::Doubling`] for all-gather,
-    /// reduce-scatter and broadcast among a power of two of ranks where recursive doubling
-    /// is chosen (at any size where a small all-reduce takes it) and [`Algorithm::Ports`]
-    /// otherwise, else [`Algorithm::Direct`] (on registered buffers, in place of the peers'
+    /// reduce-scatter where the ring is chosen, [`Algorithm::Doubling`] for all-gather and
+    /// reduce-scatter among a power of two of ranks where recursive doubling is chosen (at
+    /// any size where a small all-reduce takes it) and for broadcast where it is chosen at
+    /// every size, and [`Algorithm::Ports`] otherwise, else [`Algorithm::Direct`] (on registered buffers, in place of the peers'
     /// buffers).
     ///
     /// # Errors
@@ -243,19 +244,23 @@ impl Communicator {
     /// where the ranks cannot load and store each other's memory, or where an algorithm
     /// through the proxy is asked for (as for all-reduce: [`CollectiveConfig::algorithm`],
     /// then `OXCCL_ALGO`), [`Algorithm::Ring`] for all-gather and reduce-scatter where the
-    /// ring is chosen, [`Algorithm::Doubling`] for all-gather, reduce-scatter and broadcast
-    /// among a power of two of ranks where recursive doubling is chosen or would be for a
-    /// small all-reduce, else [`Algorithm::Ports`]; `None` where they load and store.
+    /// ring is chosen, [`Algorithm::Doubling`] for all-gather and reduce-scatter among a
+    /// power of two of ranks where recursive doubling is chosen or would be for a small
+    /// all-reduce, and for broadcast where it is chosen at every size, else
+    /// [`Algorithm::Ports`]; `None` where they load and store.
     ///
     /// An all-gather by recursive doubling (a reduce-scatter by recursive halving) sends
     /// each rank's data to each peer once, as the all-pairs algorithm does, in `log2 n`
-    /// messages a rank instead of `n - 1`, and a broadcast by recursive doubling sends the
-    /// root's data `n - 1` times in all, as the all-pairs broadcast does, in `n log2 n`
-    /// messages instead of `n (n - 1)`, so they take it at every size (4 ranks over
+    /// messages a rank instead of `n - 1`, so they take it at every size (4 ranks over
     /// loopback Ethernet on 2 cores, all-gather 1 KiB-16 MiB: 0.6-1.0 of the all-pairs
-    /// time, 3 alternated runs). A reduce by recursive doubling (the all-reduce's, written
-    /// out on the root) was no faster than the all-pairs reduce at 1-16 KiB and slower from
-    /// 256 KiB on (4 and 8 ranks), so reduce keeps its port algorithm.
+    /// time, 3 alternated runs). Broadcast and reduce take their eager port algorithms
+    /// (`n - 1` messages a round from or to the root, the dones back, the sender runs ahead):
+    /// a broadcast by recursive doubling (`n log2 n` messages a round, in lockstep) is
+    /// taken only where doubling is asked for at every size, as it took 1.0-1.5x the eager
+    /// broadcast's time at 8 B-2 MiB with 4 ranks and 1.4-3.6x at 64 B-256 KiB with 8 (as
+    /// processes over loopback Ethernet on 2 cores). A reduce by recursive doubling (the
+    /// all-reduce's, written out on the root) was no faster than the all-pairs reduce at
+    /// 1-16 KiB and slower from 256 KiB on (4 and 8 ranks).
     fn proxy_algorithm(&self, collective: Collective) -> Result<Option<Algorithm>> {
         let c = &self.config().collectives;
         let resolve = |bytes| {
@@ -270,9 +275,12 @@ impl Communicator {
         let (large, small) = (resolve(u64::MAX)?, resolve(1)?.for_ranks(self.size()));
         Ok(large.through_proxy().then_some(match (collective, large) {
             (Collective::AllGather | Collective::ReduceScatter, Algorithm::Ring) => Algorithm::Ring,
-            (Collective::AllGather | Collective::ReduceScatter | Collective::Broadcast, _)
+            (Collective::AllGather | Collective::ReduceScatter, _)
                 if small == Algorithm::Doubling =>
             {
+                Algorithm::Doubling
+            }
+            (Collective::Broadcast, _) if large.for_ranks(self.size()) == Algorithm::Doubling => {
                 Algorithm::Doubling
             }
             _ => Algorithm::Ports,
