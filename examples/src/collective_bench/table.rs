@@ -155,7 +155,11 @@ fn header(r: &Report) -> Vec<String> {
         None => "the library's launch shape".into(),
     };
     let algo = match (plan.collective == Collective::AllReduce, setup.algo) {
-        (false, _) => "direct algorithm".to_string(),
+        (false, AlgorithmChoice::Auto) => "algorithm auto (direct; through the proxy where \
+             ranks cannot load and store each other's memory; the algo column says which; \
+             OXCCL_ALGO overrides)"
+            .to_string(),
+        (false, choice) => format!("algorithm {} (forced)", algo_name(choice)),
         (true, AlgorithmChoice::Auto) => format!(
             "algorithm auto (packets up to {} B, then direct; through the proxy where ranks \
              cannot load and store each other's memory: doubling, ports or ring; the algo \
