@@ -1019,8 +1019,9 @@ impl Communicator {
                 Collective::Reduce => (PortProtocol::REDUCE, call.root),
                 _ => (PortProtocol::LOCKSTEP, 0),
             };
-            p.sequence += p.protocol.switch_rounds(kind, root) + taken;
-            p.protocol = p.protocol.after(kind, root, rank, taken);
+            let first = p.sequence + p.protocol.switch_rounds(kind, root);
+            p.protocol = p.protocol.after(kind, root, rank, first, taken);
+            p.sequence = first + taken;
         }
         Ok(())
     }

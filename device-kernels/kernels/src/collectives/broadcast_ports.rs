@@ -2,15 +2,15 @@
 //! each other), eager (see [`port_protocol`](super::port_protocol)), in rounds of
 //! [`PortLayout::copy_round_bytes`](super::PortLayout::copy_round_bytes): the root stages
 //! each round and puts it into its gather slot of every peer, with a signal; each peer
-//! waits for the root's signal, copies the round into its output and answers with a done.
-//! The others exchange nothing among themselves.
+//! waits for the root's signal, copies the round into its output and, every other round,
+//! answers with a done. The others exchange nothing among themselves.
 //!
 //! The root writes a round's set (its staged round, its gather slot of each peer) again
 //! [`PortLayout::SETS`](super::PortLayout::SETS) rounds later; before it does, it waits for
-//! every peer's done of that earlier round (the peer has read it out, and our proxy has read
-//! our staged round, whose put came before it). So it runs up to that many rounds ahead,
-//! across calls too (the dones a call leaves owed are waited for by the next). The data's
-//! type does not matter: rounds are bytes.
+//! every peer's done covering that earlier round (the peer has read it out, and our proxy
+//! has read our staged round, whose put came before it). So it runs two or three rounds
+//! ahead, across calls too (the dones a call leaves owed are waited for by the next). The
+//! data's type does not matter: rounds are bytes.
 
 use super::port_collective_args::PortCollectiveArgs;
 use super::port_exchange::{Part, send_to, send_to_peers, wait_for, wait_for_peers};
@@ -28,7 +28,7 @@ use oxccl_device::kernel;
 /// Invalid ids, short buffers, channel (a peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (args, mut owed, dtype, _) = args.begin_as(PortProtocol::BROADCAST)?;
+    let (args, mut covered, dtype, _) = args.begin_as(PortProtocol::BROADCAST)?;
     let a = &args;
     let (r, root, l) = (a.rank, a.root, a.layout);
     let bytes = a.count.saturating_mul(dtype.size());
@@ -48,11 +48,12 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
         let len = per.min(bytes - off);
         let set = PortLayout::set_of(seq);
         if r == root {
-            if owed as u64 >= PortLayout::SETS {
-                // Every peer's done of the round `SETS` before this one (see the module docs).
+            // Every peer's done covering the round `SETS` before this one (module docs).
+            let needed = PortProtocol::covered_before(covered, seq);
+            for _ in 0..PortProtocol::dones_between(covered, needed) {
                 wait_for_peers(a)?;
-                owed -= 1;
             }
+            covered = needed;
             let staged_at = l.staged(set);
             window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;
             send_to_peers(
@@ -61,13 +62,14 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
                 staged_at,
                 Part::Whole { bytes: len },
             )?;
-            owed += 1;
         } else {
             wait_for(a, root)?;
             let src = window_mut(a.scratch, l.gather_slot(set, root), len)?;
             window_mut(output, off, len)?.copy_from(Grid, src.as_view())?;
-            // Done: every block has copied the round out (`send_to` meets the grid first).
-            send_to(a, root, 0, 0, 0)?;
+            if PortProtocol::done_after(seq) {
+                // Every block has copied the round out (`send_to` meets the grid first).
+                send_to(a, root, 0, 0, 0)?;
+            }
         }
         off += len;
         seq += 1;

@@ -37,6 +37,9 @@ pub struct PortCollectiveArgs<'a> {
     pub count: u64,
     /// The call's first round number (the same on every rank; a call takes one per round).
     pub sequence: u64,
+    /// The protocol of the communicator's last port collective and how far its sender has
+    /// heard back (see [`PortProtocol`]).
+    pub protocol: PortProtocol,
     /// This rank.
     pub rank: u32,
     /// Ranks of the communicator.
@@ -47,9 +50,6 @@ pub struct PortCollectiveArgs<'a> {
     pub op: u32,
     /// The root (broadcast, reduce); 0 elsewhere.
     pub root: u32,
-    /// The protocol of the communicator's last port collective and the waits it left owed
-    /// (see [`PortProtocol`]).
-    pub protocol: PortProtocol,
     /// Zero.
     pub reserved: u32,
 }
@@ -87,10 +87,12 @@ impl PortCollectiveArgs<'_> {
     }
 
     /// The start of a kernel of protocol `kind` (with the call's root): as [`Self::begin`],
-    /// and the dones the last call left owed to carry on with where this call continues its
-    /// protocol. Where it switches, it first waits for those dones, then runs the switch's
-    /// exchange with every peer, in the round the call's first round number names; the
-    /// arguments returned start one round later.
+    /// and the last round the sender's dones cover, to go on from
+    /// ([`PortProtocol::covered`]). Where the call continues the last call's protocol, that
+    /// is the last call's; where it switches, the kernel first waits for the dones the last
+    /// call left owed, then runs the switch's exchange with every peer, in the round the
+    /// call's first round number names, which the dones need not cover; the arguments
+    /// returned start one round later.
     ///
     /// # Errors
     /// As [`Self::begin`].
@@ -98,18 +100,22 @@ impl PortCollectiveArgs<'_> {
     pub(crate) fn begin_as(
         self,
         kind: u32,
-    ) -> Result<(Self, u32, DataType, ReduceOp), DeviceError> {
+    ) -> Result<(Self, u64, DataType, ReduceOp), DeviceError> {
         let (dtype, op) = self.check()?;
         let last = self.protocol;
         if last.continues(kind, self.root) {
-            return Ok((self, last.owed, dtype, op));
+            return Ok((self, last.covered, dtype, op));
         }
+        let owed = match last.kind {
+            PortProtocol::LOCKSTEP => 0,
+            _ => PortProtocol::dones_between(last.covered, self.sequence.saturating_sub(1)),
+        };
         let (peers, rank) = (self.peers, self.rank);
-        if last.owed > 0 && oxccl_device::arch::block_rank() == 0 {
+        if owed > 0 && oxccl_device::arch::block_rank() == 0 {
             oxccl_device::block::block_wait(move || {
                 for p in (0..self.n_ranks).filter(|&p| last.owed_by(rank, p)) {
                     let channel = peers.get(p)?;
-                    for _ in 0..last.owed {
+                    for _ in 0..owed {
                         channel.wait()?;
                     }
                 }
@@ -119,7 +125,7 @@ impl PortCollectiveArgs<'_> {
         exchange_with_peers(&self, 0, 0, Part::Nothing)?;
         let mut args = self;
         args.sequence += last.switch_rounds(kind, self.root);
-        Ok((args, 0, dtype, op))
+        Ok((args, self.sequence, dtype, op))
     }
 
     /// Records `InvalidArgument` with `detail` on the barrier's policy and returns it.

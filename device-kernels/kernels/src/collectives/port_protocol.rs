@@ -1,32 +1,36 @@
-//! Which protocol the last port collective of a communicator ran, and the waits it left
-//! owed: the host keeps a [`PortProtocol`] and passes it to the next port collective kernel.
+//! Which protocol the last port collective of a communicator ran, and how far its sender
+//! has heard back: the host keeps a [`PortProtocol`] and passes it to the next port
+//! collective kernel.
 //!
 //! Most port collectives run in **lockstep** (see `port_exchange`): every rank signals every
 //! peer once a round and waits for each peer's signal once a round, so a peer's signal of a
 //! round tells what the peer has finished, and the scratch's sets are reused on that.
 //!
 //! Broadcast and reduce run **eager**, as a message library's eager sends do: data flow one
-//! way, from the root (broadcast) or to it (reduce), and the receiver answers each round,
-//! once it has read the round out, with a signal alone ("done"). The sender waits for the
-//! done of a round only before it writes that round's set again,
-//! [`PortLayout::SETS`](super::PortLayout::SETS) rounds later, so it runs up to that many
-//! rounds ahead of its receivers and calls back to back overlap; ranks that neither send
-//! nor receive to each other exchange nothing. Its last dones are left **owed**: waited for
-//! by the next call of the same protocol (the same collective with the same root), which
-//! goes on where this one stopped, or paid before anything else.
+//! way, from the root (broadcast) or to it (reduce), and the receiver answers, once it has
+//! read a round out, with a signal alone, a **done**, every
+//! [`PortProtocol::DONE_EVERY`] rounds ([`PortProtocol::done_after`]: a done covers the
+//! rounds before it). The sender needs a round read out only before it writes that round's
+//! set again, [`PortLayout::SETS`](super::PortLayout::SETS) rounds later, and waits for the
+//! done that covers it then ([`PortProtocol::covered_before`]); so it runs two or three
+//! rounds ahead of its receivers, and calls back to back overlap. Ranks that neither send
+//! nor receive to each other exchange nothing. The dones of a call's last rounds are left
+//! **owed**: waited for by the next call of the same protocol (the same collective with
+//! the same root), which goes on where this one stopped, or collected before anything else.
 //!
 //! A kernel whose protocol differs from the last call's ([`PortProtocol::continues`])
 //! first waits for the dones owed, then runs one lockstep exchange with every peer, with
 //! nothing in it, which takes a round number of its own
 //! ([`PortProtocol::switch_rounds`]): every rank signals it once it has finished every
 //! earlier kernel, so after it every rank knows that every peer has read out every earlier
-//! round, which is what each protocol assumes of the rounds before its first.
+//! round (those no done covers included), which is what each protocol assumes of the
+//! rounds before its first.
 
 use super::port_layout::PortLayout;
 
-/// The protocol of the last port collective and the waits it left owed (see the module
-/// docs). The host keeps it per communicator (the same `kind` and `root` on every rank; the
-/// waits owed are this rank's) and computes the next with [`PortProtocol::after`].
+/// The protocol of the last port collective and how far its sender has heard back (see the
+/// module docs). The host keeps it per communicator (the same `kind` and `root` on every
+/// rank; `covered` is this rank's) and computes the next with [`PortProtocol::after`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct PortProtocol {
@@ -34,12 +38,10 @@ pub struct PortProtocol {
     pub kind: u32,
     /// The root of an eager collective; 0 in lockstep.
     pub root: u32,
-    /// Dones this rank has yet to wait for from each peer it sent rounds to: every peer for
-    /// the root of a broadcast, the root for the others of a reduce; at most
-    /// [`PortLayout::SETS`].
-    pub owed: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// On an eager sender: the last round the dones it has waited for cover (from the round
+    /// of the switch that began the protocol on); the dones after it, up to the last round
+    /// sent, are owed. 0 in lockstep.
+    pub covered: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<PortProtocol>() == 16);
@@ -51,6 +53,10 @@ impl PortProtocol {
     pub const BROADCAST: u32 = 1;
     /// The eager reduce.
     pub const REDUCE: u32 = 2;
+    /// Rounds one done of an eager receiver covers. Two: half the signals of a done a
+    /// round, and the sender still two rounds ahead (a done sent after round `j` is needed
+    /// before round `j + SETS` or `j + SETS - 1` is written).
+    pub const DONE_EVERY: u64 = 2;
 
     /// Whether a call of protocol `kind` with `root` goes on where this one stopped (the
     /// same protocol, and for an eager one the same root) instead of switching.
@@ -64,7 +70,8 @@ impl PortProtocol {
         if self.continues(kind, root) { 0 } else { 1 }
     }
 
-    /// Whether rank `rank` sends rounds and is owed dones under protocol `kind` with `root`.
+    /// Whether rank `rank` sends rounds (and waits for dones) under protocol `kind` with
+    /// `root`.
     pub const fn sender(kind: u32, root: u32, rank: u32) -> bool {
         match kind {
             Self::BROADCAST => rank == root,
@@ -73,8 +80,8 @@ impl PortProtocol {
         }
     }
 
-    /// Whether this protocol, on rank `rank`, owes peer `peer` its dones: the receivers of
-    /// what `rank` sent.
+    /// Whether this protocol, on rank `rank`, waits for dones from peer `peer`: the
+    /// receivers of what `rank` sends.
     pub const fn owed_by(self, rank: u32, peer: u32) -> bool {
         match self.kind {
             Self::BROADCAST => rank == self.root && peer != rank,
@@ -83,31 +90,56 @@ impl PortProtocol {
         }
     }
 
-    /// The state after a call of protocol `kind` with `root`, on rank `rank`, of `rounds`
-    /// rounds of its own (not counting [`Self::switch_rounds`]): a sender waits for a
-    /// round's done only once it has [`PortLayout::SETS`] rounds unanswered, so it leaves
-    /// up to that many owed.
-    pub const fn after(self, kind: u32, root: u32, rank: u32, rounds: u64) -> PortProtocol {
-        let start = if self.continues(kind, root) {
-            self.owed as u64
-        } else {
+    /// Whether an eager receiver sends a done once it has read round `round` out.
+    pub const fn done_after(round: u64) -> bool {
+        round % Self::DONE_EVERY == Self::DONE_EVERY - 1
+    }
+
+    /// Dones sent after the rounds in `after + 1 ..= upto` (none where `upto <= after`).
+    pub const fn dones_between(after: u64, upto: u64) -> u64 {
+        if upto <= after {
             0
-        };
-        let owed = if Self::sender(kind, root, rank) {
-            let total = start.saturating_add(rounds);
-            if total < PortLayout::SETS {
-                total
-            } else {
-                PortLayout::SETS
-            }
         } else {
-            0
+            (upto + 1) / Self::DONE_EVERY - (after + 1) / Self::DONE_EVERY
+        }
+    }
+
+    /// What a sender's dones must cover before it writes round `round` (the round
+    /// [`PortLayout::SETS`] before, which took the same set), given they cover `covered`:
+    /// `covered` itself where that is enough, else the round of the done that covers the
+    /// earlier round, which came after a round already sent. The sender waits for
+    /// [`Self::dones_between`] the two.
+    pub const fn covered_before(covered: u64, round: u64) -> u64 {
+        if round < PortLayout::SETS || round - PortLayout::SETS <= covered {
+            covered
+        } else {
+            let earlier = round - PortLayout::SETS;
+            earlier - earlier % Self::DONE_EVERY + Self::DONE_EVERY - 1
+        }
+    }
+
+    /// The state after a call of protocol `kind` with `root`, on rank `rank`, whose own
+    /// rounds are `rounds` from round `first` on (past its [`Self::switch_rounds`]).
+    pub const fn after(self, kind: u32, root: u32, rank: u32, first: u64, rounds: u64) -> Self {
+        if kind == Self::LOCKSTEP {
+            return PortProtocol {
+                kind,
+                root: 0,
+                covered: 0,
+            };
+        }
+        let mut covered = if self.continues(kind, root) {
+            self.covered
+        } else {
+            first.saturating_sub(1)
         };
+        if Self::sender(kind, root, rank) && rounds > 0 {
+            covered = Self::covered_before(covered, first + rounds - 1);
+        }
         PortProtocol {
             kind,
-            root: if kind == Self::LOCKSTEP { 0 } else { root },
-            owed: owed as u32,
-            reserved: 0,
+            root,
+            covered,
         }
     }
 }
@@ -120,28 +152,63 @@ mod tests {
     const R: u32 = PortProtocol::REDUCE;
     const L: u32 = PortProtocol::LOCKSTEP;
 
+    /// Round by round, as the kernels go: every round written needs the round `SETS` before
+    /// it covered (when that round is of this protocol), by dones of this protocol only.
     #[test]
-    fn the_root_of_a_broadcast_owes_up_to_a_set_of_rounds_and_carries_them_on() {
-        let start = PortProtocol::default();
-        let one = start.after(B, 1, 1, 1);
-        assert_eq!((one.kind, one.root, one.owed), (B, 1, 1));
-        assert_eq!(one.after(B, 1, 1, 1).owed, 2);
-        assert_eq!(one.after(B, 1, 1, 100).owed, PortLayout::SETS as u32);
-        // A receiver owes nothing.
-        assert_eq!(start.after(B, 1, 0, 5).owed, 0);
-        // An empty call continues with what was owed, or, switching, pays it.
-        assert_eq!(one.after(B, 1, 1, 0).owed, 1);
-        assert_eq!(one.after(B, 0, 0, 0).owed, 0);
+    fn a_sender_waits_for_the_done_covering_the_round_three_before_and_no_other() {
+        for first in 5..9u64 {
+            let mut covered = first - 1; // the switch's round
+            let mut waited = 0;
+            for round in first..first + 40 {
+                let next = PortProtocol::covered_before(covered, round);
+                if next != covered {
+                    // Never waiting for the done of the round just written: two ahead.
+                    assert!(round - next >= 2, "round {round}");
+                    assert!(PortProtocol::done_after(next), "round {round}");
+                }
+                waited += PortProtocol::dones_between(covered, next);
+                covered = next;
+                if round >= first + PortLayout::SETS {
+                    assert!(covered >= round - PortLayout::SETS, "round {round}");
+                }
+                assert!(round - covered <= PortLayout::SETS, "round {round}");
+            }
+            let sent: u64 = (first..first + 40)
+                .filter(|&j| PortProtocol::done_after(j))
+                .count() as u64;
+            let owed = PortProtocol::dones_between(covered, first + 39);
+            assert_eq!(
+                waited + owed,
+                sent,
+                "every done waited for once, first {first}"
+            );
+        }
     }
 
     #[test]
-    fn the_others_of_a_reduce_owe_the_root() {
-        let p = PortProtocol::default().after(R, 2, 0, 2);
-        assert_eq!((p.kind, p.root, p.owed), (R, 2, 2));
-        assert!(p.owed_by(0, 2));
-        assert!(!p.owed_by(0, 1));
-        assert!(!p.owed_by(2, 0), "the root owes nothing");
-        assert_eq!(PortProtocol::default().after(R, 2, 2, 7).owed, 0);
+    fn the_host_follows_the_kernels_and_continues_or_switches() {
+        let start = PortProtocol::default();
+        // Broadcast from 1, rounds 1..=10 after the switch's round 0: the root has waited up
+        // to the done covering round 7.
+        let root = start.after(B, 1, 1, 1, 10);
+        assert_eq!((root.kind, root.root, root.covered), (B, 1, 7));
+        assert_eq!(
+            PortProtocol::dones_between(root.covered, 10),
+            1,
+            "round 9's done owed"
+        );
+        // A receiver carries the switch's round on; an empty call keeps the state.
+        assert_eq!(start.after(B, 1, 0, 1, 10).covered, 0);
+        assert_eq!(root.after(B, 1, 1, 11, 0), root);
+        // Continuing goes on from what was covered; another root starts again.
+        assert_eq!(root.after(B, 1, 1, 11, 2).covered, 9);
+        assert_eq!(root.after(B, 2, 1, 12, 2).covered, 11);
+        // Reduce: the others send.
+        let other = start.after(R, 2, 0, 1, 6);
+        assert_eq!((other.kind, other.root, other.covered), (R, 2, 3));
+        assert!(other.owed_by(0, 2) && !other.owed_by(0, 1) && !other.owed_by(2, 0));
+        assert_eq!(start.after(R, 2, 2, 1, 6).covered, 0);
+        assert_eq!(other.after(L, 5, 0, 8, 3), PortProtocol::default());
     }
 
     #[test]
@@ -153,18 +220,16 @@ mod tests {
             "lockstep continues whatever the root"
         );
         assert_eq!(lockstep.switch_rounds(B, 0), 1);
-        let bcast = lockstep.after(B, 0, 0, 1);
+        let bcast = lockstep.after(B, 0, 0, 1, 1);
         assert_eq!(bcast.switch_rounds(B, 0), 0);
         assert_eq!(bcast.switch_rounds(B, 1), 1, "another root switches");
         assert_eq!(bcast.switch_rounds(R, 0), 1);
         assert_eq!(bcast.switch_rounds(L, 0), 1);
-        let back = bcast.after(L, 5, 0, 3);
-        assert_eq!(back, PortProtocol::default());
     }
 
     #[test]
-    fn the_root_of_a_broadcast_is_owed_by_every_peer() {
-        let p = PortProtocol::default().after(B, 1, 1, 1);
+    fn the_root_of_a_broadcast_hears_from_every_peer() {
+        let p = PortProtocol::default().after(B, 1, 1, 1, 1);
         assert!(p.owed_by(1, 0) && p.owed_by(1, 2));
         assert!(!p.owed_by(1, 1));
         assert!(!PortProtocol::default().owed_by(0, 1));

@@ -3,13 +3,13 @@
 //! [`PortLayout::copy_round_bytes`](super::PortLayout::copy_round_bytes): every rank but
 //! the root stages each round and puts it into its reduce slot of the root, with a signal;
 //! once every peer's signal of a round has come, the root reduces its own round and the
-//! peers' slots, in rank order, into its output and answers every peer with a done. The
-//! others exchange nothing among themselves.
+//! peers' slots, in rank order, into its output and, every other round, answers every peer
+//! with a done. The others exchange nothing among themselves.
 //!
 //! A rank writes a round's set (its staged round, its reduce slot of the root) again
 //! [`PortLayout::SETS`](super::PortLayout::SETS) rounds later; before it does, it waits for
-//! the root's done of that earlier round (the root has reduced it, and our proxy has read
-//! our staged round, whose put came before it). So the others run up to that many rounds
+//! the root's done covering that earlier round (the root has reduced it, and our proxy has
+//! read our staged round, whose put came before it). So the others run two or three rounds
 //! ahead of the root, across calls too (the dones a call leaves owed are waited for by the
 //! next).
 
@@ -34,17 +34,17 @@ use oxccl_device::reduce::{ReduceElement, ReduceOp};
 /// Invalid ids, short buffers, channel (a peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_reduce_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (args, owed, dtype, op) = args.begin_as(PortProtocol::REDUCE)?;
-    dispatch_element!(dtype, T => reduce_rounds::<T>(&args, op, owed))
+    let (args, covered, dtype, op) = args.begin_as(PortProtocol::REDUCE)?;
+    dispatch_element!(dtype, T => reduce_rounds::<T>(&args, op, covered))
 }
 
-/// The reduce, round by round (see the module docs); `owed`: the root's dones the last call
-/// left owed.
+/// The reduce, round by round (see the module docs); `covered`: the last round the root's
+/// dones this rank has waited for cover.
 #[inline(always)]
 fn reduce_rounds<T: ReduceElement>(
     a: &PortCollectiveArgs<'_>,
     op: ReduceOp,
-    mut owed: u32,
+    mut covered: u64,
 ) -> Result<(), DeviceError> {
     let (c, r, root, nr, l) = (a.count, a.rank, a.root, a.n_ranks, a.layout);
     let size = core::mem::size_of::<T>() as u64;
@@ -61,10 +61,13 @@ fn reduce_rounds<T: ReduceElement>(
         let len = per.min(c - off);
         let set = PortLayout::set_of(seq);
         let staged_at = l.staged(set);
-        if r != root && owed as u64 >= PortLayout::SETS {
-            // The root's done of the round `SETS` before this one (see the module docs).
-            wait_for(a, root)?;
-            owed -= 1;
+        if r != root {
+            // The root's done covering the round `SETS` before this one (module docs).
+            let needed = PortProtocol::covered_before(covered, seq);
+            for _ in 0..PortProtocol::dones_between(covered, needed) {
+                wait_for(a, root)?;
+            }
+            covered = needed;
         }
         // The root stages its round too: in place, the reduction writes its output (its
         // input) before it reads its own part.
@@ -79,11 +82,12 @@ fn reduce_rounds<T: ReduceElement>(
                     Ok(window_mut(scratch, l.reduce_slot(set, p) / size, len)?.as_view())
                 }
             })?;
-            // Done: every block has reduced the round (`send_to_peers` meets the grid first).
-            send_to_peers(a, 0, 0, Part::Nothing)?;
+            if PortProtocol::done_after(seq) {
+                // Every block has reduced the round (`send_to_peers` meets the grid first).
+                send_to_peers(a, 0, 0, Part::Nothing)?;
+            }
         } else {
             send_to(a, root, l.reduce_slot(set, r), staged_at, len * size)?;
-            owed += 1;
         }
         off += len;
         seq += 1;
