@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 pub mod collective_bench;
+pub mod local_job;
 pub mod thread_stats;
 
 use std::process::{Child, Command, ExitStatus};

@@ -56,60 +56,16 @@ pub fn run_launched_rank(collective: Collective, args: &BenchArgs) -> Result<boo
 /// # Errors
 /// The job cannot be started or waited for.
 pub fn launch_processes(args: &BenchArgs, baselines: &Baselines) -> Result<bool> {
-    let system = |context: &str, source: std::io::Error| Error::System {
-        context: context.into(),
-        source,
-    };
-    let port = oxccl_bootstrap::free_loopback_port()?;
-    let secret = oxccl_bootstrap::Secret::random()?.to_hex();
-    let exe = std::env::current_exe().map_err(|e| system("finding this program", e))?;
-    let forwarded: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|s| s != "--processes" && s != "--mpi")
-        .collect();
     let encoded = serde_json::to_string(baselines)
         .map_err(|e| Error::Internal(format!("encoding the baselines: {e}")))?;
-    let mut children = Vec::new();
-    for rank in 0..args.ranks {
-        let child = std::process::Command::new(&exe)
-            .args(&forwarded)
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", args.ranks.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", args.ranks.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("OXCCL_SECRET", &secret)
-            .env(oxccl::backend::BACKEND_ENV, args.backend.name())
-            .env(BASELINES_ENV, &encoded)
-            .stdout(if rank == 0 {
-                std::process::Stdio::inherit()
-            } else {
-                std::process::Stdio::null()
-            })
-            .spawn()
-            .map_err(|e| system(&format!("starting rank {rank}"), e))?;
-        children.push(child);
+    let env = [
+        (oxccl::backend::BACKEND_ENV, args.backend.name().to_string()),
+        (BASELINES_ENV, encoded),
+    ];
+    let failed =
+        crate::local_job::run_local_job(args.ranks, &["--processes", "--mpi"], &env, JOB_DEADLINE)?;
+    for line in &failed {
+        eprintln!("{line}");
     }
-    let deadline = std::time::Instant::now() + JOB_DEADLINE;
-    let mut ok = true;
-    for (rank, mut child) in children.into_iter().enumerate() {
-        match crate::wait_until(&mut child, deadline)
-            .map_err(|e| system(&format!("waiting for rank {rank}"), e))?
-        {
-            Some(status) if status.success() => {}
-            Some(status) => {
-                eprintln!("rank {rank} failed: {status}");
-                ok = false;
-            }
-            None => {
-                eprintln!(
-                    "rank {rank} was still running after {} s and was stopped",
-                    JOB_DEADLINE.as_secs()
-                );
-                ok = false;
-            }
-        }
-    }
-    Ok(ok)
+    Ok(failed.is_empty())
 }
