@@ -110,10 +110,12 @@ impl PortCollectiveArgs<'_> {
             PortProtocol::LOCKSTEP => 0,
             _ => PortProtocol::dones_between(last.covered, self.sequence.saturating_sub(1)),
         };
-        let (peers, rank) = (self.peers, self.rank);
+        // Plain values, not `self`: what a closure takes lives in local memory on the GPU
+        // once the closure is out of line.
+        let (peers, rank, n_ranks) = (self.peers, self.rank, self.n_ranks);
         if owed > 0 && oxccl_device::arch::block_rank() == 0 {
             oxccl_device::block::block_wait(move || {
-                for p in (0..self.n_ranks).filter(|&p| last.owed_by(rank, p)) {
+                for p in (0..n_ranks).filter(|&p| last.owed_by(rank, p)) {
                     let channel = peers.get(p)?;
                     for _ in 0..owed {
                         channel.wait()?;
