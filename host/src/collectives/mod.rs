@@ -940,7 +940,24 @@ impl Communicator {
         self.proxy().expect_triggers();
         let ctx = &mut **self.collectives.insert(ctx);
         set_up?;
+        let (kind, root) = match collective {
+            Collective::Broadcast if !doubling => (PortProtocol::BROADCAST, call.root),
+            Collective::Reduce => (PortProtocol::REDUCE, call.root),
+            _ => (PortProtocol::LOCKSTEP, 0),
+        };
+        let switch = (ctx.ports.as_ref())
+            .filter(|p| !p.protocol.continues(kind, root))
+            .map(|p| PortProtocol::switched(kind, root, p.sequence));
         let mut args = ctx.port_args(rank, size)?;
+        if let Some(switched) = switch {
+            // The switch between protocols is a barrier, which waits for the dones an
+            // eager collective left owed (a barrier call is one already).
+            if collective != Collective::Barrier {
+                barrier_ports::collective_barrier_ports::launch(stream, launch, args)?;
+            }
+            args.protocol = switched;
+        }
+        let started = args.protocol;
         args.input = call.input;
         args.output = call.output;
         args.count = call.count;
@@ -965,7 +982,7 @@ impl Communicator {
             Collective::Reduce => rounds(call.count, layout.copy_round_bytes() / item),
             _ => rounds(call.count * item, layout.copy_round_bytes()),
         };
-        match collective {
+        let launched = match collective {
             Collective::AllGather if ring => {
                 all_gather_ring::collective_all_gather_ring::launch(stream, launch, args)
             }
@@ -1012,17 +1029,15 @@ impl Communicator {
             }
             _ if ring => all_reduce_ring::collective_all_reduce_ring::launch(stream, launch, args),
             _ => all_reduce_ports::collective_all_reduce_ports::launch(stream, launch, args),
-        }?;
+        };
         if let Some(p) = ctx.ports.as_mut() {
-            let (kind, root) = match collective {
-                Collective::Broadcast if !doubling => (PortProtocol::BROADCAST, call.root),
-                Collective::Reduce => (PortProtocol::REDUCE, call.root),
-                _ => (PortProtocol::LOCKSTEP, 0),
-            };
-            let first = p.sequence + p.protocol.switch_rounds(kind, root);
-            p.protocol = p.protocol.after(kind, root, rank, first, taken);
-            p.sequence = first + taken;
+            // A switch launched stays done whether or not the call could be.
+            p.protocol = started;
+            if launched.is_ok() {
+                p.protocol = started.after(kind, root, rank, p.sequence, taken);
+                p.sequence += taken;
+            }
         }
-        Ok(())
+        launched
     }
 }

@@ -37,7 +37,7 @@ use oxccl_device::kernel;
 /// peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_all_gather_doubling(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (args, dtype, _) = args.begin()?;
+    let (dtype, _) = args.check()?;
     let a = &args;
     let (r, nr, l) = (a.rank, a.n_ranks, a.layout);
     if !nr.is_power_of_two() {

@@ -29,7 +29,7 @@ use oxccl_device::kernel;
 /// Invalid ids, short buffers, channel (a peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_all_gather_ring(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (args, dtype, _) = args.begin()?;
+    let (dtype, _) = args.check()?;
     let a = &args;
     let (r, nr, l) = (a.rank, a.n_ranks, a.layout);
     let bytes = a.count.saturating_mul(dtype.size());

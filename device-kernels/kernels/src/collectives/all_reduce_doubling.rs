@@ -52,7 +52,7 @@ use oxccl_device::reduce::{ReduceElement, ReduceOp};
 /// peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_all_reduce_doubling(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (args, dtype, op) = args.begin()?;
+    let (dtype, op) = args.check()?;
     if !args.n_ranks.is_power_of_two() {
         return Err(args.invalid([args.n_ranks as u64, 0, 0]));
     }

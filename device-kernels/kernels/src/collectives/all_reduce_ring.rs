@@ -47,7 +47,7 @@ use oxccl_device::reduce::{ReduceElement, ReduceOp};
 /// Invalid ids, short buffers, channel (a peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_all_reduce_ring(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (args, dtype, op) = args.begin()?;
+    let (dtype, op) = args.check()?;
     dispatch_element!(dtype, T => all_reduce::<T>(&args, op))
 }
 

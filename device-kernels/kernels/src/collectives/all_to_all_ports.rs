@@ -26,7 +26,7 @@ use oxccl_device::kernel;
 /// that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_all_to_all_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (args, dtype, _) = args.begin()?;
+    let (dtype, _) = args.check()?;
     let a = &args;
     let (r, nr, l) = (a.rank, a.n_ranks as u64, a.layout);
     let block = a.count.saturating_mul(dtype.size());

@@ -31,7 +31,7 @@ pub fn collective_all_to_allv_ports(
     args: PortCollectiveArgs<'_>,
     counts: AllToAllvCounts,
 ) -> Result<(), DeviceError> {
-    let (args, dtype, _) = args.begin()?;
+    let (dtype, _) = args.check()?;
     let (a, k) = (&args, &counts);
     let (r, nr, l) = (a.rank, a.n_ranks, a.layout);
     if nr as usize > AllToAllvCounts::MAX_RANKS {

@@ -33,7 +33,7 @@ use oxccl_device::kernel;
 /// peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_broadcast_doubling(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (args, dtype, _) = args.begin()?;
+    let (dtype, _) = args.check()?;
     let a = &args;
     let (r, root, nr, l) = (a.rank, a.root, a.n_ranks, a.layout);
     if !nr.is_power_of_two() {

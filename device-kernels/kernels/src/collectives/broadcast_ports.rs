@@ -28,7 +28,7 @@ use oxccl_device::kernel;
 /// Invalid ids, short buffers, channel (a peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (args, mut covered, dtype, _) = args.begin_as(PortProtocol::BROADCAST)?;
+    let (mut covered_until, dtype, _) = args.begin_eager(PortProtocol::BROADCAST)?;
     let a = &args;
     let (r, root, l) = (a.rank, a.root, a.layout);
     let bytes = a.count.saturating_mul(dtype.size());
@@ -49,11 +49,11 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
         let set = PortLayout::set_of(seq);
         if r == root {
             // Every peer's done covering the round `SETS` before this one (module docs).
-            let needed = PortProtocol::covered_before(covered, seq);
-            for _ in 0..PortProtocol::dones_between(covered, needed) {
+            let needed = PortProtocol::covered_before(covered_until, seq);
+            for _ in 0..PortProtocol::dones_between(covered_until, needed) {
                 wait_for_peers(a)?;
             }
-            covered = needed;
+            covered_until = needed;
             let staged_at = l.staged(set);
             window_mut(a.scratch, staged_at, len)?.copy_from(Grid, window(input, off, len)?)?;
             send_to_peers(

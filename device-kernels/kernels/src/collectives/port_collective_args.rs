@@ -2,10 +2,11 @@
 //! other only through the proxy: another node, or Ethernet asked for).
 
 use super::collective_args::{CallIds, invalid_argument};
-use super::port_exchange::{Part, exchange_with_peers};
 use super::port_layout::PortLayout;
 use super::port_protocol::PortProtocol;
 use oxccl_device::KernelArg;
+use oxccl_device::arch;
+use oxccl_device::block::block_signal_and_wait;
 use oxccl_device::channel_set::ChannelSetDeviceHandle;
 use oxccl_device::error::DeviceError;
 use oxccl_device::grid_barrier::GridBarrierDeviceHandle;
@@ -38,7 +39,7 @@ pub struct PortCollectiveArgs<'a> {
     /// The call's first round number (the same on every rank; a call takes one per round).
     pub sequence: u64,
     /// The protocol of the communicator's last port collective and how far its sender has
-    /// heard back (see [`PortProtocol`]).
+    /// heard back (see [`PortProtocol`]); the host keeps it.
     pub protocol: PortProtocol,
     /// This rank.
     pub rank: u32,
@@ -73,61 +74,64 @@ impl PortCollectiveArgs<'_> {
         ids.check(&self.barrier)
     }
 
-    /// The start of a lockstep kernel (every port collective but broadcast and reduce): the
-    /// call's type and operation, once [checked](Self::check), and the arguments to run
-    /// with, their first round number past the switch from an eager protocol, if the last
-    /// call ran one (see [`PortProtocol`]).
+    /// The start of an eager kernel of protocol `kind` (with the call's root): the call's
+    /// type and operation, once [checked](Self::check), and the first round the sender's
+    /// dones do not cover, to go on from ([`PortProtocol::covered_until`]). The host has run
+    /// the switch (a barrier kernel) where the last call's protocol was another.
     ///
     /// # Errors
-    /// As [`Self::check`], and the channels' and the grid barrier's.
+    /// As [`Self::check`]; [`DeviceError::InvalidArgument`] (recorded) for a protocol that
+    /// is not this call's.
     #[inline(always)]
-    pub(crate) fn begin(self) -> Result<(Self, DataType, ReduceOp), DeviceError> {
-        let (args, _, dtype, op) = self.begin_as(PortProtocol::LOCKSTEP)?;
-        Ok((args, dtype, op))
+    pub(crate) fn begin_eager(&self, kind: u32) -> Result<(u64, DataType, ReduceOp), DeviceError> {
+        let (dtype, op) = self.check()?;
+        let p = self.protocol;
+        if p.kind != kind || p.root != self.root {
+            return Err(self.invalid([p.kind as u64, p.root as u64, kind as u64]));
+        }
+        Ok((p.covered_until, dtype, op))
     }
 
-    /// The start of a kernel of protocol `kind` (with the call's root): as [`Self::begin`],
-    /// and the last round the sender's dones cover, to go on from
-    /// ([`PortProtocol::covered`]). Where the call continues the last call's protocol, that
-    /// is the last call's; where it switches, the kernel first waits for the dones the last
-    /// call left owed, then runs the switch's exchange with every peer, in the round the
-    /// call's first round number names, which the dones need not cover; the arguments
-    /// returned start one round later.
+    /// The barrier, which is also the switch between protocols (see [`PortProtocol`]):
+    /// signals every peer, waits for the dones the last call left owed (if it ran an eager
+    /// protocol), then for every peer's signal; every block then proceeds. Signals alone: no
+    /// part of the scratch, no round number.
     ///
     /// # Errors
-    /// As [`Self::begin`].
+    /// The channels' (a peer that does not answer) and the grid barrier's.
     #[inline(always)]
-    pub(crate) fn begin_as(
-        self,
-        kind: u32,
-    ) -> Result<(Self, u64, DataType, ReduceOp), DeviceError> {
-        let (dtype, op) = self.check()?;
+    pub(crate) fn settle_and_meet(&self) -> Result<(), DeviceError> {
         let last = self.protocol;
-        if last.continues(kind, self.root) {
-            return Ok((self, last.covered, dtype, op));
-        }
         let owed = match last.kind {
             PortProtocol::LOCKSTEP => 0,
-            _ => PortProtocol::dones_between(last.covered, self.sequence.saturating_sub(1)),
+            _ => PortProtocol::dones_between(last.covered_until, self.sequence),
         };
         // Plain values, not `self`: what a closure takes lives in local memory on the GPU
         // once the closure is out of line.
         let (peers, rank, n_ranks) = (self.peers, self.rank, self.n_ranks);
-        if owed > 0 && oxccl_device::arch::block_rank() == 0 {
-            oxccl_device::block::block_wait(move || {
-                for p in (0..n_ranks).filter(|&p| last.owed_by(rank, p)) {
-                    let channel = peers.get(p)?;
-                    for _ in 0..owed {
-                        channel.wait()?;
+        self.barrier.sync_grid()?;
+        if n_ranks > 1 && arch::block_rank() == 0 {
+            block_signal_and_wait(
+                move || {
+                    for p in (0..n_ranks).filter(|&p| p != rank) {
+                        peers.get(p)?.signal()?;
                     }
-                }
-                Ok(())
-            })?;
+                    Ok(())
+                },
+                move || {
+                    for p in (0..n_ranks).filter(|&p| p != rank) {
+                        let channel = peers.get(p)?;
+                        let dones = if last.owed_by(rank, p) { owed } else { 0 };
+                        // The owed dones first, then the peer's signal of this meeting.
+                        for _ in 0..=dones {
+                            channel.wait()?;
+                        }
+                    }
+                    Ok(())
+                },
+            )?;
         }
-        exchange_with_peers(&self, 0, 0, Part::Nothing)?;
-        let mut args = self;
-        args.sequence += last.switch_rounds(kind, self.root);
-        Ok((args, self.sequence, dtype, op))
+        self.barrier.sync_grid()
     }
 
     /// Records `InvalidArgument` with `detail` on the barrier's policy and returns it.

@@ -11,7 +11,7 @@
 //! has read everything of round `k - 1` out. Sets come back every
 //! [`PortLayout::SETS`](super::PortLayout::SETS) rounds, which leaves room for that (see
 //! `all_gather_ports`, `all_reduce_ports`). Kernels rely on it: no exchange may be skipped,
-//! on any rank. The barrier is one whole exchange ([`exchange_with_peers`]).
+//! on any rank. An exchange is its two halves, [`send_to_peers`] then [`wait_for_peers`].
 //!
 //! A ring ([`send_to_next`], [`wait_for_prev`]) signals the next rank only, once a step, and
 //! makes its own argument for reusing a set (see `all_reduce_ring`): every rank's data of a
@@ -27,7 +27,7 @@ use super::all_to_allv::share;
 use super::all_to_allv_counts::AllToAllvCounts;
 use super::port_collective_args::PortCollectiveArgs;
 use oxccl_device::arch;
-use oxccl_device::block::{block_signal, block_signal_and_wait, block_wait};
+use oxccl_device::block::{block_signal, block_wait};
 use oxccl_device::channel_set::ChannelSetDeviceHandle;
 use oxccl_device::coop::contiguous_chunk;
 use oxccl_device::error::DeviceError;
@@ -85,32 +85,7 @@ impl Part<'_> {
     }
 }
 
-/// Puts `what` of the round staged at `staged_at` of our scratch into every peer's scratch
-/// at `dst`, with a signal (a signal alone where the part is empty), then waits for every
-/// peer's signal (see the module docs). (Plain values, not a closure: what a closure
-/// borrows lives in local memory on the GPU once the closure is out of line.)
-///
-/// # Errors
-/// The channels' (a peer that does not answer) and the grid barrier's.
-#[inline(always)]
-pub(crate) fn exchange_with_peers(
-    a: &PortCollectiveArgs<'_>,
-    dst: u64,
-    staged_at: u64,
-    what: Part<'_>,
-) -> Result<(), DeviceError> {
-    a.barrier.sync_grid()?;
-    let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
-    if n_ranks > 1 && arch::block_rank() == 0 {
-        block_signal_and_wait(
-            move || put_to_peers(peers, rank, n_ranks, dst, staged_at, what),
-            move || wait_on_peers(peers, rank, n_ranks),
-        )?;
-    }
-    a.barrier.sync_grid()
-}
-
-/// The first half of [`exchange_with_peers`]: once every block has written its part, puts
+/// The first half of an exchange: once every block has written its part, puts
 /// `what` to every peer with a signal, and returns without waiting; [`wait_for_peers`] is
 /// the second half.
 ///
@@ -131,7 +106,7 @@ pub(crate) fn send_to_peers(
     Ok(())
 }
 
-/// The second half of [`exchange_with_peers`]: waits for every peer's next signal; then
+/// The second half of an exchange ([`send_to_peers`]): waits for every peer's next signal; then
 /// every block sees what the peers put before it.
 ///
 /// # Errors
@@ -208,7 +183,8 @@ pub(crate) fn wait_for(a: &PortCollectiveArgs<'_>, from: u32) -> Result<(), Devi
 }
 
 /// Thread 0 of block 0: puts what each peer gets of the staged round, with a signal (a
-/// signal alone where it gets nothing). Plain values (see [`exchange_with_peers`]).
+/// signal alone where it gets nothing). Plain values: what a closure borrows lives in local
+/// memory on the GPU once the closure is out of line.
 #[inline(always)]
 fn put_to_peers(
     peers: ChannelSetDeviceHandle<'_, PortChannelDeviceHandle<'_>>,
@@ -241,8 +217,8 @@ fn put_or_signal(
     }
 }
 
-/// Thread 0 of block 0: waits for every peer's next signal. Plain values (see
-/// [`exchange_with_peers`]).
+/// Thread 0 of block 0: waits for every peer's next signal. Plain values, as
+/// [`put_to_peers`]'s.
 #[inline(always)]
 fn wait_on_peers(
     peers: ChannelSetDeviceHandle<'_, PortChannelDeviceHandle<'_>>,

@@ -18,19 +18,20 @@
 //! **owed**: waited for by the next call of the same protocol (the same collective with
 //! the same root), which goes on where this one stopped, or collected before anything else.
 //!
-//! A kernel whose protocol differs from the last call's ([`PortProtocol::continues`])
-//! first waits for the dones owed, then runs one lockstep exchange with every peer, with
-//! nothing in it, which takes a round number of its own
-//! ([`PortProtocol::switch_rounds`]): every rank signals it once it has finished every
-//! earlier kernel, so after it every rank knows that every peer has read out every earlier
-//! round (those no done covers included), which is what each protocol assumes of the
-//! rounds before its first.
+//! Before a call whose protocol differs from the last call's ([`PortProtocol::continues`])
+//! the host launches the switch: the port barrier (`barrier_ports`), which first waits for
+//! the dones owed, then runs one lockstep exchange with every peer, with nothing in it (it
+//! uses no part of the scratch, so no round number): every rank signals it once it has
+//! finished every earlier kernel, so after it every rank knows that every peer has read out
+//! every earlier round (those no done covers included), which is what each protocol
+//! assumes of the rounds before its first. The collective kernels themselves carry no
+//! code for it.
 
 use super::port_layout::PortLayout;
 
 /// The protocol of the last port collective and how far its sender has heard back (see the
 /// module docs). The host keeps it per communicator (the same `kind` and `root` on every
-/// rank; `covered` is this rank's) and computes the next with [`PortProtocol::after`].
+/// rank; `covered_until` is this rank's) and computes the next with [`PortProtocol::after`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct PortProtocol {
@@ -38,10 +39,10 @@ pub struct PortProtocol {
     pub kind: u32,
     /// The root of an eager collective; 0 in lockstep.
     pub root: u32,
-    /// On an eager sender: the last round the dones it has waited for cover (from the round
-    /// of the switch that began the protocol on); the dones after it, up to the last round
-    /// sent, are owed. 0 in lockstep.
-    pub covered: u64,
+    /// On an eager sender: the first round the dones it has waited for do not cover (the
+    /// switch that began the protocol covers the rounds before its first); the dones of the
+    /// rounds from it up to the last round sent are owed. 0 in lockstep.
+    pub covered_until: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<PortProtocol>() == 16);
@@ -62,12 +63,6 @@ impl PortProtocol {
     /// same protocol, and for an eager one the same root) instead of switching.
     pub const fn continues(self, kind: u32, root: u32) -> bool {
         self.kind == kind && (kind == Self::LOCKSTEP || self.root == root)
-    }
-
-    /// Round numbers a call of protocol `kind` with `root` takes before its own rounds: one
-    /// for the exchange of a switch, none when it [continues](Self::continues).
-    pub const fn switch_rounds(self, kind: u32, root: u32) -> u64 {
-        if self.continues(kind, root) { 0 } else { 1 }
     }
 
     /// Whether rank `rank` sends rounds (and waits for dones) under protocol `kind` with
@@ -95,51 +90,65 @@ impl PortProtocol {
         round % Self::DONE_EVERY == Self::DONE_EVERY - 1
     }
 
-    /// Dones sent after the rounds in `after + 1 ..= upto` (none where `upto <= after`).
-    pub const fn dones_between(after: u64, upto: u64) -> u64 {
-        if upto <= after {
+    /// Dones sent after the rounds `from..until` (none where `until <= from`).
+    pub const fn dones_between(from: u64, until: u64) -> u64 {
+        if until <= from {
             0
         } else {
-            (upto + 1) / Self::DONE_EVERY - (after + 1) / Self::DONE_EVERY
+            until / Self::DONE_EVERY - from / Self::DONE_EVERY
         }
     }
 
-    /// What a sender's dones must cover before it writes round `round` (the round
-    /// [`PortLayout::SETS`] before, which took the same set), given they cover `covered`:
-    /// `covered` itself where that is enough, else the round of the done that covers the
-    /// earlier round, which came after a round already sent. The sender waits for
-    /// [`Self::dones_between`] the two.
-    pub const fn covered_before(covered: u64, round: u64) -> u64 {
-        if round < PortLayout::SETS || round - PortLayout::SETS <= covered {
-            covered
+    /// Until which round a sender's dones must cover before it writes round `round` (the
+    /// round [`PortLayout::SETS`] before it took the same set), given they cover the rounds
+    /// before `until`: `until` itself where that is enough, else the end of the done that
+    /// covers the earlier round, which came after a round already sent. The sender waits
+    /// for [`Self::dones_between`] the two.
+    pub const fn covered_before(until: u64, round: u64) -> u64 {
+        if round < PortLayout::SETS || round - PortLayout::SETS < until {
+            until
         } else {
             let earlier = round - PortLayout::SETS;
-            earlier - earlier % Self::DONE_EVERY + Self::DONE_EVERY - 1
+            earlier - earlier % Self::DONE_EVERY + Self::DONE_EVERY
         }
     }
 
-    /// The state after a call of protocol `kind` with `root`, on rank `rank`, whose own
-    /// rounds are `rounds` from round `first` on (past its [`Self::switch_rounds`]).
-    pub const fn after(self, kind: u32, root: u32, rank: u32, first: u64, rounds: u64) -> Self {
-        if kind == Self::LOCKSTEP {
-            return PortProtocol {
+    /// The state right after the switch to protocol `kind` with `root`, before round
+    /// `first`: the switch covers every round before it.
+    pub const fn switched(kind: u32, root: u32, first: u64) -> Self {
+        match kind {
+            Self::LOCKSTEP => PortProtocol {
                 kind,
                 root: 0,
-                covered: 0,
-            };
+                covered_until: 0,
+            },
+            _ => PortProtocol {
+                kind,
+                root,
+                covered_until: first,
+            },
         }
-        let mut covered = if self.continues(kind, root) {
-            self.covered
+    }
+
+    /// The state after a call of protocol `kind` with `root`, on rank `rank`, of `rounds`
+    /// rounds from round `first` on (from [`Self::switched`] where it does not continue).
+    pub const fn after(self, kind: u32, root: u32, rank: u32, first: u64, rounds: u64) -> Self {
+        let start = if self.continues(kind, root) {
+            self
         } else {
-            first.saturating_sub(1)
+            Self::switched(kind, root, first)
         };
+        if kind == Self::LOCKSTEP {
+            return start;
+        }
+        let mut covered_until = start.covered_until;
         if Self::sender(kind, root, rank) && rounds > 0 {
-            covered = Self::covered_before(covered, first + rounds - 1);
+            covered_until = Self::covered_before(covered_until, first + rounds - 1);
         }
         PortProtocol {
             kind,
             root,
-            covered,
+            covered_until,
         }
     }
 }
@@ -156,30 +165,30 @@ mod tests {
     /// it covered (when that round is of this protocol), by dones of this protocol only.
     #[test]
     fn a_sender_waits_for_the_done_covering_the_round_three_before_and_no_other() {
-        for first in 5..9u64 {
-            let mut covered = first - 1; // the switch's round
+        for first in 0..9u64 {
+            let mut until = first; // the switch covers what came before
             let mut waited = 0;
             for round in first..first + 40 {
-                let next = PortProtocol::covered_before(covered, round);
-                if next != covered {
-                    // Never waiting for the done of the round just written: two ahead.
-                    assert!(round - next >= 2, "round {round}");
-                    assert!(PortProtocol::done_after(next), "round {round}");
+                let next = PortProtocol::covered_before(until, round);
+                if next != until {
+                    // The done waited for was sent after a round two or three back.
+                    assert!(PortProtocol::done_after(next - 1), "round {round}");
+                    assert!(round - (next - 1) >= 2, "round {round}");
                 }
-                waited += PortProtocol::dones_between(covered, next);
-                covered = next;
+                waited += PortProtocol::dones_between(until, next);
+                until = next;
                 if round >= first + PortLayout::SETS {
-                    assert!(covered >= round - PortLayout::SETS, "round {round}");
+                    assert!(until > round - PortLayout::SETS, "round {round}");
                 }
-                assert!(round - covered <= PortLayout::SETS, "round {round}");
+                assert!(round - until < PortLayout::SETS, "round {round}");
             }
-            let sent: u64 = (first..first + 40)
+            let sent = (first..first + 40)
                 .filter(|&j| PortProtocol::done_after(j))
-                .count() as u64;
-            let owed = PortProtocol::dones_between(covered, first + 39);
+                .count();
+            let owed = PortProtocol::dones_between(until, first + 40);
             assert_eq!(
                 waited + owed,
-                sent,
+                sent as u64,
                 "every done waited for once, first {first}"
             );
         }
@@ -188,48 +197,47 @@ mod tests {
     #[test]
     fn the_host_follows_the_kernels_and_continues_or_switches() {
         let start = PortProtocol::default();
-        // Broadcast from 1, rounds 1..=10 after the switch's round 0: the root has waited up
-        // to the done covering round 7.
+        // Broadcast from 1, rounds 1..=10 (the switch covers round 0): the root has waited
+        // for the done covering round 7 (sent after it).
         let root = start.after(B, 1, 1, 1, 10);
-        assert_eq!((root.kind, root.root, root.covered), (B, 1, 7));
+        assert_eq!((root.kind, root.root, root.covered_until), (B, 1, 8));
         assert_eq!(
-            PortProtocol::dones_between(root.covered, 10),
+            PortProtocol::dones_between(root.covered_until, 11),
             1,
-            "round 9's done owed"
+            "round 9's owed"
         );
-        // A receiver carries the switch's round on; an empty call keeps the state.
-        assert_eq!(start.after(B, 1, 0, 1, 10).covered, 0);
+        // A receiver keeps the switch's mark; an empty call keeps the state.
+        assert_eq!(start.after(B, 1, 0, 1, 10).covered_until, 1);
         assert_eq!(root.after(B, 1, 1, 11, 0), root);
         // Continuing goes on from what was covered; another root starts again.
-        assert_eq!(root.after(B, 1, 1, 11, 2).covered, 9);
-        assert_eq!(root.after(B, 2, 1, 12, 2).covered, 11);
+        assert_eq!(root.after(B, 1, 1, 11, 2).covered_until, 10);
+        assert_eq!(root.after(B, 2, 1, 11, 2).covered_until, 11);
         // Reduce: the others send.
         let other = start.after(R, 2, 0, 1, 6);
-        assert_eq!((other.kind, other.root, other.covered), (R, 2, 3));
+        assert_eq!((other.kind, other.root, other.covered_until), (R, 2, 4));
         assert!(other.owed_by(0, 2) && !other.owed_by(0, 1) && !other.owed_by(2, 0));
-        assert_eq!(start.after(R, 2, 2, 1, 6).covered, 0);
+        assert_eq!(start.after(R, 2, 2, 1, 6).covered_until, 1);
         assert_eq!(other.after(L, 5, 0, 8, 3), PortProtocol::default());
     }
 
     #[test]
-    fn a_switch_takes_one_round_and_continuing_none() {
+    fn the_same_protocol_continues_and_any_other_switches() {
         let lockstep = PortProtocol::default();
-        assert_eq!(
-            lockstep.switch_rounds(L, 3),
-            0,
+        assert!(
+            lockstep.continues(L, 3),
             "lockstep continues whatever the root"
         );
-        assert_eq!(lockstep.switch_rounds(B, 0), 1);
-        let bcast = lockstep.after(B, 0, 0, 1, 1);
-        assert_eq!(bcast.switch_rounds(B, 0), 0);
-        assert_eq!(bcast.switch_rounds(B, 1), 1, "another root switches");
-        assert_eq!(bcast.switch_rounds(R, 0), 1);
-        assert_eq!(bcast.switch_rounds(L, 0), 1);
+        assert!(!lockstep.continues(B, 0));
+        let bcast = lockstep.after(B, 0, 0, 0, 1);
+        assert!(bcast.continues(B, 0));
+        assert!(!bcast.continues(B, 1), "another root switches");
+        assert!(!bcast.continues(R, 0));
+        assert!(!bcast.continues(L, 0));
     }
 
     #[test]
     fn the_root_of_a_broadcast_hears_from_every_peer() {
-        let p = PortProtocol::default().after(B, 1, 1, 1, 1);
+        let p = PortProtocol::default().after(B, 1, 1, 0, 1);
         assert!(p.owed_by(1, 0) && p.owed_by(1, 2));
         assert!(!p.owed_by(1, 1));
         assert!(!PortProtocol::default().owed_by(0, 1));

@@ -34,17 +34,17 @@ use oxccl_device::reduce::{ReduceElement, ReduceOp};
 /// Invalid ids, short buffers, channel (a peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_reduce_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (args, covered, dtype, op) = args.begin_as(PortProtocol::REDUCE)?;
-    dispatch_element!(dtype, T => reduce_rounds::<T>(&args, op, covered))
+    let (covered_until, dtype, op) = args.begin_eager(PortProtocol::REDUCE)?;
+    dispatch_element!(dtype, T => reduce_rounds::<T>(&args, op, covered_until))
 }
 
-/// The reduce, round by round (see the module docs); `covered`: the last round the root's
-/// dones this rank has waited for cover.
+/// The reduce, round by round (see the module docs); `covered_until`: the first round the
+/// root's dones this rank has waited for do not cover.
 #[inline(always)]
 fn reduce_rounds<T: ReduceElement>(
     a: &PortCollectiveArgs<'_>,
     op: ReduceOp,
-    mut covered: u64,
+    mut covered_until: u64,
 ) -> Result<(), DeviceError> {
     let (c, r, root, nr, l) = (a.count, a.rank, a.root, a.n_ranks, a.layout);
     let size = core::mem::size_of::<T>() as u64;
@@ -63,11 +63,11 @@ fn reduce_rounds<T: ReduceElement>(
         let staged_at = l.staged(set);
         if r != root {
             // The root's done covering the round `SETS` before this one (module docs).
-            let needed = PortProtocol::covered_before(covered, seq);
-            for _ in 0..PortProtocol::dones_between(covered, needed) {
+            let needed = PortProtocol::covered_before(covered_until, seq);
+            for _ in 0..PortProtocol::dones_between(covered_until, needed) {
                 wait_for(a, root)?;
             }
-            covered = needed;
+            covered_until = needed;
         }
         // The root stages its round too: in place, the reduction writes its output (its
         // input) before it reads its own part.

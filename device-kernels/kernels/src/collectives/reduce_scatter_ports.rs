@@ -29,7 +29,7 @@ use oxccl_device::{DeviceView, DeviceViewMut};
 /// that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_reduce_scatter_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (args, dtype, op) = args.begin()?;
+    let (dtype, op) = args.check()?;
     dispatch_element!(dtype, T => reduce_scatter::<T>(&args, op))
 }
 

@@ -35,7 +35,7 @@ use oxccl_device::reduce::{ReduceElement, ReduceOp};
 /// that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_reduce_scatter_ring(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (args, dtype, op) = args.begin()?;
+    let (dtype, op) = args.check()?;
     dispatch_element!(dtype, T => reduce_scatter::<T>(&args, op))
 }
 
