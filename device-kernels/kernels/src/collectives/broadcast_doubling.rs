@@ -1,11 +1,10 @@
 //! Broadcast over port channels by recursive doubling, through the proxy: for a power of
 //! two of ranks that reach each other only through the proxy. At the step of bit `b` each
 //! rank sends its partner `r ^ b` the root's round if it has it (the root's data spread
-//! as down a binomial tree), else a signal alone: `log2 n` messages a rank, where the
-//! all-pairs broadcast ([`broadcast_ports`](super::broadcast_ports)) has every rank signal
-//! every peer each round (the others' signals tell the root they are done with the
-//! scratch), `n (n - 1)` messages a round; the root sends its round `log2 n` times instead
-//! of `n - 1`. In rounds of
+//! as down a binomial tree), else a signal alone: `log2 n` messages a rank, in lockstep;
+//! the root sends its round `log2 n` times, where the eager broadcast
+//! ([`broadcast_ports`](super::broadcast_ports), which the library takes unless doubling
+//! is asked for at every size) sends it `n - 1` times and runs ahead. In rounds of
 //! [`PortLayout::copy_round_bytes`](super::PortLayout::copy_round_bytes): the round lands
 //! in the root's gather slot of the round's set, written once a round (by the root, or by
 //! the partner that brings it), and is copied out from there.
