@@ -287,18 +287,19 @@ enum EagerStep {
     Broadcast { root: u32 },
     Reduce { root: u32 },
     AllReduce,
+    Barrier,
 }
 
 /// Guards against an eager broadcast or reduce (data one way, the receivers' dones let the
 /// sender run ahead by a few rounds, across calls) whose sender writes a round's slot before
 /// its receiver has read it out, waits for dones that never come, or leaves its owed dones
 /// to be taken for another collective's signals: runs of broadcasts from one root (many
-/// rounds each), then from another root, reduces to a third, an all-reduce, and back,
-/// every call enqueued back to back with no host barrier, while one rank enqueues its calls
-/// late and another stalls in the middle; every output is checked at the end.
+/// rounds each), then from another root, reduces to a third, an all-reduce, device barriers,
+/// and back, every call enqueued back to back with no host barrier, while one rank enqueues
+/// its calls late and another stalls in the middle; every output is checked at the end.
 #[test]
 fn eager_calls_back_to_back_with_late_ranks() {
-    use EagerStep::{AllReduce, Broadcast, Reduce};
+    use EagerStep::{AllReduce, Barrier, Broadcast, Reduce};
     let mut steps = vec![];
     steps.extend([Broadcast { root: 0 }; 8]);
     steps.extend([Broadcast { root: 2 }; 2]);
@@ -337,6 +338,7 @@ fn eager_calls_back_to_back_with_late_ranks() {
                     AllReduce => {
                         comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?
                     }
+                    Barrier => comm.barrier_on(&stream)?,
                 }
                 // Kept until the end: the calls run on after the loop has gone on.
                 outputs.push((step, call, send, recv));
@@ -349,6 +351,7 @@ fn eager_calls_back_to_back_with_late_ranks() {
                     Reduce { root } if root == rank => (0..count).map(sum).collect(),
                     Reduce { .. } => vec![0; count],
                     AllReduce => (0..count).map(sum).collect(),
+                    Barrier => vec![0; count],
                 };
                 let what = format!("rank {rank}, call {call}: {step:?} over {transport:?}");
                 assert_same(&what, &read(&what, recv, count)?, &want);
@@ -357,4 +360,51 @@ fn eager_calls_back_to_back_with_late_ranks() {
         })
         .unwrap();
     }
+}
+
+/// Guards against a device barrier after eager broadcasts that takes the dones the root is
+/// still owed for the peers' arrival: the root of three broadcasts (many rounds each) calls
+/// the barrier while the last rank reaches it late, and must not get past it before then.
+/// Twice: the first barrier call agrees on its shape through the bootstrap, a host barrier.
+#[test]
+fn port_barrier_after_eager_broadcasts_waits_for_the_last_rank() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static LAST_ARRIVED: AtomicBool = AtomicBool::new(false);
+    let mut config = job(AlgorithmChoice::Use(Algorithm::Ports), 2, 1);
+    config.communicator.transport = TransportChoice::Ethernet;
+    in_process::run(3, config, |comm| {
+        let (rank, count) = (comm.rank(), 100);
+        let stream = comm.device().stream()?;
+        let last = rank == comm.size() - 1;
+        for round in 0..2 {
+            let mut kept = vec![];
+            for call in 0..3 {
+                let mut buf = marked(comm, &inputs::<i32>(rank, count, call))?;
+                comm.broadcast_in_place(&mut buf, count, 0, &stream)?;
+                kept.push(buf);
+            }
+            if last {
+                comm.synchronize(&stream)?;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                LAST_ARRIVED.store(true, Ordering::SeqCst);
+            }
+            comm.barrier_on(&stream)?;
+            comm.synchronize(&stream)?;
+            assert!(
+                LAST_ARRIVED.load(Ordering::SeqCst),
+                "round {round}: rank {rank} got past the barrier before the last rank reached it"
+            );
+            for (call, buf) in kept.iter().enumerate() {
+                let want = inputs::<i32>(0, count, call as u32);
+                assert_same(&format!("broadcast {call}"), &read("", buf, count)?, &want);
+            }
+            comm.barrier()?;
+            if last {
+                LAST_ARRIVED.store(false, Ordering::SeqCst);
+            }
+            comm.barrier()?;
+        }
+        Ok(())
+    })
+    .unwrap();
 }

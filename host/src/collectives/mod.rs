@@ -949,12 +949,13 @@ impl Communicator {
             .filter(|p| !p.protocol.continues(kind, root))
             .map(|p| PortProtocol::switched(kind, root, p.sequence));
         let mut args = ctx.port_args(rank, size)?;
-        if let Some(switched) = switch {
-            // The switch between protocols is a barrier, which waits for the dones an
-            // eager collective left owed (a barrier call is one already).
-            if collective != Collective::Barrier {
-                barrier_ports::collective_barrier_ports::launch(stream, launch, args)?;
-            }
+        // The switch between protocols is a barrier, which waits for the dones an eager
+        // collective left owed; a barrier call is one already, and takes the last call's
+        // protocol to do so.
+        if let Some(switched) = switch
+            && collective != Collective::Barrier
+        {
+            barrier_ports::collective_barrier_ports::launch(stream, launch, args)?;
             args.protocol = switched;
         }
         let started = args.protocol;
