@@ -307,6 +307,12 @@ fn eager_calls_back_to_back_with_late_ranks() {
     steps.push(AllReduce);
     steps.extend([Broadcast { root: 0 }; 4]);
     steps.extend([
+        Barrier,
+        Broadcast { root: 0 },
+        Broadcast { root: 0 },
+        Barrier,
+    ]);
+    steps.extend([
         Reduce { root: 0 },
         Broadcast { root: 0 },
         Reduce { root: 0 },
