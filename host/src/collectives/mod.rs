@@ -216,8 +216,8 @@ impl Communicator {
     /// reduce-scatter where the ring is chosen, [`Algorithm::Doubling`] for all-gather and
     /// reduce-scatter among a power of two of ranks where recursive doubling is chosen (at
     /// any size where a small all-reduce takes it) and for broadcast where it is chosen at
-    /// every size, and [`Algorithm::Ports`] otherwise, else [`Algorithm::Direct`] (on registered buffers, in place of the peers'
-    /// buffers).
+    /// every size, and [`Algorithm::Ports`] otherwise, else [`Algorithm::Direct`] (on
+    /// registered buffers, in place of the peers' buffers).
     ///
     /// # Errors
     /// `OXCCL_ALGO` names no algorithm.
