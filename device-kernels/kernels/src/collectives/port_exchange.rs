@@ -41,7 +41,8 @@ pub(crate) enum Part<'k> {
     TheirChunk { len: u64, size: u64 },
     /// Our own chunk of such a round (all-reduce: reduced).
     OurChunk { len: u64, size: u64 },
-    /// The first `bytes` bytes, to every peer (all-gather; broadcast from the root; the one-shot all-reduce).
+    /// The first `bytes` bytes, to every peer (all-gather; broadcast from the root; the
+    /// one-shot all-reduce).
     Whole { bytes: u64 },
     /// Block `p` of `bytes` bytes to peer `p` (reduce-scatter, all-to-all).
     TheirBlock { bytes: u64 },
