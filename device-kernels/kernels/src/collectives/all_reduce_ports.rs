@@ -36,6 +36,7 @@
 use super::elementwise::reduce_ranks;
 use super::port_collective_args::PortCollectiveArgs;
 use super::port_exchange::{Part, send_to_peers, wait_for_peers};
+use super::reduce_ports::reduce_round;
 use super::round_views::{typed, typed_mut, window, window_mut};
 use oxccl_device::coop::{Grid, contiguous_chunk};
 use oxccl_device::dispatch_element;
@@ -148,7 +149,7 @@ fn stage_and_send<T: ReduceElement>(
 /// module docs).
 #[inline(always)]
 fn one_shot<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Result<(), DeviceError> {
-    let (c, r, nr, l) = (a.count, a.rank, a.n_ranks, a.layout);
+    let (c, l) = (a.count, a.layout);
     let size = core::mem::size_of::<T>() as u64;
     let input = typed::<T>(a.input, 0, c)?;
     let output = typed_mut::<T>(a.output, 0, c)?;
@@ -167,13 +168,8 @@ fn one_shot<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Resul
             let next = per.min(c - off - len);
             one_shot_stage_and_send(a, input, scratch, off + len, next, seq + 1)?;
         }
-        reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {
-            if p == r {
-                Ok(staged.as_view())
-            } else {
-                Ok(window_mut(scratch, l.reduce_slot(set, p) / size, len)?.as_view())
-            }
-        })?;
+        let out = window_mut(output, off, len)?;
+        reduce_round(a, op, out, staged.as_view(), scratch, set, len)?;
         off += len;
         seq += 1;
     }

@@ -19,12 +19,12 @@ use super::port_exchange::{Part, send_to, send_to_peers, wait_for, wait_for_peer
 use super::port_layout::PortLayout;
 use super::port_protocol::PortProtocol;
 use super::round_views::{typed, typed_mut, window, window_mut};
-use oxccl_device::DeviceViewMut;
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::{ReduceElement, ReduceOp};
+use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// Reduce over port channels: `count` elements of every rank's `input` reduced by `op`
 /// into the root's `output` (which may be its input); other ranks' outputs are not
@@ -46,7 +46,7 @@ fn reduce_rounds<T: ReduceElement>(
     op: ReduceOp,
     mut covered_until: u64,
 ) -> Result<(), DeviceError> {
-    let (c, r, root, nr, l) = (a.count, a.rank, a.root, a.n_ranks, a.layout);
+    let (c, r, root, l) = (a.count, a.rank, a.root, a.layout);
     let size = core::mem::size_of::<T>() as u64;
     let input = typed::<T>(a.input, 0, c)?;
     let output = if r == root {
@@ -75,13 +75,8 @@ fn reduce_rounds<T: ReduceElement>(
         staged.copy_from(Grid, window(input, off, len)?)?;
         if r == root {
             wait_for_peers(a)?;
-            reduce_ranks(window_mut(output, off, len)?, nr, op, |p| {
-                if p == r {
-                    Ok(staged.as_view())
-                } else {
-                    Ok(window_mut(scratch, l.reduce_slot(set, p) / size, len)?.as_view())
-                }
-            })?;
+            let out = window_mut(output, off, len)?;
+            reduce_round(a, op, out, staged.as_view(), scratch, set, len)?;
             if PortProtocol::done_after(seq) {
                 // Every block has reduced the round (`send_to_peers` meets the grid first).
                 send_to_peers(a, 0, 0, Part::Nothing)?;
@@ -93,4 +88,31 @@ fn reduce_rounds<T: ReduceElement>(
         seq += 1;
     }
     Ok(())
+}
+
+/// Reduces round `set` of `len` elements into `out`, in rank order: our staged round,
+/// `staged`, for us, each peer's reduce slot of the set in `scratch` (ours, as `T`s) for the
+/// others. The reduce's root does it, and every rank of the one-shot all-reduce
+/// (`all_reduce_ports`).
+#[inline(always)]
+pub(super) fn reduce_round<T: ReduceElement>(
+    a: &PortCollectiveArgs<'_>,
+    op: ReduceOp,
+    out: DeviceViewMut<'_, T>,
+    staged: DeviceView<'_, T>,
+    scratch: DeviceViewMut<'_, T>,
+    set: u64,
+    len: u64,
+) -> Result<(), DeviceError> {
+    // Plain values, not `a`: what a closure takes lives in local memory on the GPU once the
+    // closure is out of line.
+    let (r, l) = (a.rank, a.layout);
+    let size = core::mem::size_of::<T>() as u64;
+    reduce_ranks(out, a.n_ranks, op, |p| {
+        if p == r {
+            Ok(staged)
+        } else {
+            Ok(window_mut(scratch, l.reduce_slot(set, p) / size, len)?.as_view())
+        }
+    })
 }
