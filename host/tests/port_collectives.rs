@@ -246,7 +246,7 @@ fn over_ethernet_every_collective_runs_over_ports() {
 /// others' streams must not get past it before then.
 #[test]
 fn port_barrier_waits_for_the_last_rank() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::AtomicBool;
     static LAST_ARRIVED: AtomicBool = AtomicBool::new(false);
     let mut config = job(AlgorithmChoice::Auto, 2, 1);
     config.communicator.transport = TransportChoice::Ethernet;
@@ -256,24 +256,9 @@ fn port_barrier_waits_for_the_last_rank() {
             Algorithm::Ports
         );
         let stream = comm.device().stream()?;
-        let last = comm.rank() == comm.size() - 1;
         for round in 0..3 {
             comm.barrier()?;
-            if last {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-                LAST_ARRIVED.store(true, Ordering::SeqCst);
-            }
-            comm.barrier_on(&stream)?;
-            comm.synchronize(&stream)?;
-            assert!(
-                LAST_ARRIVED.load(Ordering::SeqCst),
-                "round {round}: rank {} got past the barrier before the last rank reached it",
-                comm.rank()
-            );
-            comm.barrier()?;
-            if last {
-                LAST_ARRIVED.store(false, Ordering::SeqCst);
-            }
+            late_last_rank_at_barrier(comm, &stream, round, &LAST_ARRIVED)?;
         }
         Ok(())
     })
@@ -374,14 +359,13 @@ fn eager_calls_back_to_back_with_late_ranks() {
 /// Twice: the first barrier call agrees on its shape through the bootstrap, a host barrier.
 #[test]
 fn port_barrier_after_eager_broadcasts_waits_for_the_last_rank() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::AtomicBool;
     static LAST_ARRIVED: AtomicBool = AtomicBool::new(false);
     let mut config = job(AlgorithmChoice::Use(Algorithm::Ports), 2, 1);
     config.communicator.transport = TransportChoice::Ethernet;
     in_process::run(3, config, |comm| {
         let (rank, count) = (comm.rank(), 100);
         let stream = comm.device().stream()?;
-        let last = rank == comm.size() - 1;
         for round in 0..2 {
             let mut kept = vec![];
             for call in 0..3 {
@@ -389,28 +373,42 @@ fn port_barrier_after_eager_broadcasts_waits_for_the_last_rank() {
                 comm.broadcast_in_place(&mut buf, count, 0, &stream)?;
                 kept.push(buf);
             }
-            if last {
-                comm.synchronize(&stream)?;
-                std::thread::sleep(std::time::Duration::from_millis(100));
-                LAST_ARRIVED.store(true, Ordering::SeqCst);
-            }
-            comm.barrier_on(&stream)?;
-            comm.synchronize(&stream)?;
-            assert!(
-                LAST_ARRIVED.load(Ordering::SeqCst),
-                "round {round}: rank {rank} got past the barrier before the last rank reached it"
-            );
+            late_last_rank_at_barrier(comm, &stream, round, &LAST_ARRIVED)?;
             for (call, buf) in kept.iter().enumerate() {
                 let want = inputs::<i32>(0, count, call as u32);
                 assert_same(&format!("broadcast {call}"), &read("", buf, count)?, &want);
             }
-            comm.barrier()?;
-            if last {
-                LAST_ARRIVED.store(false, Ordering::SeqCst);
-            }
-            comm.barrier()?;
         }
         Ok(())
     })
     .unwrap();
+}
+
+/// The last rank reaches the device barrier late: it finishes its stream's work, sleeps,
+/// then marks `arrived` and calls the barrier; no rank's stream may get past the barrier
+/// before the mark. Then the ranks meet on the host and the last rank clears the mark.
+fn late_last_rank_at_barrier(
+    comm: &mut Communicator,
+    stream: &oxccl::Stream,
+    round: u32,
+    arrived: &std::sync::atomic::AtomicBool,
+) -> Result<()> {
+    use std::sync::atomic::Ordering;
+    let (rank, last) = (comm.rank(), comm.rank() == comm.size() - 1);
+    if last {
+        comm.synchronize(stream)?;
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        arrived.store(true, Ordering::SeqCst);
+    }
+    comm.barrier_on(stream)?;
+    comm.synchronize(stream)?;
+    assert!(
+        arrived.load(Ordering::SeqCst),
+        "round {round}: rank {rank} got past the barrier before the last rank reached it"
+    );
+    comm.barrier()?;
+    if last {
+        arrived.store(false, Ordering::SeqCst);
+    }
+    comm.barrier()
 }
