@@ -33,7 +33,9 @@
 //! donated only when it would make more threads want a core than the process has cores:
 //! the kernel threads running (the runner's among them) and the proxy threads that execute
 //! triggers themselves and stay hot between them (those serving a FIFO without proxy
-//! assist; [`oxccl_proxy::proxy_thread::unassisted_threads`]), plus itself. Where cores
+//! assist; [`oxccl_proxy::proxy_thread::unassisted_threads`]), plus itself; and only
+//! while the kernel threads alone fit the cores (see [`auto_wants`]: three or more ranks'
+//! kernel threads co-run on 2 cores were several times slower than apart). Where cores
 //! are enough, each kernel thread keeps its own and they run in parallel, as on a GPU: two
 //! ranks' port all-reduce of 64 KiB-4 MiB on 2 cores with proxy assist (its kernel threads
 //! executing their own triggers, the proxy parked) took 1.3-3 times as long co-run, their
@@ -219,13 +221,35 @@ fn wanted() -> bool {
         // (a runner runs one, and a donation is only asked of a runner: two ranks
         // launching at once would otherwise each see none running, and run apart for the
         // whole launch); the one to place makes one more.
-        CorunPolicy::Auto => {
-            RUNNING.load(Ordering::Relaxed).max(1)
-                + oxccl_proxy::proxy_thread::unassisted_threads()
-                + 1
-                > cores()
-        }
+        CorunPolicy::Auto => auto_wants(
+            RUNNING.load(Ordering::Relaxed),
+            oxccl_proxy::proxy_thread::unassisted_threads(),
+            cores(),
+        ),
     }
+}
+
+/// The `auto` policy: whether one more kernel thread, with `running` kernel threads
+/// running and `proxies` proxy threads executing triggers themselves, should take turns on
+/// a machine of `cores` cores: where the kernel threads fit the cores on their own, but
+/// not with the proxies.
+///
+/// `running` includes the runner's kernel thread, counted even before it has begun (a
+/// runner runs one, and a donation is only asked of a runner: two ranks launching at once
+/// would otherwise each see none running, and run apart for the whole launch); the one to
+/// place makes one more.
+///
+/// Why not also where the kernel threads alone are more than the cores: a runner then runs
+/// three or more of them on one core while their host threads, waiting for them, and the
+/// kernel threads running apart compete for the other. Four ranks in one process on 2
+/// cores took 28-45 µs an all-reduce of 8 B-32 KiB co-run that way, 6-13 µs each kernel
+/// thread on its own host thread; three ranks 8-19 µs against 3.4-7.6, eight 92-130
+/// against 12-24 (`collectives --ranks N`, with `OXCCL_CPU_CORUN=auto` and `never`, in
+/// turns). Two ranks whose proxies execute their triggers (a ping-pong without proxy
+/// assist, 0.21 µs a round trip co-run, 3.4 µs apart) are what co-running is for.
+fn auto_wants(running: usize, proxies: usize, cores: usize) -> bool {
+    let kernels = running.max(1) + 1;
+    kernels <= cores && kernels + proxies > cores
 }
 
 /// Where a kernel thread that a thread claimed runs (see [`place`]).
@@ -380,5 +404,31 @@ impl Runner {
 impl Drop for Runner {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auto_wants;
+
+    /// Guards the `auto` policy: kernel threads take turns where they fit the cores only
+    /// without the proxies that execute triggers, and not where they are more than the
+    /// cores on their own (three or more kernel threads of one process on 2 cores co-run
+    /// were several times slower than apart), nor where everything fits.
+    #[test]
+    fn auto_co_runs_only_where_the_proxies_tip_the_cores() {
+        // Two ranks on 2 cores, each with an unassisted proxy: the second kernel thread
+        // (the first counted even before it runs) takes turns.
+        assert!(auto_wants(0, 2, 2));
+        assert!(auto_wants(1, 1, 2));
+        // Two ranks with proxy assist: the kernel threads have a core each.
+        assert!(!auto_wants(1, 0, 2));
+        // A third or fourth rank's kernel thread on 2 cores: apart, proxies or not.
+        assert!(!auto_wants(2, 0, 2));
+        assert!(!auto_wants(3, 0, 2));
+        assert!(!auto_wants(2, 2, 2));
+        // Cores enough for kernel threads and proxies.
+        assert!(!auto_wants(1, 2, 8));
+        assert!(auto_wants(3, 5, 8));
     }
 }
