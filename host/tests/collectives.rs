@@ -354,13 +354,29 @@ fn others_matrix(ranks: u32, config: InProcessConfig, counts: &[usize]) {
 
 /// Guards against all-gather, reduce-scatter, broadcast, reduce and all-to-all placing a
 /// rank's data at the wrong offset, losing a round's tail, reading a non-root's buffer or
-/// writing a non-root's output, for every type, 1 to 4 ranks, one block and several.
+/// writing a non-root's output, for every type, 1 to 4 ranks, one block and several. By
+/// size (a packet limit of 4 KiB): all-gather, reduce-scatter and all-to-all take packets
+/// up to 100 elements and for 600 of the smaller types, direct for 600 of 8 bytes.
 #[test]
 fn other_collectives_every_type() {
     let auto = AlgorithmChoice::Auto;
     for ranks in 1..=4 {
         let (blocks, threads) = if ranks % 2 == 1 { (2, 2) } else { (1, 1) };
-        others_matrix(ranks, job(blocks, threads, auto, 512), &[0, 1, 7, 100]);
+        others_matrix(ranks, job(blocks, threads, auto, 512), &[0, 1, 7, 100, 600]);
+    }
+}
+
+/// Guards against the direct all-gather, reduce-scatter and all-to-all going wrong at
+/// the small sizes that take packets by default (and against forced packets being
+/// ignored or misplacing data): both forced, every type, 1 to 4 ranks.
+#[test]
+fn other_collectives_small_direct_and_packets() {
+    for algo in [Algorithm::Direct, Algorithm::Packets] {
+        for ranks in 1..=4 {
+            let (blocks, threads) = if ranks % 2 == 0 { (2, 2) } else { (1, 1) };
+            let config = job(blocks, threads, AlgorithmChoice::Use(algo), 512);
+            others_matrix(ranks, config, &[1, 7, 100]);
+        }
     }
 }
 
@@ -427,26 +443,49 @@ fn all_to_allv_uneven_and_zero_counts() {
 }
 
 /// Guards against calls that overwrite a peer's data before it was read when they follow
-/// each other with no host barrier, with changing sizes and both all-reduce algorithms
-/// mixed: every result is checked at the end, each call with a buffer of its own.
+/// each other with no host barrier, with changing sizes and the packet and direct
+/// algorithms mixed (all-reduce, all-gather, reduce-scatter and all-to-all each take
+/// packets up to 1024 elements here): every result is checked at the end, each call with
+/// a buffer of its own.
 #[test]
 fn back_to_back_calls_with_changing_sizes() {
     for ranks in [2, 3, 4] {
         in_process::run(ranks, job(2, 1, AlgorithmChoice::Auto, 256), |comm| {
             let (rank, n) = (comm.rank(), comm.size());
+            let nu = n as usize;
             let stream = comm.device().stream()?;
             let counts = [5usize, 900, 0, 64, 1, 2000, 33, 700, 3, 1500];
             let mut calls = Vec::new();
+            let mut exchanges = Vec::new();
             for (k, &count) in counts.iter().cycle().take(30).enumerate() {
                 let send = upload(comm, &inputs::<i32>(rank, count, k as u32))?;
                 let mut recv = upload(comm, &vec![0i32; count])?;
                 comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
-                let gathered = upload(comm, &vec![0i32; count * n as usize])?;
+                let gathered = upload(comm, &vec![0i32; count * nu])?;
                 let mut gathered = gathered;
                 comm.all_gather(&send, &mut gathered, count, &stream)?;
+                let blocks = upload(comm, &inputs::<i32>(rank, count * nu, k as u32 + 1))?;
+                let mut scattered = upload(comm, &vec![0i32; count])?;
+                comm.reduce_scatter(&blocks, &mut scattered, count, ReduceOp::Sum, &stream)?;
+                let mut swapped = upload(comm, &vec![0i32; count * nu])?;
+                comm.all_to_all(&blocks, &mut swapped, count, &stream)?;
                 calls.push((k as u32, count, send, recv, gathered));
+                exchanges.push((blocks, scattered, swapped));
             }
             comm.synchronize(&stream)?;
+            for ((k, count, _, _, _), (_, scattered, swapped)) in calls.iter().zip(&exchanges) {
+                let (k, count, r) = (*k + 1, *count, rank as usize);
+                let want: Vec<i32> = (0..count)
+                    .map(|i| reduced(n, ReduceOp::Sum, |p| value::<i32>(p, r * count + i, k)))
+                    .collect();
+                let what = format!("call {} reduce_scatter", k - 1);
+                assert_same(&what, &download(scattered, count)?, &want);
+                let want: Vec<i32> = (0..n)
+                    .flat_map(|p| (0..count).map(move |i| value::<i32>(p, r * count + i, k)))
+                    .collect();
+                let what = format!("call {} all_to_all", k - 1);
+                assert_same(&what, &download(swapped, count * nu)?, &want);
+            }
             for (k, count, _send, recv, gathered) in &calls {
                 let want: Vec<i32> = (0..*count)
                     .map(|i| reduced(n, ReduceOp::Sum, |r| value::<i32>(r, i, *k)))

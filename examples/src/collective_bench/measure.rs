@@ -54,7 +54,7 @@ fn sweep<T: ReduceElement>(comm: &mut Communicator, plan: &Plan) -> Result<Vec<S
     let mut results = Vec::new();
     for &count in &plan.counts {
         let bytes = plan.bytes_for(count);
-        let algo = plan.algorithm(comm, bytes)?;
+        let algo = plan.algorithm(comm, count * plan.dtype.size())?;
         let mut case = Case {
             collective: plan.collective,
             count: count as usize,

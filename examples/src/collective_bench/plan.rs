@@ -98,9 +98,10 @@ impl Plan {
             .bytes_for(count, self.dtype.size(), self.ranks)
     }
 
-    /// The name of the algorithm a call of `bytes` takes on `comm`: what
-    /// `Communicator::collective_algorithm` says (for an all-reduce, of the call's bytes per
-    /// rank), `zerocopy` for a direct one on registered buffers.
+    /// The name of the algorithm a call takes on `comm`, `bytes` the bytes of its `count`
+    /// elements (for all-gather, reduce-scatter and all-to-all, what each rank sends each
+    /// peer): what `Communicator::collective_algorithm` says, `zerocopy` for a direct one
+    /// on registered buffers.
     ///
     /// # Errors
     /// `OXCCL_ALGO` names no algorithm, or packets are forced on a size past the limit.

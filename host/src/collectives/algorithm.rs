@@ -7,9 +7,10 @@ use std::fmt;
 /// An algorithm of the collectives library.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
-    /// Every rank sends its whole input to every peer as LL packets (data and flag in one
-    /// store) into the peer's scratch, and every rank reduces or copies what arrives: one
-    /// step, no separate signal. For small messages, where latency is everything.
+    /// Every rank sends its whole input (all-reduce, all-gather) or each peer its block
+    /// (reduce-scatter, all-to-all) as LL packets (data and flag in one store) into the
+    /// peer's scratch, and every rank reduces or copies what arrives: one step, no separate
+    /// signal. For small messages, where latency is everything.
     Packets,
     /// Ranks load and store each other's buffers directly (memory channels): each rank
     /// reduces its share of the elements reading every peer's input, and stores the result

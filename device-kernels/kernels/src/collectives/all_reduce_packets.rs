@@ -2,15 +2,11 @@
 
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
+use super::packet_exchange::{Sends, exchange_packets, unpacked};
 use super::round_views::{typed, typed_mut};
-use super::scratch_layout::{packet_flag, parity};
-use oxccl_device::DeviceViewMut;
-use oxccl_device::arch;
-use oxccl_device::coop::{Block, Grid};
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
-use oxccl_device::packet::{Ll16Packet, Packet};
 use oxccl_device::reduce::ReduceElement;
 use oxccl_device::reduce::ReduceOp;
 
@@ -32,45 +28,12 @@ fn all_reduce_packets<T: ReduceElement>(
     a: &CollectiveArgs<'_>,
     op: ReduceOp,
 ) -> Result<(), DeviceError> {
-    let (n, r, nr, l) = (a.count, a.rank, a.n_ranks, &a.layout);
-    let size = core::mem::size_of::<T>() as u64;
-    let bytes = n.saturating_mul(size);
-    let padded = bytes.div_ceil(Ll16Packet::PAYLOAD_BYTES) * Ll16Packet::PAYLOAD_BYTES;
-    if padded > l.packet_limit {
-        return Err(a.invalid([bytes, l.packet_limit, 1]));
-    }
-    let (flag, set) = (packet_flag(a.sequence), parity(a.sequence));
-    let unpacked = |p: u32| -> Result<DeviceViewMut<'_, T>, DeviceError> {
-        let off = l.unpacked_slot(p);
-        a.scratch.slice(off..off + bytes)?.cast::<T>()
-    };
-    // Our own data goes through our unpacked slot: the packets are sent from there (a
-    // channel sends from its `local` buffer), and the reduction then reads scratch only,
-    // so an in-place `output` cannot overwrite an input it still needs.
-    let own = unpacked(r)?;
-    own.copy_from(Grid, typed::<T>(a.input, 0, n)?)?;
-    arch::sync_threads();
-    for p in (0..nr).filter(|&p| p != r) {
-        let ch = a.peer(p)?;
-        ch.put_packets::<Ll16Packet>(
-            Block,
-            l.packet_slot(set, r),
-            l.unpacked_slot(r),
-            padded,
-            flag,
-        )?;
-    }
-    for p in (0..nr).filter(|&p| p != r) {
-        let ch = a.peer(p)?;
-        ch.unpack_packets::<Ll16Packet>(
-            Block,
-            l.unpacked_slot(p),
-            l.packet_slot(set, p),
-            padded,
-            flag,
-        )?;
-    }
-    arch::sync_threads();
+    let n = a.count;
+    // The reduction then reads scratch only, so an in-place `output` cannot overwrite an
+    // input it still needs.
+    exchange_packets(a, typed::<T>(a.input, 0, n)?, n, Sends::Same)?;
     let output = typed_mut::<T>(a.output, 0, n)?;
-    reduce_ranks(output, nr, op, |p| Ok(unpacked(p)?.as_view()))
+    reduce_ranks(output, a.n_ranks, op, |p| {
+        Ok(unpacked::<T>(a, p, n)?.as_view())
+    })
 }

@@ -28,8 +28,10 @@
 //! [`reduce_ports`] are eager: data flow one way and the sender runs ahead of its receivers
 //! by up to three rounds, across calls ([`port_protocol`]).
 //!
-//! **Packets** (all-reduce, small): [`all_reduce_packets`] sends its input to
-//! every peer as LL16 packets; each rank reduces what it received. One pass, no meeting.
+//! **Packets** (small messages): [`all_reduce_packets`] and [`all_gather_packets`] send
+//! the input to every peer as LL16 packets, [`reduce_scatter_packets`] and
+//! [`all_to_all_packets`] each peer its block; each rank reduces or copies what it
+//! received (`packet_exchange.rs`). One pass, no meeting.
 //!
 //! Reductions combine the ranks' data in rank order (`0, 1, .., n - 1`) on every path but
 //! the ring and recursive doubling, so every rank gets the same bits, and so do the
@@ -42,6 +44,7 @@
 
 pub mod all_gather;
 pub mod all_gather_doubling;
+pub mod all_gather_packets;
 pub mod all_gather_ports;
 pub mod all_gather_ring;
 pub mod all_reduce;
@@ -50,6 +53,7 @@ pub mod all_reduce_packets;
 pub mod all_reduce_ports;
 pub mod all_reduce_ring;
 pub mod all_to_all;
+pub mod all_to_all_packets;
 pub mod all_to_all_ports;
 pub mod all_to_allv;
 pub mod all_to_allv_counts;
@@ -61,6 +65,7 @@ pub mod broadcast_doubling;
 pub mod broadcast_ports;
 pub mod collective_args;
 mod elementwise;
+mod packet_exchange;
 mod peer_handshake;
 mod peer_input_reduction;
 pub mod port_collective_args;
@@ -72,6 +77,7 @@ pub mod reduce;
 pub mod reduce_ports;
 pub mod reduce_scatter;
 pub mod reduce_scatter_halving;
+pub mod reduce_scatter_packets;
 pub mod reduce_scatter_ports;
 pub mod reduce_scatter_ring;
 mod round_views;

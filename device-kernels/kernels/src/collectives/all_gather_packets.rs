@@ -1,0 +1,36 @@
+//! All-gather with LL16 packets, for small messages: one pass, no meeting (see
+//! `packet_exchange.rs`).
+
+use super::collective_args::CollectiveArgs;
+use super::packet_exchange::{Sends, exchange_packets, unpacked};
+use super::round_views::{typed, typed_mut, window_mut};
+use oxccl_device::coop::Grid;
+use oxccl_device::dispatch_element;
+use oxccl_device::error::DeviceError;
+use oxccl_device::kernel;
+use oxccl_device::reduce::ReduceElement;
+
+/// All-gather with LL16 packets, for small messages: every rank's `count` elements of
+/// `input` (at most the layout's `packet_limit` bytes, rounded up to 16) land in every
+/// rank's `output`, rank `r`'s at `r * count` (`output` may hold `input` at its place).
+/// Takes one call number. Launch one block.
+///
+/// # Errors
+/// Invalid ids, a message over the packet limit, buffers shorter than the call, channel
+/// errors (a peer's packets not arriving within the wait limit).
+#[kernel(max_blocks = 1)]
+pub fn collective_all_gather_packets(args: CollectiveArgs<'_>) -> Result<(), DeviceError> {
+    let (dtype, _) = args.check()?;
+    dispatch_element!(dtype, T => all_gather_packets::<T>(&args))
+}
+
+#[inline(always)]
+fn all_gather_packets<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceError> {
+    let (c, nr) = (a.count, a.n_ranks);
+    exchange_packets(a, typed::<T>(a.input, 0, c)?, c, Sends::Same)?;
+    let output = typed_mut::<T>(a.output, 0, c.saturating_mul(nr as u64))?;
+    for p in 0..nr {
+        window_mut(output, p as u64 * c, c)?.copy_from(Grid, unpacked::<T>(a, p, c)?.as_view())?;
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The one step of the packet collectives: every rank sends every peer its part as LL16
+//! packets, straight into the peer's scratch, and unpacks what every peer sent it. No
+//! signal and no meeting: a packet's flag says it has arrived.
+//!
+//! A rank reuses a packet set two calls later (sets alternate with the call number), by
+//! which time every peer has read it: a packet call ends only once every peer's packets of
+//! that call have arrived, which each peer sends after it finished its previous call, and
+//! every other memory-path call ends the same way or at a meeting. So calls follow each
+//! other with no host barrier, whatever the collectives.
+
+use super::collective_args::CollectiveArgs;
+use super::round_views::window;
+use oxccl_device::arch;
+use oxccl_device::coop::{Block, Grid};
+use oxccl_device::error::DeviceError;
+use oxccl_device::packet::{Ll16Packet, Packet};
+use oxccl_device::reduce::ReduceElement;
+use oxccl_device::{DeviceView, DeviceViewMut};
+
+use super::scratch_layout::{packet_flag, parity};
+
+/// What a rank sends each peer in a packet exchange.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sends {
+    /// The same `count` elements to every peer (all-reduce, all-gather).
+    Same,
+    /// Block `p` of `n_ranks` blocks of `count` elements to peer `p` (reduce-scatter,
+    /// all-to-all).
+    Block,
+}
+
+/// Sends `count` elements of `input` to every peer as [`Sends`] says and unpacks what
+/// every peer sent; returns `count`'s bytes. Afterwards [`unpacked`]`(a, p, count)` holds
+/// what peer `p` sent, and for this rank what it sent (with [`Sends::Block`], its own block
+/// `r`), all in scratch: an `output` that is (or overlaps) `input` may then be written.
+/// The block's threads have met after it (launch one block).
+///
+/// # Errors
+/// A message over the packet limit ([`DeviceError::InvalidArgument`]), an `input` shorter
+/// than what is sent, channel errors (a peer's packets not arriving within the wait limit).
+#[inline(always)]
+pub(crate) fn exchange_packets<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    count: u64,
+    sends: Sends,
+) -> Result<(), DeviceError> {
+    let (r, nr, l) = (a.rank, a.n_ranks, &a.layout);
+    let bytes = count.saturating_mul(core::mem::size_of::<T>() as u64);
+    let padded = bytes.div_ceil(Ll16Packet::PAYLOAD_BYTES) * Ll16Packet::PAYLOAD_BYTES;
+    if padded > l.packet_limit {
+        return Err(a.invalid([bytes, l.packet_limit, 1]));
+    }
+    let (flag, set) = (packet_flag(a.sequence), parity(a.sequence));
+    // What we send goes through our unpacked slots: a channel sends from its `local`
+    // buffer (the scratch). With one block per peer, peer `p`'s block waits in slot `p`,
+    // which its packets replace below, once every thread has sent.
+    match sends {
+        Sends::Same => unpacked::<T>(a, r, count)?.copy_from(Grid, input)?,
+        Sends::Block => {
+            for p in 0..nr {
+                let block = window(input, p as u64 * count, count)?;
+                unpacked::<T>(a, p, count)?.copy_from(Grid, block)?;
+            }
+        }
+    }
+    arch::sync_threads();
+    for p in (0..nr).filter(|&p| p != r) {
+        let from = match sends {
+            Sends::Same => l.unpacked_slot(r),
+            Sends::Block => l.unpacked_slot(p),
+        };
+        a.peer(p)?
+            .put_packets::<Ll16Packet>(Block, l.packet_slot(set, r), from, padded, flag)?;
+    }
+    // Every thread has sent before any unpacks (with one block per peer, into the slot it
+    // sent from). Unconditional: a barrier under a condition the compiler can see through
+    // is one the PTX rules cannot match to its source.
+    arch::sync_threads();
+    for p in (0..nr).filter(|&p| p != r) {
+        a.peer(p)?.unpack_packets::<Ll16Packet>(
+            Block,
+            l.unpacked_slot(p),
+            l.packet_slot(set, p),
+            padded,
+            flag,
+        )?;
+    }
+    arch::sync_threads();
+    Ok(())
+}
+
+/// The `count` elements in rank `p`'s unpacked slot of our scratch (see
+/// [`exchange_packets`]).
+///
+/// # Errors
+/// A slot outside the scratch ([`DeviceError::OutOfRange`]).
+#[inline(always)]
+pub(crate) fn unpacked<'a, T: ReduceElement>(
+    a: &CollectiveArgs<'a>,
+    p: u32,
+    count: u64,
+) -> Result<DeviceViewMut<'a, T>, DeviceError> {
+    let off = a.layout.unpacked_slot(p);
+    let bytes = count.saturating_mul(core::mem::size_of::<T>() as u64);
+    a.scratch.slice(off..off.saturating_add(bytes))?.cast::<T>()
+}
