@@ -444,9 +444,9 @@ fn all_to_allv_uneven_and_zero_counts() {
 
 /// Guards against calls that overwrite a peer's data before it was read when they follow
 /// each other with no host barrier, with changing sizes and the packet and direct
-/// algorithms mixed (all-reduce, all-gather, reduce-scatter and all-to-all each take
-/// packets up to 1024 elements here): every result is checked at the end, each call with
-/// a buffer of its own.
+/// algorithms mixed (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast and
+/// reduce each take packets up to 1024 elements here), broadcasts and reduces from a
+/// changing root: every result is checked at the end, each call with a buffer of its own.
 #[test]
 fn back_to_back_calls_with_changing_sizes() {
     for ranks in [2, 3, 4] {
@@ -457,6 +457,7 @@ fn back_to_back_calls_with_changing_sizes() {
             let counts = [5usize, 900, 0, 64, 1, 2000, 33, 700, 3, 1500];
             let mut calls = Vec::new();
             let mut exchanges = Vec::new();
+            let mut rooted = Vec::new();
             for (k, &count) in counts.iter().cycle().take(30).enumerate() {
                 let send = upload(comm, &inputs::<i32>(rank, count, k as u32))?;
                 let mut recv = upload(comm, &vec![0i32; count])?;
@@ -469,10 +470,38 @@ fn back_to_back_calls_with_changing_sizes() {
                 comm.reduce_scatter(&blocks, &mut scattered, count, ReduceOp::Sum, &stream)?;
                 let mut swapped = upload(comm, &vec![0i32; count * nu])?;
                 comm.all_to_all(&blocks, &mut swapped, count, &stream)?;
+                let root = k as u32 % n;
+                let mut spread = upload(comm, &vec![0i32; count])?;
+                comm.broadcast(&send, &mut spread, count, root, &stream)?;
+                let mut summed = upload(comm, &vec![0i32; count])?;
+                comm.reduce(
+                    &send,
+                    &mut summed,
+                    count,
+                    ReduceOp::Sum,
+                    (root + 1) % n,
+                    &stream,
+                )?;
                 calls.push((k as u32, count, send, recv, gathered));
                 exchanges.push((blocks, scattered, swapped));
+                rooted.push((root, spread, summed));
             }
             comm.synchronize(&stream)?;
+            for ((k, count, _, recv, _), (root, spread, summed)) in calls.iter().zip(&rooted) {
+                let what = format!("call {k} broadcast from {root}");
+                assert_same(
+                    &what,
+                    &download(spread, *count)?,
+                    &inputs::<i32>(*root, *count, *k),
+                );
+                let what = format!("call {k} reduce to {}", (root + 1) % n);
+                let want = if rank == (root + 1) % n {
+                    download(recv, *count)?
+                } else {
+                    vec![0i32; *count]
+                };
+                assert_same(&what, &download(summed, *count)?, &want);
+            }
             for ((k, count, _, _, _), (_, scattered, swapped)) in calls.iter().zip(&exchanges) {
                 let (k, count, r) = (*k + 1, *count, rank as usize);
                 let want: Vec<i32> = (0..count)

@@ -8,8 +8,8 @@ use oxccl_device::launch::LaunchConfig;
 /// Every rank must use the same ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CollectiveConfig {
-    /// Largest all-reduce, in bytes, the packet algorithm takes (and the most an
-    /// all-gather, reduce-scatter or all-to-all that takes it sends each peer), and the
+    /// Largest all-reduce, in bytes, the packet algorithm takes (and the most any other
+    /// collective that takes it sends a peer), and the
     /// packet region of the scratch per peer (each byte of data takes two bytes of
     /// packets). The default,
     /// 1 KiB, is where the direct algorithm overtakes packets on the CPU emulator (`allreduce

@@ -22,9 +22,9 @@
 //! [`CollectiveConfig::packet_limit`] bytes, [`Algorithm::Direct`] (two-shot over the
 //! scratch, or over the peers' own buffers when they are registered) above;
 //! `OXCCL_ALGO` or [`CollectiveConfig::algorithm`] override the choice. All-gather,
-//! reduce-scatter and all-to-all take packets too where what each rank sends each peer is
-//! within the packet limit, direct algorithms above; broadcast, reduce and all-to-all-v run
-//! direct algorithms. Where some rank cannot load and store another's
+//! reduce-scatter, all-to-all, broadcast and reduce take packets too where what a rank
+//! sends a peer is within the packet limit, direct algorithms above; all-to-all-v runs
+//! direct. Where some rank cannot load and store another's
 //! memory (ranks on several nodes, or `OXCCL_TRANSPORT=ethernet`: the first collective
 //! call asks every rank for its node), all-reduce takes [`Algorithm::Ports`] (two-shot
 //! through the proxy over port channels), or [`Algorithm::Ring`] (a ring through the proxy)
@@ -66,8 +66,8 @@ use oxccl_kernels::collectives::{
     all_gather_ports, all_gather_ring, all_reduce, all_reduce_doubling, all_reduce_packets,
     all_reduce_ports, all_reduce_ring, all_to_all, all_to_all_packets, all_to_all_ports,
     all_to_allv, all_to_allv_ports, barrier, barrier_ports, broadcast, broadcast_doubling,
-    broadcast_ports, reduce, reduce_ports, reduce_scatter, reduce_scatter_halving,
-    reduce_scatter_packets, reduce_scatter_ports, reduce_scatter_ring,
+    broadcast_packets, broadcast_ports, reduce, reduce_packets, reduce_ports, reduce_scatter,
+    reduce_scatter_halving, reduce_scatter_packets, reduce_scatter_ports, reduce_scatter_ring,
 };
 use shape::Shape;
 
@@ -216,8 +216,9 @@ impl Communicator {
     /// for all-gather and reduce-scatter among a power of two of ranks where recursive
     /// doubling is chosen (at any size where a small all-reduce takes it) and for broadcast
     /// where it is chosen at every size, and [`Algorithm::Ports`] otherwise; else
-    /// [`Algorithm::Packets`] for all-gathers, reduce-scatters and all-to-alls that send
-    /// each peer at most the packet limit (where an all-reduce of that size takes packets),
+    /// [`Algorithm::Packets`] for all-gathers, reduce-scatters, all-to-alls, broadcasts and
+    /// reduces that send a peer at most the packet limit (where an all-reduce of that size
+    /// takes packets),
     /// and [`Algorithm::Direct`] (on registered buffers, in place of the peers' buffers).
     ///
     /// # Errors
@@ -235,20 +236,26 @@ impl Communicator {
 
     /// The algorithm of a call of `collective` (not all-reduce) of `bytes` bytes (its
     /// `count` elements) where the ranks load and store each other's memory:
-    /// [`Algorithm::Packets`] for all-gather, reduce-scatter and all-to-all where an
-    /// all-reduce of `bytes` would take it (what each rank sends each peer then fits a
-    /// packet slot), else [`Algorithm::Direct`].
+    /// [`Algorithm::Packets`] for all-gather, reduce-scatter, all-to-all, broadcast and
+    /// reduce where an all-reduce of `bytes` would take it (what a rank sends a peer then
+    /// fits a packet slot), else [`Algorithm::Direct`].
     ///
     /// Why: their direct algorithms meet twice a call (who registered what, then the
-    /// reads), each rank waiting for every other; the packets' one exchange is all they
-    /// wait for. 4 ranks in one process on 2 cores, 4 B-1 KiB a peer (`collectives`,
-    /// `OXCCL_ALGO=direct` and not, alternated, out of place and in place): all-gather
-    /// 4.2-10 µs against 8.3-14 direct, reduce-scatter 5.2-11 against 10-18, all-to-all
-    /// 4.3-9.8 against 5.5-13; 2 ranks 0.86-1.4 µs against 1.1-2.1.
+    /// reads), each rank waiting for every other; the packets' one exchange (one round
+    /// trip to the root for broadcast and reduce) is all they wait for. 4 ranks in one
+    /// process on 2 cores, 4 B-1 KiB a peer (`collectives`, `OXCCL_ALGO=direct` and not,
+    /// alternated, out of place and in place): all-gather 4.2-10 µs against 8.3-14 direct,
+    /// reduce-scatter 5.2-11 against 10-18, all-to-all 4.3-9.8 against 5.5-13; 8-512 B
+    /// broadcast 4.8-5.6 against 6.7-14, reduce 4.9-5.7 against 13-16; 2 ranks 0.5-1.4 µs
+    /// against 0.6-2.1.
     fn memory_algorithm(&self, collective: Collective, bytes: u64) -> Result<Algorithm> {
         if !matches!(
             collective,
-            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll
+            Collective::AllGather
+                | Collective::ReduceScatter
+                | Collective::AllToAll
+                | Collective::Broadcast
+                | Collective::Reduce
         ) {
             return Ok(Algorithm::Direct);
         }
@@ -951,6 +958,12 @@ impl Communicator {
             }
             (Collective::AllToAll, Some(Algorithm::Packets)) => {
                 all_to_all_packets::collective_all_to_all_packets::launch(stream, one_block, args)
+            }
+            (Collective::Broadcast, Some(Algorithm::Packets)) => {
+                broadcast_packets::collective_broadcast_packets::launch(stream, one_block, args)
+            }
+            (Collective::Reduce, Some(Algorithm::Packets)) => {
+                reduce_packets::collective_reduce_packets::launch(stream, one_block, args)
             }
             (Collective::AllReduce, _) => {
                 all_reduce::collective_all_reduce::launch(stream, direct, args)

@@ -31,7 +31,9 @@
 //! **Packets** (small messages): [`all_reduce_packets`] and [`all_gather_packets`] send
 //! the input to every peer as LL16 packets, [`reduce_scatter_packets`] and
 //! [`all_to_all_packets`] each peer its block; each rank reduces or copies what it
-//! received (`packet_exchange.rs`). One pass, no meeting.
+//! received (`packet_exchange.rs`). One pass, no meeting. [`broadcast_packets`] and
+//! [`reduce_packets`] pass a one-packet token the other way (to the root before its data,
+//! from it after the data): one round trip.
 //!
 //! Reductions combine the ranks' data in rank order (`0, 1, .., n - 1`) on every path but
 //! the ring and recursive doubling, so every rank gets the same bits, and so do the
@@ -62,6 +64,7 @@ pub mod barrier;
 pub mod barrier_ports;
 pub mod broadcast;
 pub mod broadcast_doubling;
+pub mod broadcast_packets;
 pub mod broadcast_ports;
 pub mod collective_args;
 mod elementwise;
@@ -74,6 +77,7 @@ pub mod port_layout;
 pub mod port_protocol;
 pub mod published_buffers;
 pub mod reduce;
+pub mod reduce_packets;
 pub mod reduce_ports;
 pub mod reduce_scatter;
 pub mod reduce_scatter_halving;

@@ -30,10 +30,10 @@ pub(crate) enum Sends {
 }
 
 /// Sends `count` elements of `input` to every peer as [`Sends`] says and unpacks what
-/// every peer sent; returns `count`'s bytes. Afterwards [`unpacked`]`(a, p, count)` holds
-/// what peer `p` sent, and for this rank what it sent (with [`Sends::Block`], its own block
-/// `r`), all in scratch: an `output` that is (or overlaps) `input` may then be written.
-/// The block's threads have met after it (launch one block).
+/// every peer sent. Afterwards [`unpacked`]`(a, p, count)` holds what peer `p` sent, and
+/// for this rank what it sent (with [`Sends::Block`], its own block `r`), all in scratch:
+/// an `output` that is (or overlaps) `input` may then be written. The block's threads have
+/// met after it (launch one block).
 ///
 /// # Errors
 /// A message over the packet limit ([`DeviceError::InvalidArgument`]), an `input` shorter
@@ -45,13 +45,8 @@ pub(crate) fn exchange_packets<T: ReduceElement>(
     count: u64,
     sends: Sends,
 ) -> Result<(), DeviceError> {
-    let (r, nr, l) = (a.rank, a.n_ranks, &a.layout);
-    let bytes = count.saturating_mul(core::mem::size_of::<T>() as u64);
-    let padded = bytes.div_ceil(Ll16Packet::PAYLOAD_BYTES) * Ll16Packet::PAYLOAD_BYTES;
-    if padded > l.packet_limit {
-        return Err(a.invalid([bytes, l.packet_limit, 1]));
-    }
-    let (flag, set) = (packet_flag(a.sequence), parity(a.sequence));
+    let (r, nr) = (a.rank, a.n_ranks);
+    let padded = padded::<T>(a, count)?;
     // What we send goes through our unpacked slots: a channel sends from its `local`
     // buffer (the scratch). With one block per peer, peer `p`'s block waits in slot `p`,
     // which its packets replace below, once every thread has sent.
@@ -67,28 +62,85 @@ pub(crate) fn exchange_packets<T: ReduceElement>(
     arch::sync_threads();
     for p in (0..nr).filter(|&p| p != r) {
         let from = match sends {
-            Sends::Same => l.unpacked_slot(r),
-            Sends::Block => l.unpacked_slot(p),
+            Sends::Same => r,
+            Sends::Block => p,
         };
-        a.peer(p)?
-            .put_packets::<Ll16Packet>(Block, l.packet_slot(set, r), from, padded, flag)?;
+        send(a, p, from, padded)?;
     }
     // Every thread has sent before any unpacks (with one block per peer, into the slot it
     // sent from). Unconditional: a barrier under a condition the compiler can see through
     // is one the PTX rules cannot match to its source.
     arch::sync_threads();
     for p in (0..nr).filter(|&p| p != r) {
-        a.peer(p)?.unpack_packets::<Ll16Packet>(
-            Block,
-            l.unpacked_slot(p),
-            l.packet_slot(set, p),
-            padded,
-            flag,
-        )?;
+        receive(a, p, padded)?;
     }
     arch::sync_threads();
     Ok(())
 }
+
+/// The bytes of packets that carry `count` elements: their bytes rounded up to whole
+/// packets.
+///
+/// # Errors
+/// More than the packet limit ([`DeviceError::InvalidArgument`], recorded).
+#[inline(always)]
+pub(crate) fn padded<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    count: u64,
+) -> Result<u64, DeviceError> {
+    let bytes = count.saturating_mul(core::mem::size_of::<T>() as u64);
+    let padded = bytes.div_ceil(Ll16Packet::PAYLOAD_BYTES) * Ll16Packet::PAYLOAD_BYTES;
+    if padded > a.layout.packet_limit {
+        return Err(a.invalid([bytes, a.layout.packet_limit, 1]));
+    }
+    Ok(padded)
+}
+
+/// Sends peer `to` the `padded` bytes of our unpacked slot of rank `from`, as this call's
+/// packets, into its packet slot of our rank (the block's threads share the packets).
+///
+/// # Errors
+/// Channel errors.
+#[inline(always)]
+pub(crate) fn send(
+    a: &CollectiveArgs<'_>,
+    to: u32,
+    from: u32,
+    padded: u64,
+) -> Result<(), DeviceError> {
+    let l = &a.layout;
+    let (flag, set) = (packet_flag(a.sequence), parity(a.sequence));
+    a.peer(to)?.put_packets::<Ll16Packet>(
+        Block,
+        l.packet_slot(set, a.rank),
+        l.unpacked_slot(from),
+        padded,
+        flag,
+    )
+}
+
+/// Waits for this call's `padded` bytes of packets from peer `from` and unpacks them into
+/// our unpacked slot of `from` (the block's threads share the packets).
+///
+/// # Errors
+/// Channel errors (the packets not arriving within the wait limit).
+#[inline(always)]
+pub(crate) fn receive(a: &CollectiveArgs<'_>, from: u32, padded: u64) -> Result<(), DeviceError> {
+    let l = &a.layout;
+    let (flag, set) = (packet_flag(a.sequence), parity(a.sequence));
+    a.peer(from)?.unpack_packets::<Ll16Packet>(
+        Block,
+        l.unpacked_slot(from),
+        l.packet_slot(set, from),
+        padded,
+        flag,
+    )
+}
+
+/// Bytes of a token: one packet, whose payload nobody reads. A token from a peer says it
+/// has reached this call (so has finished its previous one) or, from the root, that every
+/// rank has.
+pub(crate) const TOKEN_BYTES: u64 = Ll16Packet::PAYLOAD_BYTES;
 
 /// The `count` elements in rank `p`'s unpacked slot of our scratch (see
 /// [`exchange_packets`]).
