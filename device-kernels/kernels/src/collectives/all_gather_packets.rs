@@ -2,16 +2,15 @@
 //! `packet_exchange.rs`).
 
 use super::collective_args::CollectiveArgs;
-use super::packet_exchange::{Sends, exchange_packets, unpacked};
-use super::round_views::{typed, typed_mut, window_mut};
-use oxccl_device::coop::Grid;
+use super::packet_exchange::{Sends, copy_out, exchange_packets};
+use super::round_views::{typed, typed_mut};
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::ReduceElement;
 
 /// All-gather with LL16 packets, for small messages: every rank's `count` elements of
-/// `input` (at most the layout's `packet_limit` bytes, rounded up to 16) land in every
+/// `input` (at most the layout's `packet_limit` bytes, rounded up to 8) land in every
 /// rank's `output`, rank `r`'s at `r * count` (`output` may hold `input` at its place).
 /// Takes one call number. Launch one block.
 ///
@@ -29,8 +28,5 @@ fn all_gather_packets<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), De
     let (c, nr) = (a.count, a.n_ranks);
     exchange_packets(a, typed::<T>(a.input, 0, c)?, c, Sends::Same)?;
     let output = typed_mut::<T>(a.output, 0, c.saturating_mul(nr as u64))?;
-    for p in 0..nr {
-        window_mut(output, p as u64 * c, c)?.copy_from(Grid, unpacked::<T>(a, p, c)?.as_view())?;
-    }
-    Ok(())
+    copy_out(a, output, c)
 }

@@ -2,9 +2,8 @@
 //! `packet_exchange.rs`).
 
 use super::collective_args::CollectiveArgs;
-use super::packet_exchange::{Sends, exchange_packets, unpacked};
-use super::round_views::{typed, typed_mut, window_mut};
-use oxccl_device::coop::Grid;
+use super::packet_exchange::{Sends, copy_out, exchange_packets};
+use super::round_views::{typed, typed_mut};
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
@@ -12,7 +11,7 @@ use oxccl_device::reduce::ReduceElement;
 
 /// All-to-all with LL16 packets, for small messages: rank `r` sends its `input` elements
 /// `p * count..(p + 1) * count` (at most the layout's `packet_limit` bytes, rounded up to
-/// 16) to rank `p`, which puts them at `r * count` of its `output` (`n_ranks * count` each;
+/// 8) to rank `p`, which puts them at `r * count` of its `output` (`n_ranks * count` each;
 /// `output` may be `input`). Takes one call number. Launch one block.
 ///
 /// # Errors
@@ -30,8 +29,5 @@ fn all_to_all_packets<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), De
     let total = c.saturating_mul(nr as u64);
     exchange_packets(a, typed::<T>(a.input, 0, total)?, c, Sends::Block)?;
     let output = typed_mut::<T>(a.output, 0, total)?;
-    for p in 0..nr {
-        window_mut(output, p as u64 * c, c)?.copy_from(Grid, unpacked::<T>(a, p, c)?.as_view())?;
-    }
-    Ok(())
+    copy_out(a, output, c)
 }

@@ -9,7 +9,7 @@
 //! other with no host barrier, whatever the collectives.
 
 use super::collective_args::CollectiveArgs;
-use super::round_views::window;
+use super::round_views::{window, window_mut};
 use oxccl_device::arch;
 use oxccl_device::coop::{Block, Grid};
 use oxccl_device::error::DeviceError;
@@ -135,6 +135,24 @@ pub(crate) fn receive(a: &CollectiveArgs<'_>, from: u32, padded: u64) -> Result<
         padded,
         flag,
     )
+}
+
+/// Copies every rank's unpacked slot (`count` elements each, see [`exchange_packets`])
+/// into its block of `output`: rank `p`'s at `p * count`.
+///
+/// # Errors
+/// An `output` shorter than `n_ranks * count` elements ([`DeviceError::OutOfRange`]).
+#[inline(always)]
+pub(crate) fn copy_out<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    output: DeviceViewMut<'_, T>,
+    count: u64,
+) -> Result<(), DeviceError> {
+    for p in 0..a.n_ranks {
+        window_mut(output, p as u64 * count, count)?
+            .copy_from(Grid, unpacked::<T>(a, p, count)?.as_view())?;
+    }
+    Ok(())
 }
 
 /// Bytes of a token: one packet, whose payload nobody reads. A token from a peer says it

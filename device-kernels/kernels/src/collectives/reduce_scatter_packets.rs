@@ -13,7 +13,7 @@ use oxccl_device::reduce::{ReduceElement, ReduceOp};
 /// Reduce-scatter with LL16 packets, for small messages: every rank's `input` of
 /// `n_ranks * count` elements is reduced by `op`, and rank `r` gets elements
 /// `r * count..(r + 1) * count` of the result (at most the layout's `packet_limit` bytes,
-/// rounded up to 16) in `output` (which may be that block of `input`). Each rank sends
+/// rounded up to 8) in `output` (which may be that block of `input`). Each rank sends
 /// peer `p` its block `p`; the blocks are combined in rank order. Takes one call number.
 /// Launch one block.
 ///
