@@ -218,8 +218,8 @@ impl Communicator {
     /// where it is chosen at every size, and [`Algorithm::Ports`] otherwise; else
     /// [`Algorithm::Packets`] for all-gathers, reduce-scatters, all-to-alls, broadcasts and
     /// reduces that send a peer at most the packet limit (where an all-reduce of that size
-    /// takes packets),
-    /// and [`Algorithm::Direct`] (on registered buffers, in place of the peers' buffers).
+    /// takes packets), and [`Algorithm::Direct`] (on registered buffers, in place of the
+    /// peers' buffers).
     ///
     /// # Errors
     /// `OXCCL_ALGO` names no algorithm, or packets are forced on a call past the packet
@@ -920,7 +920,8 @@ impl Communicator {
         let algo = match algo {
             Some(algo) => Some(algo),
             None => {
-                Some(self.memory_algorithm(call.shape.collective, call.count * call.dtype.size())?)
+                let bytes = call.count.saturating_mul(call.dtype.size());
+                Some(self.memory_algorithm(call.shape.collective, bytes)?)
             }
         };
         let taken = match algo {

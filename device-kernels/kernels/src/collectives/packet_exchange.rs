@@ -10,14 +10,13 @@
 
 use super::collective_args::CollectiveArgs;
 use super::round_views::{window, window_mut};
+use super::scratch_layout::{packet_flag, parity};
 use oxccl_device::arch;
 use oxccl_device::coop::{Block, Grid};
 use oxccl_device::error::DeviceError;
 use oxccl_device::packet::{Ll16Packet, Packet};
 use oxccl_device::reduce::ReduceElement;
 use oxccl_device::{DeviceView, DeviceViewMut};
-
-use super::scratch_layout::{packet_flag, parity};
 
 /// What a rank sends each peer in a packet exchange.
 #[derive(Clone, Copy, PartialEq, Eq)]
