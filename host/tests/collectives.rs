@@ -355,8 +355,9 @@ fn others_matrix(ranks: u32, config: InProcessConfig, counts: &[usize]) {
 /// Guards against all-gather, reduce-scatter, broadcast, reduce and all-to-all placing a
 /// rank's data at the wrong offset, losing a round's tail, reading a non-root's buffer or
 /// writing a non-root's output, for every type, 1 to 4 ranks, one block and several. By
-/// size (a packet limit of 4 KiB): all-gather, reduce-scatter and all-to-all take packets
-/// up to 100 elements and for 600 of the smaller types, direct for 600 of 8 bytes.
+/// size (a packet limit of 4 KiB): all-gather, reduce-scatter, all-to-all, broadcast and
+/// reduce take packets up to 100 elements and for 600 of the smaller types, direct for 600
+/// of 8 bytes.
 #[test]
 fn other_collectives_every_type() {
     let auto = AlgorithmChoice::Auto;
@@ -366,9 +367,10 @@ fn other_collectives_every_type() {
     }
 }
 
-/// Guards against the direct all-gather, reduce-scatter and all-to-all going wrong at
-/// the small sizes that take packets by default (and against forced packets being
-/// ignored or misplacing data): both forced, every type, 1 to 4 ranks.
+/// Guards against the direct all-gather, reduce-scatter, all-to-all, broadcast and reduce
+/// going wrong at the small sizes that take packets by default (and against forced
+/// packets being ignored or misplacing data): both forced, every type, 1 to 4 ranks,
+/// every root.
 #[test]
 fn other_collectives_small_direct_and_packets() {
     for algo in [Algorithm::Direct, Algorithm::Packets] {

@@ -19,7 +19,7 @@ use oxccl_device::reduce::ReduceElement;
 use oxccl_device::{DeviceView, DeviceViewMut};
 
 /// What a rank sends each peer in a packet exchange.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub(crate) enum Sends {
     /// The same `count` elements to every peer (all-reduce, all-gather).
     Same,
