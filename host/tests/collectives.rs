@@ -6,10 +6,12 @@
 mod common;
 
 use common::assert_same;
+use common::eager_steps::{barrier_after_eager_broadcasts_case, eager_calls_case};
 use oxccl::collectives::{Algorithm, AlgorithmChoice};
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Communicator, DataType, DeviceBuffer, ReduceElement, ReduceOp, Result, bf16, f16};
 use oxccl_device::launch::LaunchConfig;
+use std::sync::atomic::AtomicBool;
 
 const OPS: [ReduceOp; 5] = [
     ReduceOp::Sum,
@@ -660,4 +662,31 @@ fn short_buffers_are_refused() {
         Ok(())
     })
     .unwrap();
+}
+
+/// Guards against an eager packet broadcast or reduce (data one way, the receivers' dones
+/// let the sender run ahead by a few calls) whose sender writes an eager slot before its
+/// receiver has read it out, waits for dones that never come, or leaves its owed dones to
+/// be taken for a meeting's signals, and against a lockstep call after it that reuses a
+/// slot a late rank still reads: the calls of `eager_steps` (runs of packet broadcasts from
+/// one root, then from another root, packet reduces to a third, packet and direct
+/// all-reduces, device barriers, and back), with one rank enqueuing late and another
+/// stalling, every output checked at the end.
+#[test]
+fn eager_packet_calls_back_to_back_with_late_ranks() {
+    // 100 i32: packets for all but the large all-reduce (6400 bytes: direct, in rounds).
+    eager_calls_case(
+        job(2, 64, AlgorithmChoice::Auto, 1024),
+        100,
+        "memory channels",
+    );
+}
+
+/// Guards against a device barrier after eager packet broadcasts that takes the dones the
+/// root is still owed for the peers' arrival at the barrier.
+#[test]
+fn barrier_after_eager_packet_broadcasts_waits_for_the_last_rank() {
+    static LAST_ARRIVED: AtomicBool = AtomicBool::new(false);
+    let config = job(2, 64, AlgorithmChoice::Auto, 1024);
+    barrier_after_eager_broadcasts_case(config, 100, &LAST_ARRIVED);
 }

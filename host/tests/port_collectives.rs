@@ -5,6 +5,9 @@
 
 mod common;
 
+use common::eager_steps::{
+    barrier_after_eager_broadcasts_case, eager_calls_case, late_last_rank_at_barrier,
+};
 use common::gather_scatter_cases::{all_gather_case, inputs, marked, read, reduce_scatter_case};
 use common::{
     TypedCase, assert_same, combined, every_type, small_round_job as job, small_value as value,
@@ -12,6 +15,7 @@ use common::{
 use oxccl::collectives::{Algorithm, AlgorithmChoice, Collective};
 use oxccl::in_process;
 use oxccl::{Communicator, ReduceElement, ReduceOp, Result, TransportChoice};
+use std::sync::atomic::AtomicBool;
 
 /// Elements rank `from` sends rank `to` in an all-to-all-v of about `count` each: half,
 /// once or one and a half times `count` by the pair, none for some pairs.
@@ -246,7 +250,6 @@ fn over_ethernet_every_collective_runs_over_ports() {
 /// others' streams must not get past it before then.
 #[test]
 fn port_barrier_waits_for_the_last_rank() {
-    use std::sync::atomic::AtomicBool;
     static LAST_ARRIVED: AtomicBool = AtomicBool::new(false);
     let mut config = job(AlgorithmChoice::Auto, 2, 1);
     config.communicator.transport = TransportChoice::Ethernet;
@@ -265,150 +268,29 @@ fn port_barrier_waits_for_the_last_rank() {
     .unwrap();
 }
 
-/// One call of [`eager_calls_back_to_back_with_late_ranks`]: a broadcast from `root`, a
-/// reduce (sum) to `root`, or an all-reduce (sum), each of call number `call`.
-#[derive(Clone, Copy, Debug)]
-enum EagerStep {
-    Broadcast { root: u32 },
-    Reduce { root: u32 },
-    AllReduce,
-    Barrier,
-}
-
 /// Guards against an eager broadcast or reduce (data one way, the receivers' dones let the
 /// sender run ahead by a few rounds, across calls) whose sender writes a round's slot before
 /// its receiver has read it out, waits for dones that never come, or leaves its owed dones
-/// to be taken for another collective's signals: runs of broadcasts from one root (many
-/// rounds each), then from another root, reduces to a third, an all-reduce, device barriers,
-/// and back, every call enqueued back to back with no host barrier, while one rank enqueues
-/// its calls late and another stalls in the middle; every output is checked at the end.
+/// to be taken for another collective's signals: the calls of `eager_steps` (runs of
+/// broadcasts from one root, many rounds each, then from another root, reduces to a third,
+/// all-reduces, device barriers, and back), over host IPC and Ethernet.
 #[test]
 fn eager_calls_back_to_back_with_late_ranks() {
-    use EagerStep::{AllReduce, Barrier, Broadcast, Reduce};
-    let mut steps = vec![];
-    steps.extend([Broadcast { root: 0 }; 8]);
-    steps.extend([Broadcast { root: 2 }; 2]);
-    steps.extend([Reduce { root: 1 }; 5]);
-    steps.push(AllReduce);
-    steps.extend([Broadcast { root: 0 }; 4]);
-    steps.extend([
-        Barrier,
-        Broadcast { root: 0 },
-        Broadcast { root: 0 },
-        Barrier,
-    ]);
-    steps.extend([
-        Reduce { root: 0 },
-        Broadcast { root: 0 },
-        Reduce { root: 0 },
-    ]);
-    steps.extend([Reduce { root: 2 }; 4]);
     for transport in [TransportChoice::Auto, TransportChoice::Ethernet] {
         let mut config = job(AlgorithmChoice::Use(Algorithm::Ports), 2, 2);
         config.communicator.transport = transport;
-        in_process::run(3, config, |comm| {
-            let (rank, n) = (comm.rank(), comm.size());
-            let count = 100; // 400 bytes: four rounds of 128
-            let stream = comm.device().stream()?;
-            let mut outputs = vec![];
-            for (call, &step) in steps.iter().enumerate() {
-                let call = call as u32;
-                if (rank, call) == (1, 0) {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                if (rank, call) == (2, 4) || (rank, call) == (0, 12) {
-                    std::thread::sleep(std::time::Duration::from_millis(30));
-                }
-                let send = marked(comm, &inputs::<i32>(rank, count, call))?;
-                let mut recv = marked(comm, &vec![0; count])?;
-                match step {
-                    Broadcast { root } => comm.broadcast(&send, &mut recv, count, root, &stream)?,
-                    Reduce { root } => {
-                        comm.reduce(&send, &mut recv, count, ReduceOp::Sum, root, &stream)?
-                    }
-                    AllReduce => {
-                        comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?
-                    }
-                    Barrier => comm.barrier_on(&stream)?,
-                }
-                // Kept until the end: the calls run on after the loop has gone on.
-                outputs.push((step, call, send, recv));
-            }
-            comm.synchronize(&stream)?;
-            for (step, call, _, recv) in &outputs {
-                let sum = |i| (0..n).map(|p| value::<i32>(p, i, *call)).sum::<i32>();
-                let want: Vec<i32> = match *step {
-                    Broadcast { root } => inputs::<i32>(root, count, *call),
-                    Reduce { root } if root == rank => (0..count).map(sum).collect(),
-                    Reduce { .. } => vec![0; count],
-                    AllReduce => (0..count).map(sum).collect(),
-                    Barrier => vec![0; count],
-                };
-                let what = format!("rank {rank}, call {call}: {step:?} over {transport:?}");
-                assert_same(&what, &read(&what, recv, count)?, &want);
-            }
-            Ok(())
-        })
-        .unwrap();
+        // 400 bytes: four rounds of 128.
+        eager_calls_case(config, 100, &format!("ports over {transport:?}"));
     }
 }
 
 /// Guards against a device barrier after eager broadcasts that takes the dones the root is
 /// still owed for the peers' arrival: the root of three broadcasts (many rounds each) calls
 /// the barrier while the last rank reaches it late, and must not get past it before then.
-/// Twice: the first barrier call agrees on its shape through the bootstrap, a host barrier.
 #[test]
 fn port_barrier_after_eager_broadcasts_waits_for_the_last_rank() {
-    use std::sync::atomic::AtomicBool;
     static LAST_ARRIVED: AtomicBool = AtomicBool::new(false);
     let mut config = job(AlgorithmChoice::Use(Algorithm::Ports), 2, 1);
     config.communicator.transport = TransportChoice::Ethernet;
-    in_process::run(3, config, |comm| {
-        let (rank, count) = (comm.rank(), 100);
-        let stream = comm.device().stream()?;
-        for round in 0..2 {
-            let mut kept = vec![];
-            for call in 0..3 {
-                let mut buf = marked(comm, &inputs::<i32>(rank, count, call))?;
-                comm.broadcast_in_place(&mut buf, count, 0, &stream)?;
-                kept.push(buf);
-            }
-            late_last_rank_at_barrier(comm, &stream, round, &LAST_ARRIVED)?;
-            for (call, buf) in kept.iter().enumerate() {
-                let want = inputs::<i32>(0, count, call as u32);
-                assert_same(&format!("broadcast {call}"), &read("", buf, count)?, &want);
-            }
-        }
-        Ok(())
-    })
-    .unwrap();
-}
-
-/// The last rank reaches the device barrier late: it finishes its stream's work, sleeps,
-/// then marks `arrived` and calls the barrier; no rank's stream may get past the barrier
-/// before the mark. Then the ranks meet on the host and the last rank clears the mark.
-fn late_last_rank_at_barrier(
-    comm: &mut Communicator,
-    stream: &oxccl::Stream,
-    round: u32,
-    arrived: &std::sync::atomic::AtomicBool,
-) -> Result<()> {
-    use std::sync::atomic::Ordering;
-    let (rank, last) = (comm.rank(), comm.rank() == comm.size() - 1);
-    if last {
-        comm.synchronize(stream)?;
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        arrived.store(true, Ordering::SeqCst);
-    }
-    comm.barrier_on(stream)?;
-    comm.synchronize(stream)?;
-    assert!(
-        arrived.load(Ordering::SeqCst),
-        "round {round}: rank {rank} got past the barrier before the last rank reached it"
-    );
-    comm.barrier()?;
-    if last {
-        arrived.store(false, Ordering::SeqCst);
-    }
-    comm.barrier()
+    barrier_after_eager_broadcasts_case(config, 100, &LAST_ARRIVED);
 }

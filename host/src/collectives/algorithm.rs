@@ -10,8 +10,9 @@ pub enum Algorithm {
     /// Every rank sends its whole input (all-reduce, all-gather) or each peer its block
     /// (reduce-scatter, all-to-all) as LL packets (data and flag in one store) into the
     /// peer's scratch, and every rank reduces or copies what arrives: one step, no separate
-    /// signal; broadcast and reduce send data one way and a one-packet token the other
-    /// (one round trip). For small messages, where latency is everything.
+    /// signal; broadcast and reduce send data one way, eager: the sender waits only for
+    /// answers of calls three before, so back-to-back calls overlap. For small messages,
+    /// where latency is everything.
     Packets,
     /// Ranks load and store each other's buffers directly (memory channels): each rank
     /// reduces its share of the elements reading every peer's input, and stores the result

@@ -14,7 +14,7 @@ use crate::grid_barrier::GridBarrier;
 use crate::memory_channel::MemoryChannel;
 use crate::port_channel::PortChannel;
 use oxccl_kernels::collectives::{
-    CollectiveArgs, PortCollectiveArgs, PortLayout, PortProtocol, ScratchLayout,
+    CallProtocol, CollectiveArgs, PortCollectiveArgs, PortLayout, ScratchLayout,
 };
 use std::collections::HashMap;
 
@@ -31,6 +31,9 @@ pub(crate) struct CollectiveContext {
     pub(crate) barrier: GridBarrier,
     /// The number of the next round of the memory path (see `CollectiveArgs::sequence`).
     pub(crate) sequence: u64,
+    /// The protocol of the memory path's last call and the waits it left owed on this rank
+    /// (see `CollectiveArgs::protocol`).
+    pub(crate) protocol: CallProtocol,
     /// Shapes every rank has agreed on, with what the agreement found (the largest count
     /// any rank sends any rank, for all-to-all-v).
     pub(crate) agreed: HashMap<Shape, u64>,
@@ -66,7 +69,7 @@ pub(crate) struct PortPath {
     pub(crate) sequence: u64,
     /// The protocol of the last call and the waits it left owed on this rank (see
     /// `PortCollectiveArgs::protocol`).
-    pub(crate) protocol: PortProtocol,
+    pub(crate) protocol: CallProtocol,
 }
 
 impl CollectiveContext {
@@ -95,6 +98,7 @@ impl CollectiveContext {
             ports: None,
             barrier,
             sequence: 0,
+            protocol: CallProtocol::default(),
             agreed: HashMap::new(),
             last: None,
             config,
@@ -137,6 +141,7 @@ impl CollectiveContext {
             buffers: m.buffers.device_handle(),
             layout: m.layout,
             sequence: self.sequence,
+            protocol: self.protocol,
             rank,
             n_ranks,
             ..CollectiveArgs::default()
@@ -265,7 +270,7 @@ impl PortPath {
             peers,
             scratch,
             sequence: 0,
-            protocol: PortProtocol::default(),
+            protocol: CallProtocol::default(),
         })
     }
 }

@@ -62,7 +62,7 @@ use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp};
 use oxccl_device::{DeviceView, DeviceViewMut};
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
 use oxccl_kernels::collectives::{
-    AllToAllvCounts, PortProtocol, all_gather, all_gather_doubling, all_gather_packets,
+    AllToAllvCounts, CallProtocol, all_gather, all_gather_doubling, all_gather_packets,
     all_gather_ports, all_gather_ring, all_reduce, all_reduce_doubling, all_reduce_packets,
     all_reduce_ports, all_reduce_ring, all_to_all, all_to_all_packets, all_to_all_ports,
     all_to_allv, all_to_allv_ports, barrier, barrier_ports, broadcast, broadcast_doubling,
@@ -932,7 +932,27 @@ impl Communicator {
                 rounds(call.elements, per)
             }
         };
+        let (kind, root) = match (call.shape.collective, algo) {
+            (Collective::Broadcast, Some(Algorithm::Packets)) => {
+                (CallProtocol::BROADCAST, call.root)
+            }
+            (Collective::Reduce, Some(Algorithm::Packets)) => (CallProtocol::REDUCE, call.root),
+            _ => (CallProtocol::LOCKSTEP, 0),
+        };
+        let barrier_call = call.shape.collective == Collective::Barrier;
+        let switch = !ctx.protocol.continues(kind, root);
         let mut args = ctx.args(m, rank, size);
+        // The switch from an eager protocol is the barrier, which waits for the dones it
+        // left owed; a barrier call is one already, and takes the last call's protocol to
+        // do so. A switch from lockstep needs none: the eager slots are left read out by
+        // the switch that ended the last eager call.
+        if switch && !barrier_call {
+            if ctx.protocol.kind != CallProtocol::LOCKSTEP {
+                barrier::collective_barrier::launch(stream, direct, args)?;
+            }
+            args.protocol = CallProtocol::switched(kind, root, ctx.sequence);
+        }
+        let started = args.protocol;
         args.input = call.input;
         args.output = call.output;
         args.count = call.count;
@@ -990,11 +1010,15 @@ impl Communicator {
             ),
             (Collective::Barrier, _) => barrier::collective_barrier::launch(stream, direct, args),
         };
-        launched?;
         if let Some(ctx) = self.collectives.as_deref_mut() {
-            ctx.sequence += taken;
+            // A switch launched stays done whether or not the call could be.
+            ctx.protocol = started;
+            if launched.is_ok() {
+                ctx.protocol = started.after(kind, root, rank, ctx.sequence, taken);
+                ctx.sequence += taken;
+            }
         }
-        Ok(())
+        launched
     }
 
     /// Runs `call` over port channels, by `algo`: in a ring for [`Algorithm::Ring`]
@@ -1025,13 +1049,13 @@ impl Communicator {
         let ctx = &mut **self.collectives.insert(ctx);
         set_up?;
         let (kind, root) = match collective {
-            Collective::Broadcast if !doubling => (PortProtocol::BROADCAST, call.root),
-            Collective::Reduce => (PortProtocol::REDUCE, call.root),
-            _ => (PortProtocol::LOCKSTEP, 0),
+            Collective::Broadcast if !doubling => (CallProtocol::BROADCAST, call.root),
+            Collective::Reduce => (CallProtocol::REDUCE, call.root),
+            _ => (CallProtocol::LOCKSTEP, 0),
         };
         let switch = (ctx.ports.as_ref())
             .filter(|p| !p.protocol.continues(kind, root))
-            .map(|p| PortProtocol::switched(kind, root, p.sequence));
+            .map(|p| CallProtocol::switched(kind, root, p.sequence));
         let mut args = ctx.port_args(rank, size)?;
         // The switch between protocols is a barrier, which waits for the dones an eager
         // collective left owed; a barrier call is one already, and takes the last call's

@@ -3,6 +3,7 @@
 //! check every launch of a back-to-back sequence without a host barrier between them.
 #![allow(dead_code, missing_docs)]
 
+pub mod eager_steps;
 pub mod gather_scatter_cases;
 
 use oxccl::in_process::InProcessConfig;

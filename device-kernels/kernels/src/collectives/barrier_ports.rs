@@ -1,6 +1,6 @@
 //! Barrier over port channels, through the proxy (ranks without a load/store path to each
 //! other): one exchange with nothing in it. It is also the switch between port protocols
-//! (see [`port_protocol`](super::port_protocol)): it first waits for the dones an eager
+//! (see [`call_protocol`](super::call_protocol)): it first waits for the dones an eager
 //! collective left owed.
 
 use super::port_collective_args::PortCollectiveArgs;
@@ -11,7 +11,7 @@ use oxccl_device::kernel;
 /// signal, so it returns once every rank's kernel has reached it (and every block of this
 /// rank). A signal follows every earlier put of its channel, so what the collectives before
 /// it put has landed. The host launches it before a port collective whose protocol differs
-/// from the last call's, with that call's [`PortProtocol`](super::PortProtocol).
+/// from the last call's, with that call's [`CallProtocol`](super::CallProtocol).
 ///
 /// # Errors
 /// Invalid ids, channel (a peer that does not answer) and barrier errors.

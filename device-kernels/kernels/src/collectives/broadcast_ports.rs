@@ -1,5 +1,5 @@
 //! Broadcast over port channels, through the proxy (ranks without a load/store path to
-//! each other), eager (see [`port_protocol`](super::port_protocol)), in rounds of
+//! each other), eager (see [`call_protocol`](super::call_protocol)), in rounds of
 //! [`PortLayout::copy_round_bytes`](super::PortLayout::copy_round_bytes): the root stages
 //! each round and puts it into its gather slot of every peer, with a signal; each peer
 //! waits for the root's signal, copies the round into its output and, every other round,
@@ -12,10 +12,10 @@
 //! ahead, across calls too (the dones a call leaves owed are waited for by the next). The
 //! data's type does not matter: rounds are bytes.
 
+use super::call_protocol::CallProtocol;
 use super::port_collective_args::PortCollectiveArgs;
 use super::port_exchange::{Part, send_to, send_to_peers, wait_for, wait_for_peers};
 use super::port_layout::PortLayout;
-use super::port_protocol::PortProtocol;
 use super::round_views::{window, window_mut};
 use oxccl_device::coop::Grid;
 use oxccl_device::error::DeviceError;
@@ -28,7 +28,7 @@ use oxccl_device::kernel;
 /// Invalid ids, short buffers, channel (a peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (mut covered_until, dtype, _) = args.begin_eager(PortProtocol::BROADCAST)?;
+    let (mut covered_until, dtype, _) = args.begin_eager(CallProtocol::BROADCAST)?;
     let a = &args;
     let (r, root, l) = (a.rank, a.root, a.layout);
     let bytes = a.count.saturating_mul(dtype.size());
@@ -49,8 +49,8 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
         let set = PortLayout::set_of(seq);
         if r == root {
             // Every peer's done covering the round `SETS` before this one (module docs).
-            let needed = PortProtocol::covered_before(covered_until, seq);
-            for _ in 0..PortProtocol::dones_between(covered_until, needed) {
+            let needed = CallProtocol::covered_before(covered_until, seq);
+            for _ in 0..CallProtocol::dones_between(covered_until, needed) {
                 wait_for_peers(a)?;
             }
             covered_until = needed;
@@ -66,7 +66,7 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
             wait_for(a, root)?;
             let src = window_mut(a.scratch, l.gather_slot(set, root), len)?;
             window_mut(output, off, len)?.copy_from(Grid, src.as_view())?;
-            if PortProtocol::done_after(seq) {
+            if CallProtocol::done_after(seq) {
                 // Every block has copied the round out (`send_to` meets the grid first).
                 send_to(a, root, 0, 0, 0)?;
             }

@@ -1,5 +1,6 @@
 //! What every collective kernel takes: one argument struct, the same for all of them.
 
+use super::call_protocol::CallProtocol;
 use super::scratch_layout::ScratchLayout;
 use oxccl_device::KernelArg;
 use oxccl_device::channel_set::ChannelSetDeviceHandle;
@@ -56,6 +57,11 @@ pub struct CollectiveArgs<'a> {
     pub output_slot: u32,
     /// Zero.
     pub reserved: u32,
+    /// The protocol of the communicator's last memory-path collective and how far its
+    /// sender has heard back, or, past a switch, the protocol the call starts (see
+    /// [`CallProtocol`]; the default, lockstep, for every call but the packet broadcast and
+    /// reduce, and for the first).
+    pub protocol: CallProtocol,
 }
 
 impl Default for CollectiveArgs<'_> {
@@ -78,6 +84,7 @@ impl Default for CollectiveArgs<'_> {
             input_slot: NO_SLOT,
             output_slot: NO_SLOT,
             reserved: 0,
+            protocol: CallProtocol::default(),
         }
     }
 }
@@ -96,6 +103,24 @@ impl<'a> CollectiveArgs<'a> {
             layout_ranks: self.layout.n_ranks,
         };
         ids.check(&self.barrier)
+    }
+
+    /// The start of an eager kernel of protocol `kind` (with the call's root): the call's
+    /// type and operation, once [checked](Self::check), and the first round the sender's
+    /// dones do not cover, to go on from ([`CallProtocol::covered_until`]). The host has run
+    /// the switch (the barrier kernel) where the last call's protocol was another eager one.
+    ///
+    /// # Errors
+    /// As [`Self::check`]; [`DeviceError::InvalidArgument`] (recorded) for a protocol that
+    /// is not this call's.
+    #[inline(always)]
+    pub(crate) fn begin_eager(&self, kind: u32) -> Result<(u64, DataType, ReduceOp), DeviceError> {
+        let (dtype, op) = self.check()?;
+        let p = self.protocol;
+        if !p.is(kind, self.root) {
+            return Err(self.invalid([p.kind as u64, p.root as u64, kind as u64]));
+        }
+        Ok((p.covered_until, dtype, op))
     }
 
     /// Records `InvalidArgument` with `detail` on the barrier's policy and returns it.

@@ -26,14 +26,15 @@
 //! exchange a round, each sending the next round before reading this one out, and
 //! [`barrier_ports`] one exchange with nothing in it. [`broadcast_ports`] and
 //! [`reduce_ports`] are eager: data flow one way and the sender runs ahead of its receivers
-//! by up to three rounds, across calls ([`port_protocol`]).
+//! by up to three rounds, across calls ([`call_protocol`]).
 //!
 //! **Packets** (small messages): [`all_reduce_packets`] and [`all_gather_packets`] send
 //! the input to every peer as LL16 packets, [`reduce_scatter_packets`] and
 //! [`all_to_all_packets`] each peer its block; each rank reduces or copies what it
 //! received (`packet_exchange.rs`). One pass, no meeting. [`broadcast_packets`] and
-//! [`reduce_packets`] pass a one-packet token the other way (to the root before its data,
-//! from it after the data): one round trip.
+//! [`reduce_packets`] are eager, as the port broadcast and reduce are: the data flow one
+//! way, and the sender runs ahead of its receivers by up to three calls
+//! ([`call_protocol`]; the host launches [`barrier`] between them and any other call).
 //!
 //! Reductions combine the ranks' data in rank order (`0, 1, .., n - 1`) on every path but
 //! the ring and recursive doubling, so every rank gets the same bits, and so do the
@@ -66,6 +67,7 @@ pub mod broadcast;
 pub mod broadcast_doubling;
 pub mod broadcast_packets;
 pub mod broadcast_ports;
+pub mod call_protocol;
 pub mod collective_args;
 mod elementwise;
 mod packet_exchange;
@@ -74,7 +76,6 @@ mod peer_input_reduction;
 pub mod port_collective_args;
 mod port_exchange;
 pub mod port_layout;
-pub mod port_protocol;
 pub mod published_buffers;
 pub mod reduce;
 pub mod reduce_packets;
@@ -89,8 +90,8 @@ pub mod rounds;
 pub mod scratch_layout;
 
 pub use all_to_allv_counts::AllToAllvCounts;
+pub use call_protocol::CallProtocol;
 pub use collective_args::CollectiveArgs;
 pub use port_collective_args::PortCollectiveArgs;
 pub use port_layout::PortLayout;
-pub use port_protocol::PortProtocol;
 pub use scratch_layout::ScratchLayout;

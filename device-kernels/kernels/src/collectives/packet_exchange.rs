@@ -2,12 +2,17 @@
 //! packets, straight into the peer's scratch, and unpacks what every peer sent it. No
 //! signal and no meeting: a packet's flag says it has arrived.
 //!
-//! A rank reuses a packet set two calls later (sets alternate with the call number), by
-//! which time every peer has read it: a packet call ends only once every peer's packets of
-//! that call have arrived, which each peer sends after it finished its previous call, and
-//! every other memory-path call ends the same way or at a meeting. So calls follow each
-//! other with no host barrier, whatever the collectives.
+//! A rank reuses a lockstep packet set two calls later (sets alternate with the call
+//! number), by which time every peer has read it: a packet call ends only once every
+//! peer's packets of that call have arrived, which each peer sends after it finished its
+//! previous call, and every other lockstep call of the memory path ends the same way or at
+//! a meeting. The eager broadcast and reduce (`broadcast_packets`, `reduce_packets`) end
+//! knowing less; their packets land in slots of their own ([`Slots::Eager`]), and before
+//! the next lockstep call the host launches the barrier, which meets every peer once it
+//! has finished them (see [`call_protocol`](super::call_protocol)). So calls follow each
+//! other with no barrier on the host, whatever the collectives.
 
+use super::call_protocol::CallProtocol;
 use super::collective_args::CollectiveArgs;
 use super::round_views::{window, window_mut};
 use super::scratch_layout::{packet_flag, parity};
@@ -64,14 +69,14 @@ pub(crate) fn exchange_packets<T: ReduceElement>(
             Sends::Same => r,
             Sends::Block => p,
         };
-        send(a, p, from, padded)?;
+        send(a, Slots::Lockstep, p, from, padded)?;
     }
     // Every thread has sent before any unpacks (with one block per peer, into the slot it
     // sent from). Unconditional: a barrier under a condition the compiler can see through
     // is one the PTX rules cannot match to its source.
     arch::sync_threads();
     for p in (0..nr).filter(|&p| p != r) {
-        receive(a, p, padded)?;
+        receive(a, Slots::Lockstep, p, padded)?;
     }
     arch::sync_threads();
     Ok(())
@@ -95,44 +100,70 @@ pub(crate) fn padded<T: ReduceElement>(
     Ok(padded)
 }
 
+/// Which slots a packet call's packets land in.
+#[derive(Clone, Copy)]
+pub(crate) enum Slots {
+    /// The lockstep calls' ([`exchange_packets`]): two sets, alternating with the call
+    /// number.
+    Lockstep,
+    /// The eager broadcast's and reduce's (see [`call_protocol`](super::call_protocol)):
+    /// [`CallProtocol::SETS`] sets, in turn.
+    Eager,
+}
+
+impl Slots {
+    /// The offset, in a receiver's scratch, of the slot of `sender`'s packets of this call.
+    #[inline(always)]
+    fn of(self, a: &CollectiveArgs<'_>, sender: u32) -> u64 {
+        match self {
+            Slots::Lockstep => a.layout.packet_slot(parity(a.sequence), sender),
+            Slots::Eager => a.layout.eager_slot(a.sequence % CallProtocol::SETS, sender),
+        }
+    }
+}
+
 /// Sends peer `to` the `padded` bytes of our unpacked slot of rank `from`, as this call's
-/// packets, into its packet slot of our rank (the block's threads share the packets).
+/// packets, into its slot of our rank among `slots` (the block's threads share the
+/// packets).
 ///
 /// # Errors
 /// Channel errors.
 #[inline(always)]
 pub(crate) fn send(
     a: &CollectiveArgs<'_>,
+    slots: Slots,
     to: u32,
     from: u32,
     padded: u64,
 ) -> Result<(), DeviceError> {
-    let l = &a.layout;
-    let (flag, set) = (packet_flag(a.sequence), parity(a.sequence));
     a.peer(to)?.put_packets::<Ll16Packet>(
         Block,
-        l.packet_slot(set, a.rank),
-        l.unpacked_slot(from),
+        slots.of(a, a.rank),
+        a.layout.unpacked_slot(from),
         padded,
-        flag,
+        packet_flag(a.sequence),
     )
 }
 
-/// Waits for this call's `padded` bytes of packets from peer `from` and unpacks them into
-/// our unpacked slot of `from` (the block's threads share the packets).
+/// Waits for this call's `padded` bytes of packets from peer `from` in its slot among
+/// `slots` and unpacks them into our unpacked slot of `from` (the block's threads share
+/// the packets).
 ///
 /// # Errors
 /// Channel errors (the packets not arriving within the wait limit).
 #[inline(always)]
-pub(crate) fn receive(a: &CollectiveArgs<'_>, from: u32, padded: u64) -> Result<(), DeviceError> {
-    let l = &a.layout;
-    let (flag, set) = (packet_flag(a.sequence), parity(a.sequence));
+pub(crate) fn receive(
+    a: &CollectiveArgs<'_>,
+    slots: Slots,
+    from: u32,
+    padded: u64,
+) -> Result<(), DeviceError> {
     a.peer(from)?.unpack_packets::<Ll16Packet>(
         Block,
-        l.unpacked_slot(from),
-        l.packet_slot(set, from),
+        a.layout.unpacked_slot(from),
+        slots.of(a, from),
         padded,
-        flag,
+        packet_flag(a.sequence),
     )
 }
 
@@ -153,11 +184,6 @@ pub(crate) fn copy_out<T: ReduceElement>(
     }
     Ok(())
 }
-
-/// Bytes of a token: one packet, whose payload nobody reads. A token from a peer says it
-/// has reached this call (so has finished its previous one) or, from the root, that every
-/// rank has.
-pub(crate) const TOKEN_BYTES: u64 = Ll16Packet::PAYLOAD_BYTES;
 
 /// The `count` elements in rank `p`'s unpacked slot of our scratch (see
 /// [`exchange_packets`]).

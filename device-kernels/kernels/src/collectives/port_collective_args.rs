@@ -1,9 +1,9 @@
 //! The arguments every collective kernel over port channels takes (ranks that reach each
 //! other only through the proxy: another node, or Ethernet asked for).
 
+use super::call_protocol::CallProtocol;
 use super::collective_args::{CallIds, invalid_argument};
 use super::port_layout::PortLayout;
-use super::port_protocol::PortProtocol;
 use oxccl_device::KernelArg;
 use oxccl_device::arch;
 use oxccl_device::block::block_signal_and_wait;
@@ -39,8 +39,8 @@ pub struct PortCollectiveArgs<'a> {
     /// The call's first round number (the same on every rank; a call takes one per round).
     pub sequence: u64,
     /// The protocol of the communicator's last port collective and how far its sender has
-    /// heard back (see [`PortProtocol`]); the host keeps it.
-    pub protocol: PortProtocol,
+    /// heard back (see [`CallProtocol`]); the host keeps it.
+    pub protocol: CallProtocol,
     /// This rank.
     pub rank: u32,
     /// Ranks of the communicator.
@@ -76,7 +76,7 @@ impl PortCollectiveArgs<'_> {
 
     /// The start of an eager kernel of protocol `kind` (with the call's root): the call's
     /// type and operation, once [checked](Self::check), and the first round the sender's
-    /// dones do not cover, to go on from ([`PortProtocol::covered_until`]). The host has run
+    /// dones do not cover, to go on from ([`CallProtocol::covered_until`]). The host has run
     /// the switch (a barrier kernel) where the last call's protocol was another.
     ///
     /// # Errors
@@ -86,13 +86,13 @@ impl PortCollectiveArgs<'_> {
     pub(crate) fn begin_eager(&self, kind: u32) -> Result<(u64, DataType, ReduceOp), DeviceError> {
         let (dtype, op) = self.check()?;
         let p = self.protocol;
-        if p.kind != kind || p.root != self.root {
+        if !p.is(kind, self.root) {
             return Err(self.invalid([p.kind as u64, p.root as u64, kind as u64]));
         }
         Ok((p.covered_until, dtype, op))
     }
 
-    /// The barrier, which is also the switch between protocols (see [`PortProtocol`]):
+    /// The barrier, which is also the switch between protocols (see [`CallProtocol`]):
     /// signals every peer, waits for the dones the last call left owed (if it ran an eager
     /// protocol), then for every peer's signal; every block then proceeds. Signals alone: no
     /// part of the scratch, no round number.
@@ -103,8 +103,8 @@ impl PortCollectiveArgs<'_> {
     pub(crate) fn settle_and_meet(&self) -> Result<(), DeviceError> {
         let last = self.protocol;
         let owed = match last.kind {
-            PortProtocol::LOCKSTEP => 0,
-            _ => PortProtocol::dones_between(last.covered_until, self.sequence),
+            CallProtocol::LOCKSTEP => 0,
+            _ => CallProtocol::dones_between(last.covered_until, self.sequence),
         };
         // Plain values, not `self`: what a closure takes lives in local memory on the GPU
         // once the closure is out of line.

@@ -21,7 +21,7 @@
 //!
 //! All of these are the lockstep protocol; broadcast and reduce are eager, and a switch
 //! between protocols is one exchange with nothing in it (see
-//! [`port_protocol`](super::port_protocol)).
+//! [`call_protocol`](super::call_protocol)).
 
 use super::all_to_allv::share;
 use super::all_to_allv_counts::AllToAllvCounts;

@@ -1,16 +1,18 @@
-//! Reduce with LL16 packets, for small messages (see `packet_exchange.rs`): every other
-//! rank sends the root its data, the root, once it has them all, sends each a token and
-//! reduces. One round trip for the others, no meeting.
-//!
-//! Why the tokens: a rank that has the root's token knows that every rank has reached
-//! the call (so has finished its previous one), what each packet call ends knowing, which
-//! the next call's reuse of the packet set of the call before last relies on.
+//! Reduce with LL16 packets, for small messages, eager (see
+//! [`call_protocol`](super::call_protocol)): every other rank writes its data as packets
+//! into its eager slot of the root and returns; the root waits for every rank's packets,
+//! reduces them and, every [`CallProtocol::DONE_EVERY`] calls, answers each with a done (a
+//! signal alone). A sender waits for the root's done only before it writes a set of eager
+//! slots again, [`CallProtocol::SETS`] calls later, so it runs two or three calls ahead of
+//! the root, and back-to-back reduces to one root overlap. The others exchange nothing
+//! among themselves.
 
+use super::call_protocol::CallProtocol;
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
-use super::packet_exchange::{TOKEN_BYTES, padded, receive, send, unpacked};
+use super::packet_exchange::{Slots, padded, receive, send, unpacked};
 use super::round_views::{typed, typed_mut};
-use oxccl_device::arch;
+use oxccl_device::block::{block_signal, block_wait};
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
@@ -20,41 +22,60 @@ use oxccl_device::reduce::{ReduceElement, ReduceOp};
 /// Reduce with LL16 packets, for small messages: every rank's `count` elements of `input`
 /// (at most the layout's `packet_limit` bytes, rounded up to 8) reduced by `op`, in rank
 /// order, into the root's `output` (which may be its `input`); other ranks' `output` is
-/// not written. Takes one call number. Launch one block.
+/// not written. Takes one call number; `protocol` must be the eager reduce to `root` (see
+/// [`CallProtocol`]). Launch one block.
 ///
 /// # Errors
-/// Invalid ids, a message over the packet limit, buffers shorter than `count`, channel
-/// errors (a peer's packets not arriving within the wait limit).
+/// Invalid ids, another protocol, a message over the packet limit, buffers shorter than
+/// `count`, channel errors (a peer's packets or dones not arriving within the wait limit).
 #[kernel(max_blocks = 1)]
 pub fn collective_reduce_packets(args: CollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (dtype, op) = args.check()?;
-    dispatch_element!(dtype, T => reduce_packets::<T>(&args, op))
+    let (covered_until, dtype, op) = args.begin_eager(CallProtocol::REDUCE)?;
+    dispatch_element!(dtype, T => reduce_packets::<T>(&args, op, covered_until))
 }
 
 #[inline(always)]
 fn reduce_packets<T: ReduceElement>(
     a: &CollectiveArgs<'_>,
     op: ReduceOp,
+    covered_until: u64,
 ) -> Result<(), DeviceError> {
-    let (c, r, nr, root) = (a.count, a.rank, a.n_ranks, a.root);
+    let (c, r, nr, root, seq) = (a.count, a.rank, a.n_ranks, a.root, a.sequence);
     let padded = padded::<T>(a, c)?;
     // Our data goes through our own unpacked slot: sent from there (a channel sends from
     // the scratch), and on the root reduced from there, so an in-place `output` cannot
     // overwrite an input it still needs.
     unpacked::<T>(a, r, c)?.copy_from(Grid, typed::<T>(a.input, 0, c)?)?;
-    arch::sync_threads();
     if r != root {
-        send(a, root, r, padded)?;
-        return receive(a, root, TOKEN_BYTES);
+        // The root's done covering the call `SETS` before this one, which wrote the slot
+        // this one writes; the barrier also has our data staged before any thread sends.
+        let dones = CallProtocol::dones_between(
+            covered_until,
+            CallProtocol::covered_before(covered_until, seq),
+        );
+        let channel = a.peer(root)?;
+        block_wait(move || {
+            for _ in 0..dones {
+                channel.wait()?;
+            }
+            Ok(())
+        })?;
+        return send(a, Slots::Eager, root, r, padded);
     }
     for p in (0..nr).filter(|&p| p != r) {
-        receive(a, p, padded)?;
+        receive(a, Slots::Eager, p, padded)?;
     }
-    for p in (0..nr).filter(|&p| p != r) {
-        // The token's payload is whatever our own slot holds.
-        send(a, p, r, TOKEN_BYTES)?;
-    }
-    arch::sync_threads();
+    // Every thread has read its packets out (the barrier) before the dones, and has
+    // unpacked (and staged our own slot) before any reduces.
+    let peers = a.peers;
+    block_signal(move || {
+        if CallProtocol::done_after(seq) {
+            for p in (0..nr).filter(|&p| p != r) {
+                peers.get(p)?.signal()?;
+            }
+        }
+        Ok(())
+    })?;
     let output = typed_mut::<T>(a.output, 0, c)?;
     reduce_ranks(output, nr, op, |p| Ok(unpacked::<T>(a, p, c)?.as_view()))
 }

@@ -1,5 +1,5 @@
 //! Reduce over port channels, through the proxy (ranks without a load/store path to each
-//! other), eager (see [`port_protocol`](super::port_protocol)), in rounds of
+//! other), eager (see [`call_protocol`](super::call_protocol)), in rounds of
 //! [`PortLayout::copy_round_bytes`](super::PortLayout::copy_round_bytes): every rank but
 //! the root stages each round and puts it into its reduce slot of the root, with a signal;
 //! once every peer's signal of a round has come, the root reduces its own round and the
@@ -13,11 +13,11 @@
 //! ahead of the root, across calls too (the dones a call leaves owed are waited for by the
 //! next).
 
+use super::call_protocol::CallProtocol;
 use super::elementwise::reduce_ranks;
 use super::port_collective_args::PortCollectiveArgs;
 use super::port_exchange::{Part, send_to, send_to_peers, wait_for, wait_for_peers};
 use super::port_layout::PortLayout;
-use super::port_protocol::PortProtocol;
 use super::round_views::{typed, typed_mut, window, window_mut};
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
@@ -34,7 +34,7 @@ use oxccl_device::{DeviceView, DeviceViewMut};
 /// Invalid ids, short buffers, channel (a peer that does not answer) and barrier errors.
 #[kernel(cooperative)]
 pub fn collective_reduce_ports(args: PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
-    let (covered_until, dtype, op) = args.begin_eager(PortProtocol::REDUCE)?;
+    let (covered_until, dtype, op) = args.begin_eager(CallProtocol::REDUCE)?;
     dispatch_element!(dtype, T => reduce_rounds::<T>(&args, op, covered_until))
 }
 
@@ -63,8 +63,8 @@ fn reduce_rounds<T: ReduceElement>(
         let staged_at = l.staged(set);
         if r != root {
             // The root's done covering the round `SETS` before this one (module docs).
-            let needed = PortProtocol::covered_before(covered_until, seq);
-            for _ in 0..PortProtocol::dones_between(covered_until, needed) {
+            let needed = CallProtocol::covered_before(covered_until, seq);
+            for _ in 0..CallProtocol::dones_between(covered_until, needed) {
                 wait_for(a, root)?;
             }
             covered_until = needed;
@@ -77,7 +77,7 @@ fn reduce_rounds<T: ReduceElement>(
             wait_for_peers(a)?;
             let out = window_mut(output, off, len)?;
             reduce_round(a, op, out, staged.as_view(), scratch, set, len)?;
-            if PortProtocol::done_after(seq) {
+            if CallProtocol::done_after(seq) {
                 // Every block has reduced the round (`send_to_peers` meets the grid first).
                 send_to_peers(a, 0, 0, Part::Nothing)?;
             }

@@ -7,6 +7,7 @@
 //! | region | size | written by | read by |
 //! |---|---|---|---|
 //! | packet slots: 2 sets (call parities) × `n_ranks` senders | `2 * packet_limit` each | the sending peer (LL16 packets) | this rank |
+//! | eager slots: [`CallProtocol::SETS`] sets × `n_ranks` senders | as a packet slot | the sending peer of an eager call (LL16 packets) | this rank |
 //! | unpacked: `n_ranks` slots | `packet_limit` each | this rank | this rank (slot of its own rank: the packets it sends) |
 //! | direct halves: 2 (round parities) | `half_bytes` each | this rank (staging) | every peer (loads) |
 //! | call descriptors: 2 (call parities) | [`DESCRIPTOR_BYTES`] each | this rank (where its registered buffers are) | every peer |
@@ -14,6 +15,7 @@
 //! Every region starts on a 64-byte boundary, so each holds any element type and a peer's
 //! loads of one rank's writes share no cache line with another region.
 
+use super::call_protocol::CallProtocol;
 use oxccl_device::packet::{Ll16Packet, Packet};
 
 /// The sizes that place every region of a scratch buffer (see the module docs). The same
@@ -69,9 +71,15 @@ impl ScratchLayout {
         (set * self.n_ranks as u64 + sender as u64) * self.packet_slot_bytes()
     }
 
+    /// Offset of the slot where `sender`'s packets of an eager call (see
+    /// [`super::call_protocol`]) of set `set` (below [`CallProtocol::SETS`]) land.
+    pub const fn eager_slot(&self, set: u64, sender: u32) -> u64 {
+        self.packet_slot(2 + set, sender)
+    }
+
     /// Offset of the unpacked data of `sender`'s packets (for our own rank: what we send).
     pub const fn unpacked_slot(&self, sender: u32) -> u64 {
-        2 * self.n_ranks as u64 * self.packet_slot_bytes() + sender as u64 * self.packet_limit
+        self.packet_slot(2 + CallProtocol::SETS, 0) + sender as u64 * self.packet_limit
     }
 
     /// Offset of direct half `parity` (0 or 1).
@@ -113,13 +121,16 @@ mod tests {
         assert_eq!((l.packet_limit, l.half_bytes), (1024, 128));
         assert_eq!(l.packet_slot_bytes(), 2048);
         assert_eq!(l.packet_slot(1, 2), 5 * 2048);
-        assert_eq!(l.unpacked_slot(0), 6 * 2048);
-        assert_eq!(l.half(0), 6 * 2048 + 3 * 1024);
+        assert_eq!(l.eager_slot(0, 0), 6 * 2048);
+        assert_eq!(l.eager_slot(2, 2), 14 * 2048);
+        assert_eq!(l.unpacked_slot(0), 15 * 2048);
+        assert_eq!(l.half(0), 15 * 2048 + 3 * 1024);
         assert_eq!(l.descriptor(0), l.half(0) + 256);
         assert_eq!(l.total_bytes(), l.descriptor(0) + 2 * DESCRIPTOR_BYTES);
         assert_eq!(DESCRIPTOR_BYTES, 320);
         for off in [
             l.packet_slot(1, 1),
+            l.eager_slot(1, 2),
             l.unpacked_slot(2),
             l.half(1),
             l.descriptor(1),

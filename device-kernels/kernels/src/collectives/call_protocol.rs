@@ -1,41 +1,47 @@
-//! Which protocol the last port collective of a communicator ran, and how far its sender
-//! has heard back: the host keeps a [`PortProtocol`] and passes it to the next port
-//! collective kernel.
+//! Which protocol the last collective of a communicator's path ran, and how far its sender
+//! has heard back: the host keeps a [`CallProtocol`] per path (port channels, memory
+//! channels) and passes it to the next collective kernel of that path.
 //!
-//! Most port collectives run in **lockstep** (see `port_exchange`): every rank signals every
-//! peer once a round and waits for each peer's signal once a round, so a peer's signal of a
-//! round tells what the peer has finished, and the scratch's sets are reused on that.
+//! Most collectives run in **lockstep**: on the port path every rank signals every peer
+//! once a round and waits for each peer's signal once a round (see `port_exchange`), so a
+//! peer's signal of a round tells what the peer has finished; on the memory path each call
+//! ends at a meeting or once every peer's packets of the call have arrived (see
+//! `packet_exchange`). The scratch's sets are reused on that.
 //!
-//! Broadcast and reduce run **eager**, as a message library's eager sends do: data flow one
+//! Broadcast and reduce (through the proxy, and with packets for small messages over
+//! load/store paths) run **eager**, as a message library's eager sends do: data flow one
 //! way, from the root (broadcast) or to it (reduce), and the receiver answers, once it has
-//! read a round out, with a signal alone, a **done**, every
-//! [`PortProtocol::DONE_EVERY`] rounds ([`PortProtocol::done_after`]: a done covers the
-//! rounds before it). The sender needs a round read out only before it writes that round's
-//! set again, [`PortLayout::SETS`](super::PortLayout::SETS) rounds later, and waits for the
-//! done that covers it then ([`PortProtocol::covered_before`]); so it runs two or three
-//! rounds ahead of its receivers, and calls back to back overlap. Ranks that neither send
-//! nor receive to each other exchange nothing. The dones of a call's last rounds are left
-//! **owed**: waited for by the next call of the same protocol (the same collective with
-//! the same root), which goes on where this one stopped, or collected before anything else.
+//! read a round out, with a signal alone, a **done**, every [`CallProtocol::DONE_EVERY`]
+//! rounds ([`CallProtocol::done_after`]: a done covers the rounds before it). A packet
+//! call is one round. The sender needs a round read out only before it writes that round's
+//! set again, [`CallProtocol::SETS`] rounds later, and waits for the done that covers it
+//! then ([`CallProtocol::covered_before`]); so it runs two or three rounds ahead of its
+//! receivers, and calls back to back overlap. Ranks that neither send nor receive to each
+//! other exchange nothing. The dones of a call's last rounds are left **owed**: waited for
+//! by the next call of the same protocol (the same collective with the same root), which
+//! goes on where this one stopped, or collected before anything else.
 //!
-//! Before a call whose protocol differs from the last call's ([`PortProtocol::continues`])
-//! the host launches the switch: the port barrier (`barrier_ports`), which first waits for
-//! the dones owed, then runs one lockstep exchange with every peer, with nothing in it (it
-//! uses no part of the scratch, so no round number): every rank signals it once it has
-//! finished every earlier kernel, so after it every rank knows that every peer has read out
-//! every earlier round (those no done covers included), which is what each protocol
-//! assumes of the rounds before its first. The collective kernels themselves carry no
-//! code for it.
+//! Before a call whose protocol differs from the last call's ([`CallProtocol::continues`])
+//! the host launches the switch: the path's barrier (`barrier_ports`, `barrier`), which
+//! first waits for the dones owed, then meets every peer (no part of the scratch, so no
+//! round number): every rank arrives once it has finished every earlier kernel, so after
+//! it every rank knows that every peer has read out every earlier round (those no done
+//! covers included), which is what each protocol assumes of the rounds before its first.
+//! On the memory path the eager calls have slots of their own
+//! ([`ScratchLayout::eager_slot`](super::ScratchLayout::eager_slot)), which only they use
+//! and which every switch leaves read out, so a switch from lockstep to eager needs no
+//! barrier there. The collective kernels themselves carry no code for the switch.
 
 use super::port_layout::PortLayout;
 
-/// The protocol of the last port collective and how far its sender has heard back (see the
-/// module docs). The host keeps it per communicator (the same `kind` and `root` on every
-/// rank; `covered_until` is this rank's) and computes the next with [`PortProtocol::after`].
+/// The protocol of the last collective of a path and how far its sender has heard back
+/// (see the module docs). The host keeps it per communicator and path (the same `kind` and
+/// `root` on every rank; `covered_until` is this rank's) and computes the next with
+/// [`CallProtocol::after`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct PortProtocol {
-    /// [`PortProtocol::LOCKSTEP`], [`PortProtocol::BROADCAST`] or [`PortProtocol::REDUCE`].
+pub struct CallProtocol {
+    /// [`CallProtocol::LOCKSTEP`], [`CallProtocol::BROADCAST`] or [`CallProtocol::REDUCE`].
     pub kind: u32,
     /// The root of an eager collective; 0 in lockstep.
     pub root: u32,
@@ -45,15 +51,19 @@ pub struct PortProtocol {
     pub covered_until: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<PortProtocol>() == 16);
+const _: () = assert!(core::mem::size_of::<CallProtocol>() == 16);
 
-impl PortProtocol {
-    /// Every port collective but broadcast and reduce (and the state before the first call).
+impl CallProtocol {
+    /// Every collective but the eager broadcast and reduce (and the state before the first
+    /// call).
     pub const LOCKSTEP: u32 = 0;
     /// The eager broadcast.
     pub const BROADCAST: u32 = 1;
     /// The eager reduce.
     pub const REDUCE: u32 = 2;
+    /// Sets an eager sender cycles through: round `j` writes set `j % SETS` (the port
+    /// scratch's sets, and the memory scratch's eager slots).
+    pub const SETS: u64 = PortLayout::SETS;
     /// Rounds one done of an eager receiver covers. Two: half the signals of a done a
     /// round, and the sender still two rounds ahead (a done sent after round `j` is needed
     /// before round `j + SETS` or `j + SETS - 1` is written).
@@ -63,6 +73,12 @@ impl PortProtocol {
     /// same protocol, and for an eager one the same root) instead of switching.
     pub const fn continues(self, kind: u32, root: u32) -> bool {
         self.kind == kind && (kind == Self::LOCKSTEP || self.root == root)
+    }
+
+    /// Whether this is protocol `kind` with root `root` (what an eager kernel checks it was
+    /// given).
+    pub const fn is(self, kind: u32, root: u32) -> bool {
+        self.kind == kind && self.root == root
     }
 
     /// Whether rank `rank` sends rounds (and waits for dones) under protocol `kind` with
@@ -100,15 +116,15 @@ impl PortProtocol {
     }
 
     /// Until which round a sender's dones must cover before it writes round `round` (the
-    /// round [`PortLayout::SETS`] before it took the same set), given they cover the rounds
+    /// round [`Self::SETS`] before it took the same set), given they cover the rounds
     /// before `until`: `until` itself where that is enough, else the end of the done that
     /// covers the earlier round, which came after a round already sent. The sender waits
     /// for [`Self::dones_between`] the two.
     pub const fn covered_before(until: u64, round: u64) -> u64 {
-        if round < PortLayout::SETS || round - PortLayout::SETS < until {
+        if round < Self::SETS || round - Self::SETS < until {
             until
         } else {
-            let earlier = round - PortLayout::SETS;
+            let earlier = round - Self::SETS;
             earlier - earlier % Self::DONE_EVERY + Self::DONE_EVERY
         }
     }
@@ -117,12 +133,12 @@ impl PortProtocol {
     /// `first`: the switch covers every round before it.
     pub const fn switched(kind: u32, root: u32, first: u64) -> Self {
         match kind {
-            Self::LOCKSTEP => PortProtocol {
+            Self::LOCKSTEP => CallProtocol {
                 kind,
                 root: 0,
                 covered_until: 0,
             },
-            _ => PortProtocol {
+            _ => CallProtocol {
                 kind,
                 root,
                 covered_until: first,
@@ -145,7 +161,7 @@ impl PortProtocol {
         if Self::sender(kind, root, rank) && rounds > 0 {
             covered_until = Self::covered_before(covered_until, first + rounds - 1);
         }
-        PortProtocol {
+        CallProtocol {
             kind,
             root,
             covered_until,
@@ -157,9 +173,9 @@ impl PortProtocol {
 mod tests {
     use super::*;
 
-    const B: u32 = PortProtocol::BROADCAST;
-    const R: u32 = PortProtocol::REDUCE;
-    const L: u32 = PortProtocol::LOCKSTEP;
+    const B: u32 = CallProtocol::BROADCAST;
+    const R: u32 = CallProtocol::REDUCE;
+    const L: u32 = CallProtocol::LOCKSTEP;
 
     /// Round by round, as the kernels go: every round written needs the round `SETS` before
     /// it covered (when that round is of this protocol), by dones of this protocol only.
@@ -169,23 +185,23 @@ mod tests {
             let mut until = first; // the switch covers what came before
             let mut waited = 0;
             for round in first..first + 40 {
-                let next = PortProtocol::covered_before(until, round);
+                let next = CallProtocol::covered_before(until, round);
                 if next != until {
                     // The done waited for was sent after a round two or three back.
-                    assert!(PortProtocol::done_after(next - 1), "round {round}");
+                    assert!(CallProtocol::done_after(next - 1), "round {round}");
                     assert!(round - (next - 1) >= 2, "round {round}");
                 }
-                waited += PortProtocol::dones_between(until, next);
+                waited += CallProtocol::dones_between(until, next);
                 until = next;
-                if round >= first + PortLayout::SETS {
-                    assert!(until > round - PortLayout::SETS, "round {round}");
+                if round >= first + CallProtocol::SETS {
+                    assert!(until > round - CallProtocol::SETS, "round {round}");
                 }
-                assert!(round - until < PortLayout::SETS, "round {round}");
+                assert!(round - until < CallProtocol::SETS, "round {round}");
             }
             let sent = (first..first + 40)
-                .filter(|&j| PortProtocol::done_after(j))
+                .filter(|&j| CallProtocol::done_after(j))
                 .count();
-            let owed = PortProtocol::dones_between(until, first + 40);
+            let owed = CallProtocol::dones_between(until, first + 40);
             assert_eq!(
                 waited + owed,
                 sent as u64,
@@ -196,13 +212,13 @@ mod tests {
 
     #[test]
     fn the_host_follows_the_kernels_and_continues_or_switches() {
-        let start = PortProtocol::default();
+        let start = CallProtocol::default();
         // Broadcast from 1, rounds 1..=10 (the switch covers round 0): the root has waited
         // for the done covering round 7 (sent after it).
         let root = start.after(B, 1, 1, 1, 10);
         assert_eq!((root.kind, root.root, root.covered_until), (B, 1, 8));
         assert_eq!(
-            PortProtocol::dones_between(root.covered_until, 11),
+            CallProtocol::dones_between(root.covered_until, 11),
             1,
             "round 9's owed"
         );
@@ -217,12 +233,12 @@ mod tests {
         assert_eq!((other.kind, other.root, other.covered_until), (R, 2, 4));
         assert!(other.owed_by(0, 2) && !other.owed_by(0, 1) && !other.owed_by(2, 0));
         assert_eq!(start.after(R, 2, 2, 1, 6).covered_until, 1);
-        assert_eq!(other.after(L, 5, 0, 8, 3), PortProtocol::default());
+        assert_eq!(other.after(L, 5, 0, 8, 3), CallProtocol::default());
     }
 
     #[test]
     fn the_same_protocol_continues_and_any_other_switches() {
-        let lockstep = PortProtocol::default();
+        let lockstep = CallProtocol::default();
         assert!(
             lockstep.continues(L, 3),
             "lockstep continues whatever the root"
@@ -237,9 +253,9 @@ mod tests {
 
     #[test]
     fn the_root_of_a_broadcast_hears_from_every_peer() {
-        let p = PortProtocol::default().after(B, 1, 1, 0, 1);
+        let p = CallProtocol::default().after(B, 1, 1, 0, 1);
         assert!(p.owed_by(1, 0) && p.owed_by(1, 2));
         assert!(!p.owed_by(1, 1));
-        assert!(!PortProtocol::default().owed_by(0, 1));
+        assert!(!CallProtocol::default().owed_by(0, 1));
     }
 }
