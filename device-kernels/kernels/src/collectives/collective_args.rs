@@ -116,11 +116,8 @@ impl<'a> CollectiveArgs<'a> {
     #[inline(always)]
     pub(crate) fn begin_eager(&self, kind: u32) -> Result<(u64, DataType, ReduceOp), DeviceError> {
         let (dtype, op) = self.check()?;
-        let p = self.protocol;
-        if !p.is(kind, self.root) {
-            return Err(self.invalid([p.kind as u64, p.root as u64, kind as u64]));
-        }
-        Ok((p.covered_until, dtype, op))
+        let covered_until = eager_start(self.protocol, kind, self.root, &self.barrier)?;
+        Ok((covered_until, dtype, op))
     }
 
     /// Records `InvalidArgument` with `detail` on the barrier's policy and returns it.
@@ -176,6 +173,23 @@ impl CallIds {
             )),
         }
     }
+}
+
+/// Where an eager kernel of protocol `kind` with `root` goes on from: `protocol`'s
+/// [`CallProtocol::covered_until`], or [`DeviceError::InvalidArgument`] (recorded on
+/// `barrier`'s policy) where `protocol` is another.
+#[inline(always)]
+pub(crate) fn eager_start(
+    protocol: CallProtocol,
+    kind: u32,
+    root: u32,
+    barrier: &GridBarrierDeviceHandle<'_>,
+) -> Result<u64, DeviceError> {
+    if !protocol.is(kind, root) {
+        let detail = [protocol.kind as u64, protocol.root as u64, kind as u64];
+        return Err(invalid_argument(barrier, detail));
+    }
+    Ok(protocol.covered_until)
 }
 
 /// Records `InvalidArgument` with `detail` on `barrier`'s policy and returns it.

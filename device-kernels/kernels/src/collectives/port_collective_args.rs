@@ -2,7 +2,7 @@
 //! other only through the proxy: another node, or Ethernet asked for).
 
 use super::call_protocol::CallProtocol;
-use super::collective_args::{CallIds, invalid_argument};
+use super::collective_args::{CallIds, eager_start, invalid_argument};
 use super::port_layout::PortLayout;
 use oxccl_device::KernelArg;
 use oxccl_device::arch;
@@ -85,11 +85,8 @@ impl PortCollectiveArgs<'_> {
     #[inline(always)]
     pub(crate) fn begin_eager(&self, kind: u32) -> Result<(u64, DataType, ReduceOp), DeviceError> {
         let (dtype, op) = self.check()?;
-        let p = self.protocol;
-        if !p.is(kind, self.root) {
-            return Err(self.invalid([p.kind as u64, p.root as u64, kind as u64]));
-        }
-        Ok((p.covered_until, dtype, op))
+        let covered_until = eager_start(self.protocol, kind, self.root, &self.barrier)?;
+        Ok((covered_until, dtype, op))
     }
 
     /// The barrier, which is also the switch between protocols (see [`CallProtocol`]):
