@@ -1,7 +1,8 @@
 //! Ranks as separate processes on the CPU backend: each process joins through the TCP
 //! bootstrap (torchrun variables), maps its peers' device memory (memfd shared between the
-//! processes), and runs the port ring, the memory ring, the ring all-reduce and the
-//! communicator's all-reduce on registered buffers (read in the peers' processes).
+//! processes), and runs the port ring, the memory ring, the ring all-reduce, the
+//! communicator's all-reduce on registered buffers (read in the peers' processes), and its
+//! eager packet broadcasts and reduces back to back.
 //!
 //! Then again with `OXCCL_TRANSPORT=ethernet`: the port ring and the communicator's
 //! all-reduce (over port channels) over TCP between processes.
@@ -89,8 +90,48 @@ fn run_rank() -> Result<u32> {
             "registered, in place: rank {rank} element {i}"
         );
     }
+    eager_packets_back_to_back(&mut comm, &stream)?;
     comm.barrier()?;
     Ok(rank)
+}
+
+/// Small broadcasts from rank 0, then small reduces to the last rank (eager packets: each
+/// sender runs ahead of its receivers, through memory shared between the processes), then
+/// an all-reduce after the switch, all back to back; every output is checked at the end.
+fn eager_packets_back_to_back(comm: &mut Communicator, stream: &oxccl::Stream) -> Result<()> {
+    let (rank, ranks, count) = (comm.rank(), comm.size(), 37usize);
+    let data = |r: u32, call: u32| -> Vec<i32> {
+        (0..count)
+            .map(|i| i as i32 * 3 + r as i32 * 100 + call as i32)
+            .collect()
+    };
+    let mut kept = vec![];
+    for call in 0..9u32 {
+        let send = comm.device().alloc_from(&data(rank, call))?;
+        let mut recv = comm.device().alloc_from(&vec![0i32; count])?;
+        match call {
+            0..4 => comm.broadcast(&send, &mut recv, count, 0, stream)?,
+            4..8 => comm.reduce(&send, &mut recv, count, ReduceOp::Sum, ranks - 1, stream)?,
+            _ => comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, stream)?,
+        }
+        kept.push((call, send, recv));
+    }
+    comm.synchronize(stream)?;
+    for (call, _, recv) in &kept {
+        let sum = || {
+            (0..ranks)
+                .map(|r| data(r, *call))
+                .reduce(|a, b| a.iter().zip(&b).map(|(x, y)| x + y).collect())
+                .unwrap_or_default()
+        };
+        let want = match call {
+            0..4 => data(0, *call),
+            4..8 if rank != ranks - 1 => vec![0; count],
+            _ => sum(),
+        };
+        assert_eq!(recv.to_vec()?, want, "rank {rank}, call {call}");
+    }
+    Ok(())
 }
 
 /// One rank of a job whose `OXCCL_TRANSPORT` is `ethernet`: the port ring over TCP, with
