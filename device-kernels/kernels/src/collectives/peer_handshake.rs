@@ -22,6 +22,9 @@ use oxccl_device::error::DeviceError;
 #[inline(always)]
 pub(crate) fn all_peers_meet(a: &CollectiveArgs<'_>) -> Result<(), DeviceError> {
     a.barrier.sync_grid()?;
+    // The closures take copies of what they need, not `a`: the compiler may keep a closure
+    // out of line, and one that takes `a` by reference would make the whole argument
+    // struct live in local memory for the rest of the kernel.
     let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
     if n_ranks > 1 && arch::block_rank() == 0 {
         block_signal_and_wait(
