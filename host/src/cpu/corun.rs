@@ -54,11 +54,12 @@
 use super::inline::Stack;
 use super::launch::Launch;
 use super::stream::CpuStream;
+use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU8, AtomicUsize, Ordering};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
@@ -159,8 +160,35 @@ pub(crate) fn kernel_key(launch: &Launch) -> usize {
 /// shared cache line that changes once per donation) and take the inbox under its lock.
 static MAIL: AtomicBool = AtomicBool::new(false);
 
-/// Kernel threads running in this process now (see [`KernelThreadCount`]).
-static RUNNING: AtomicUsize = AtomicUsize::new(0);
+/// Shards of [`RUNNING`].
+const RUNNING_SHARDS: usize = 16;
+
+/// Kernel threads running in this process now (see [`KernelThreadCount`]): the sum of the
+/// shards, each counted by the threads that start kernel threads on it. One count shared by
+/// every thread made two ranks launching on two cores at once pass its cache line between
+/// them three times a launch (count, uncount, and the placement's read); on the 2-rank
+/// 8-byte all-reduce, [`place`] took 4.6 % of all samples, nearly all on its first load of
+/// that line.
+static RUNNING: [CachePadded<AtomicIsize>; RUNNING_SHARDS] =
+    [const { CachePadded::new(AtomicIsize::new(0)) }; RUNNING_SHARDS];
+
+/// The sum of [`RUNNING`]'s shards (a hint: the shards are read one after another).
+fn running() -> usize {
+    let sum: isize = RUNNING.iter().map(|s| s.load(Ordering::Relaxed)).sum();
+    sum.max(0) as usize
+}
+
+/// The shard of [`RUNNING`] the calling thread counts on: threads take shards in turn.
+/// Never inlined, as every function that names a thread-local in the emulator (see
+/// `inline.rs`: a kernel thread taking turns may go on on another host thread).
+#[inline(never)]
+fn running_shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    std::thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % RUNNING_SHARDS;
+    }
+    SHARD.with(|s| *s)
+}
 
 /// The policy: 0 not read yet, else 1 + the [`CorunPolicy`] index.
 static POLICY: AtomicU8 = AtomicU8::new(0);
@@ -195,19 +223,23 @@ fn cores() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// Counts a kernel thread as running while it lives: one per `Launch::run_thread`.
-pub(crate) struct KernelThreadCount(());
+/// Counts a kernel thread as running while it lives: one per `Launch::run_thread`. It
+/// uncounts on the shard it counted on, whichever thread drops it.
+pub(crate) struct KernelThreadCount {
+    shard: usize,
+}
 
 impl KernelThreadCount {
     pub(crate) fn start() -> Self {
-        RUNNING.fetch_add(1, Ordering::Relaxed);
-        KernelThreadCount(())
+        let shard = running_shard();
+        RUNNING[shard].fetch_add(1, Ordering::Relaxed);
+        KernelThreadCount { shard }
     }
 }
 
 impl Drop for KernelThreadCount {
     fn drop(&mut self) {
-        RUNNING.fetch_sub(1, Ordering::Relaxed);
+        RUNNING[self.shard].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -222,7 +254,7 @@ fn wanted() -> bool {
         // launching at once would otherwise each see none running, and run apart for the
         // whole launch); the one to place makes one more.
         CorunPolicy::Auto => auto_wants(
-            RUNNING.load(Ordering::Relaxed),
+            running,
             oxccl_proxy::proxy_thread::unassisted_threads(),
             cores(),
         ),
@@ -247,8 +279,14 @@ fn wanted() -> bool {
 /// against 12-24 (`collectives --ranks N`, with `OXCCL_CPU_CORUN=auto` and `never`, in
 /// turns). Two ranks whose proxies execute their triggers (a ping-pong without proxy
 /// assist, 0.21 µs a round trip co-run, 3.4 µs apart) are what co-running is for.
-fn auto_wants(running: usize, proxies: usize, cores: usize) -> bool {
-    let kernels = running.max(1) + 1;
+///
+/// `running` is asked only where it decides: with no such proxy the kernel threads fit the
+/// cores or not on their own, and never take turns.
+fn auto_wants(running: impl FnOnce() -> usize, proxies: usize, cores: usize) -> bool {
+    if proxies == 0 {
+        return false;
+    }
+    let kernels = running().max(1) + 1;
     kernels <= cores && kernels + proxies > cores
 }
 
@@ -419,16 +457,22 @@ mod tests {
     fn auto_co_runs_only_where_the_proxies_tip_the_cores() {
         // Two ranks on 2 cores, each with an unassisted proxy: the second kernel thread
         // (the first counted even before it runs) takes turns.
-        assert!(auto_wants(0, 2, 2));
-        assert!(auto_wants(1, 1, 2));
-        // Two ranks with proxy assist: the kernel threads have a core each.
-        assert!(!auto_wants(1, 0, 2));
+        assert!(auto_wants(|| 0, 2, 2));
+        assert!(auto_wants(|| 1, 1, 2));
+        // Two ranks with proxy assist: the kernel threads have a core each, whatever runs
+        // (the count, a read of every shard, is not asked for).
+        assert!(!auto_wants(|| 1, 0, 2));
+        assert!(!auto_wants(
+            || unreachable!("the count is not needed"),
+            0,
+            2
+        ));
         // A third or fourth rank's kernel thread on 2 cores: apart, proxies or not.
-        assert!(!auto_wants(2, 0, 2));
-        assert!(!auto_wants(3, 0, 2));
-        assert!(!auto_wants(2, 2, 2));
+        assert!(!auto_wants(|| 2, 0, 2));
+        assert!(!auto_wants(|| 3, 0, 2));
+        assert!(!auto_wants(|| 2, 2, 2));
         // Cores enough for kernel threads and proxies.
-        assert!(!auto_wants(1, 2, 8));
-        assert!(auto_wants(3, 5, 8));
+        assert!(!auto_wants(|| 1, 2, 8));
+        assert!(auto_wants(|| 3, 5, 8));
     }
 }
