@@ -56,10 +56,7 @@ fn broadcast_packets<T: ReduceElement>(
     unpacked::<T>(a, r, c)?.copy_from(Grid, input)?;
     // Every peer's done covering the call `SETS` before this one, which wrote the set this
     // one writes; the barrier also has the slot staged before any thread sends.
-    let dones = CallProtocol::dones_between(
-        covered_until,
-        CallProtocol::covered_before(covered_until, seq),
-    );
+    let dones = CallProtocol::dones_before(covered_until, seq);
     let peers = a.peers;
     block_wait(move || {
         for p in (0..nr).filter(|&p| p != r) {

@@ -129,6 +129,12 @@ impl CallProtocol {
         }
     }
 
+    /// Dones a sender whose dones cover the rounds before `covered_until` waits for before
+    /// it writes round `round`: [`Self::dones_between`] that and [`Self::covered_before`].
+    pub const fn dones_before(covered_until: u64, round: u64) -> u64 {
+        Self::dones_between(covered_until, Self::covered_before(covered_until, round))
+    }
+
     /// The state right after the switch to protocol `kind` with `root`, before round
     /// `first`: the switch covers every round before it.
     pub const fn switched(kind: u32, root: u32, first: u64) -> Self {
@@ -191,6 +197,10 @@ mod tests {
                     assert!(CallProtocol::done_after(next - 1), "round {round}");
                     assert!(round - (next - 1) >= 2, "round {round}");
                 }
+                assert_eq!(
+                    CallProtocol::dones_before(until, round),
+                    CallProtocol::dones_between(until, next)
+                );
                 waited += CallProtocol::dones_between(until, next);
                 until = next;
                 if round >= first + CallProtocol::SETS {

@@ -49,10 +49,7 @@ fn reduce_packets<T: ReduceElement>(
     if r != root {
         // The root's done covering the call `SETS` before this one, which wrote the slot
         // this one writes; the barrier also has our data staged before any thread sends.
-        let dones = CallProtocol::dones_between(
-            covered_until,
-            CallProtocol::covered_before(covered_until, seq),
-        );
+        let dones = CallProtocol::dones_before(covered_until, seq);
         let channel = a.peer(root)?;
         block_wait(move || {
             for _ in 0..dones {
