@@ -46,25 +46,10 @@ fn broadcast<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceError
         stage(a, input, output, 0, per.min(c), a.sequence)?;
     }
     if path == Path::InPlace {
-        // The root's input is registered: every rank copies it straight into its output,
-        // but for the last `pushed` elements, which the root stores into each peer's
-        // output (see `pushed`).
-        let pushed = pushed::<T>(a, input, output)?;
-        let loaded = c - pushed;
-        if r != root {
-            window_mut(output, 0, loaded)?.copy_from(
-                Grid,
-                published_buffers::peer_input::<T>(a, root, a.sequence, 0, loaded)?,
-            )?;
-        } else {
-            if output.addr() != input.addr() {
-                output.copy_from(Grid, input)?;
-            }
-            for p in (0..a.n_ranks).filter(|&p| p != root && pushed > 0) {
-                published_buffers::peer_output_mut::<T>(a, p, a.sequence, loaded, pushed)?
-                    .copy_from(Grid, window(input, loaded, pushed)?)?;
-            }
-        }
+        // The root's input is registered: it is copied straight into the outputs, by
+        // shares when every output that needs it is registered (see `shared`), else by
+        // each rank into its own output.
+        copy_root_input(a, input, output, per)?;
         return all_peers_meet(a);
     }
     published_buffers::meet_again(a, path)?;
@@ -86,45 +71,103 @@ fn broadcast<T: ReduceElement>(a: &CollectiveArgs<'_>) -> Result<(), DeviceError
     }
 }
 
-/// Elements of a broadcast run in place of the root's registered input that the root
-/// stores into each other rank's output, at its end (the others load the rest from the
-/// root's input): `count / n_ranks` where every other rank registered its output and the
-/// call is in place on the root, else none. Every rank reads the same descriptors, so all
+/// Whether a broadcast run in place of the root's registered input is copied by shares:
+/// every rank copies its share of the root's input ([`share_bounds`]) into every output
+/// that needs it (every other rank's, and the root's own unless the root is in place),
+/// which needs all of those registered. Every rank reads the same descriptors, so all
 /// agree.
 ///
 /// Why: one core copying the whole message is what bounds a large broadcast on the
-/// emulator (2 ranks, 16 MiB in place: 694 µs, one `memmove` of about 24 GB/s, while
-/// the root waited at the meeting); shared out, every rank stores or loads about the
-/// same. Out of place the root already copies the whole message into its own output, as
-/// much as a peer loads: it takes no share then.
+/// emulator. In place (2 ranks, 16 MiB: 694 µs, one `memmove` of about 24 GB/s, while the
+/// root waited at the meeting), shared out every rank stores or loads about the same. Out
+/// of place, where the root copied its input into its own output while each peer loaded
+/// all of it, the root's input is read once instead of once a rank, and each share once a
+/// round for every output it goes to (2 threads copying 64 MiB each from one source took
+/// 1.4-1.5x the time of 2 each copying half of it into both destinations, 256 KiB at a
+/// time).
 #[inline(always)]
-fn pushed<T: ReduceElement>(
-    a: &CollectiveArgs<'_>,
-    input: DeviceView<'_, T>,
-    output: DeviceViewMut<'_, T>,
-) -> Result<u64, DeviceError> {
+fn shared(a: &CollectiveArgs<'_>, root_in_place: bool) -> Result<bool, DeviceError> {
     let (r, root, seq) = (a.rank, a.root, a.sequence);
     let none = NO_SLOT as u64;
-    let root_in_place = if r == root {
-        output.addr() == input.addr()
-    } else {
-        let word = |w| published_buffers::peer_word(a, root, seq, w);
-        word(INPUT_SLOT)? == word(OUTPUT_SLOT)? && word(INPUT_OFFSET)? == word(OUTPUT_OFFSET)?
-    };
-    if !root_in_place {
-        return Ok(0);
-    }
-    for p in (0..a.n_ranks).filter(|&p| p != root) {
+    for p in (0..a.n_ranks).filter(|&p| p != root || !root_in_place) {
         let registered = if p == r {
             a.output_slot != NO_SLOT
         } else {
             published_buffers::peer_word(a, p, seq, OUTPUT_SLOT)? != none
         };
         if !registered {
-            return Ok(0);
+            return Ok(false);
         }
     }
-    Ok(a.count / a.n_ranks as u64)
+    Ok(true)
+}
+
+/// Whether the root's output is its input (every rank can tell: the root by address, the
+/// others by the root's descriptor).
+#[inline(always)]
+fn root_in_place<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    output: DeviceViewMut<'_, T>,
+) -> Result<bool, DeviceError> {
+    if a.rank == a.root {
+        return Ok(output.addr() == input.addr());
+    }
+    let word = |w| published_buffers::peer_word(a, a.root, a.sequence, w);
+    Ok(word(INPUT_SLOT)? == word(OUTPUT_SLOT)? && word(INPUT_OFFSET)? == word(OUTPUT_OFFSET)?)
+}
+
+/// Elements `first..end` of the root's input that rank `r` of `n` copies in a [`shared`]
+/// broadcast of `count`: an `n`th each, cut at multiples of 64 elements (whole 16-byte
+/// units for any element type), the last rank taking the remainder.
+#[inline(always)]
+fn share_bounds(count: u64, n: u32, r: u32) -> (u64, u64) {
+    let cut = |k: u32| match k >= n {
+        true => count,
+        false => (count / n as u64 * k as u64) & !63,
+    };
+    (cut(r), cut(r + 1))
+}
+
+/// Copies of a broadcast run in place of the root's registered input: our share into
+/// every output that needs it where the call is [`shared`], else the whole input into our
+/// own output (unless we are the root in place). `per` elements at a time, each piece read
+/// from the root's input once and stored into every output it goes to while still in
+/// cache. One copy in the loop: on the GPU each copy site is a copy loop of its own.
+#[inline(always)]
+fn copy_root_input<T: ReduceElement>(
+    a: &CollectiveArgs<'_>,
+    input: DeviceView<'_, T>,
+    output: DeviceViewMut<'_, T>,
+    per: u64,
+) -> Result<(), DeviceError> {
+    let (r, root, seq) = (a.rank, a.root, a.sequence);
+    let skip_root = root_in_place(a, input, output)?;
+    let shared = shared(a, skip_root)?;
+    let (first, end) = match shared {
+        true => share_bounds(a.count, a.n_ranks, r),
+        false => (0, a.count),
+    };
+    let mut off = first;
+    while off < end {
+        let len = per.min(end - off);
+        let src = match r == root {
+            true => window(input, off, len)?,
+            false => published_buffers::peer_input::<T>(a, root, seq, off, len)?,
+        };
+        for p in 0..a.n_ranks {
+            if (p == root && skip_root) || (p != r && !shared) {
+                continue;
+            }
+            let dst = match p == r {
+                true => window_mut(output, off, len)?,
+                false => published_buffers::peer_output_mut::<T>(a, p, seq, off, len)?,
+            };
+            dst.copy_from(Grid, src)?;
+        }
+        off += len;
+    }
+    Ok(())
 }
 
 /// The root stages round `off..off + len` of its input into its half of round `seq`, and
