@@ -3,7 +3,7 @@
 //!
 //! A rank whose memory needs it has a [`Staging`]; each user (a connection's sender, a
 //! receiver thread) takes a [`Stager`] of its own from it: a buffer of
-//! [`MAX_CHUNK_BYTES`](crate::ethernet_wire::MAX_CHUNK_BYTES) and its own queue of copies.
+//! [`MAX_CHUNK_BYTES`] and its own queue of copies.
 //! The sender copies each chunk of a put out of the device into the buffer before it sends
 //! it; a receiver reads each chunk into the buffer (whole, as before, so a frame cut short
 //! writes nothing), copies it into the device, and writes a signal's counter behind the

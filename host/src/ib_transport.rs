@@ -2,8 +2,8 @@
 //! registering memory with it, one connection per peer, and peers' memory as the proxy
 //! names it.
 //!
-//! Built with the `ib` feature it drives an [`IbDevice`](crate::ib_device::IbDevice) and
-//! [`IbConnection`](crate::ib_connection::IbConnection)s. Without it, [`IbTransport`]
+//! Built with the `ib` feature it drives an `IbDevice` (`ib_device.rs`) and
+//! `IbConnection`s (`ib_connection.rs`). Without it, [`IbTransport`]
 //! cannot exist: [`IbTransport::open`] fails with an error that says how to build oxccl
 //! with it, which is what choosing `OXCCL_TRANSPORT=ib` then reports.
 

@@ -52,7 +52,7 @@
 //! | `job.rs` | [`Job`]: starting, waiting for and killing the children |
 //! | `outcome.rs` | [`ChildOutcome`]: one child's status and output |
 //! | `pipe.rs` | reading a child's pipe on a thread, keeping its tail |
-//! | `free_port.rs` | [`free_port`]: a loopback port for rank 0 |
+//! | `free_port.rs` | [`free_port()`]: a loopback port for rank 0 |
 //! | `error.rs` | [`Error`] |
 
 #![warn(missing_docs)]

@@ -8,29 +8,31 @@
 //!    [`STEP_TIME_LIMIT`]
 //! 3. `doc`: `cargo doc --workspace --no-deps` with rustdoc warnings denied (a broken or
 //!    private intra-doc link fails), within [`STEP_TIME_LIMIT`]
-//! 4. `test`: `cargo test --workspace`, within [`STEP_TIME_LIMIT`]
-//! 5. `ib`: the InfiniBand / RoCE transport, built with the `ib` feature (off by default):
+//! 4. `doc-private`: the same with `--document-private-items`: the docs of internals, whose
+//!    links name private items, within [`STEP_TIME_LIMIT`]
+//! 5. `test`: `cargo test --workspace`, within [`STEP_TIME_LIMIT`]
+//! 6. `ib`: the InfiniBand / RoCE transport, built with the `ib` feature (off by default):
 //!    clippy on the crates that have it ([`IB_CLIPPY`]), then its tests and oxccl's unit
 //!    tests in that build ([`IB_TEST`]), each within [`STEP_TIME_LIMIT`]. No RDMA device is
 //!    needed: the tests check the transport's encodings and its errors without one
-//! 6. `netns`: `cargo xtask netns-test` ([`crate::netns_test`]): port channels between two
+//! 7. `netns`: `cargo xtask netns-test` ([`crate::netns_test`]): port channels between two
 //!    nodes emulated by network namespaces, each job within
 //!    [`crate::netns_test::JOB_TIME_LIMIT`]. Where the machine cannot run it (not root, no
 //!    `ip` or `unshare`), the step passes and says why it skipped
-//! 7. `loom`: the loom models of the FIFO and semaphore protocols ([`run_loom`]), within
+//! 8. `loom`: the loom models of the FIFO and semaphore protocols ([`run_loom`]), within
 //!    [`STEP_TIME_LIMIT`]; fails if a crate's models ran no test
-//! 8. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90, where each build,
+//! 9. `build-ptx`: `build-ptx --check` for sm_70, sm_80 and sm_90, where each build,
 //!    each ptxas run and the installation of ptxas has its own limit
 //!    ([`oxccl_build::ptx::BUILD_TIME_LIMIT`], [`oxccl_build::ptxas`]); then the ignored
 //!    end-to-end test of oxccl-build that builds a kernel crate outside this workspace to
 //!    PTX, as a user builds theirs ([`USER_KERNELS_TEST`], within [`STEP_TIME_LIMIT`]; it
 //!    builds `core` for nvptx64 once more, in a target directory of its own, about half a
 //!    minute on two cores); fails if it ran no test
-//! 9. `embed-ptx`: oxccl built with the `embed-ptx` feature, which embeds the modules of
-//!    step 8: clippy on it ([`EMBED_CLIPPY`]), then its unit tests ([`EMBED_TEST`]), which
-//!    check that what is embedded is the files build-ptx wrote, each within
-//!    [`STEP_TIME_LIMIT`]; fails if it ran no test
-//! 10. `gpu-bundle`: builds `target/gpu-bundle/` from the PTX of step 8 (compile only: no
+//! 10. `embed-ptx`: oxccl built with the `embed-ptx` feature, which embeds the modules of
+//!     step 9: clippy on it ([`EMBED_CLIPPY`]), then its unit tests ([`EMBED_TEST`]), which
+//!     check that what is embedded is the files build-ptx wrote, each within
+//!     [`STEP_TIME_LIMIT`]; fails if it ran no test
+//! 11. `gpu-bundle`: builds `target/gpu-bundle/` from the PTX of step 9 (compile only: no
 //!     GPU here), so what runs on a GPU machine cannot rot ([`crate::gpu_bundle`])
 //!
 //! Every command runs under a deadline (see [`oxccl_build::bounded`]): one that hangs fails its
@@ -56,8 +58,8 @@ pub const LOOM_CRATES: &[&str] = &["oxccl-device", "oxccl-proxy"];
 /// Preemption bound loom explores by default; `LOOM_MAX_PREEMPTIONS` overrides it.
 pub const LOOM_MAX_PREEMPTIONS: &str = "3";
 
-/// Longest the `clippy`, `doc`, `test` and `loom` steps may each take, builds included (a full
-/// run takes a few minutes): past it the step is killed and fails, so a hung test or build
+/// Longest the `clippy`, `doc`, `doc-private`, `test` and `loom` steps may each take,
+/// builds included (a full run takes a few minutes): past it the step is killed and fails, so a hung test or build
 /// cannot hold CI.
 pub const STEP_TIME_LIMIT: Duration = Duration::from_secs(20 * 60);
 
@@ -230,6 +232,17 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
     let mut doc = cargo();
     doc.args(["doc", "--workspace", "--no-deps"])
         .env("RUSTDOCFLAGS", "-D warnings");
+    // The private items' docs too: the notes on internals are read by the people who
+    // change them, and a broken link there is as wrong as one in the public docs.
+    let mut doc_private = cargo();
+    doc_private
+        .args([
+            "doc",
+            "--workspace",
+            "--no-deps",
+            "--document-private-items",
+        ])
+        .env("RUSTDOCFLAGS", "-D warnings");
     let mut test = cargo();
     test.args(["test", "--workspace"]);
     let mut ib_clippy = cargo();
@@ -264,6 +277,11 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
             "doc",
             show(&doc),
             Box::new(move || Ok(run_bounded(&mut doc, STEP_TIME_LIMIT)?)),
+        ),
+        (
+            "doc-private",
+            show(&doc_private),
+            Box::new(move || Ok(run_bounded(&mut doc_private, STEP_TIME_LIMIT)?)),
         ),
         (
             "test",

@@ -156,7 +156,7 @@ fn add_pairs(a: u64, b: u64) -> u64 {
 }
 
 /// # Safety
-/// As [`packet_all_reduce_sum_f32`].
+/// As [`packet_all_reduce_sum_f32()`].
 unsafe fn all_reduce(a: &PacketAllReduceArgs<'_>) -> Result<(), DeviceError> {
     let (r, nr, n) = (a.rank, a.n_ranks, a.n);
     if n > a.capacity || r >= nr {
