@@ -192,3 +192,27 @@ fn stage<T: ReduceElement>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::share_bounds;
+
+    /// Guards against shares that overlap, leave a gap, run past the count or cut an
+    /// element run at other than a multiple of 64 (but at the end).
+    #[test]
+    fn shares_cover_the_count_once() {
+        for n in 1..=9u32 {
+            for count in [0u64, 1, 63, 64, 65, 127, 1000, 3001, 1_000_003] {
+                let mut next = 0;
+                for r in 0..n {
+                    let (first, end) = share_bounds(count, n, r);
+                    assert_eq!(first, next, "n={n} count={count} r={r}");
+                    assert!(first <= end && end <= count, "n={n} count={count} r={r}");
+                    assert!(end == count || end % 64 == 0, "n={n} count={count} r={r}");
+                    next = end;
+                }
+                assert_eq!(next, count, "n={n} count={count}");
+            }
+        }
+    }
+}
