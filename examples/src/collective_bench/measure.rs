@@ -15,7 +15,14 @@ use super::plan::Plan;
 use oxccl::collectives::Algorithm;
 use oxccl::{Communicator, ReduceElement, Result, Stream};
 use serde::{Deserialize, Serialize};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Least time the first size of a sweep warms up for, on top of its warm-up calls. Threads
+/// just started run where the OS put them, often on one core, until its load balancer
+/// spreads them some milliseconds later: the first size otherwise came out 1.5-1.8x the
+/// next (2 ranks, 8 B, 200 warm-up and 2000 timed calls; 20000 warm-up calls, about 10
+/// ms, made it even with the next).
+pub const SETTLE: Duration = Duration::from_millis(20);
 
 /// The time and the check of one placement of one size.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -52,6 +59,7 @@ pub fn sweep_rank(comm: &mut Communicator, plan: &Plan) -> Result<Vec<SizeResult
 fn sweep<T: ReduceElement>(comm: &mut Communicator, plan: &Plan) -> Result<Vec<SizeResult>> {
     let stream = comm.device().stream()?;
     let mut results = Vec::new();
+    let mut settle = true;
     for &count in &plan.counts {
         let bytes = plan.bytes_for(count);
         let algo = plan.algorithm(comm, count * plan.dtype.size())?;
@@ -69,10 +77,11 @@ fn sweep<T: ReduceElement>(comm: &mut Communicator, plan: &Plan) -> Result<Vec<S
         // algorithms are there for the lack of.
         let register =
             plan.registers() && !Algorithm::parse(&algo).is_ok_and(Algorithm::through_proxy);
-        let out_of_place = time_case::<T>(comm, &case, plan, register, &stream)?;
+        let out_of_place = time_case::<T>(comm, &case, plan, register, settle, &stream)?;
+        settle = false;
         let in_place = if plan.collective.has_in_place() {
             case.in_place = true;
-            Some(time_case::<T>(comm, &case, plan, register, &stream)?)
+            Some(time_case::<T>(comm, &case, plan, register, false, &stream)?)
         } else {
             None
         };
@@ -107,11 +116,14 @@ pub fn checked_call<T: ReduceElement>(
     case.wrong(&bufs, want.as_ref())
 }
 
+/// Times `case` (see [`timed_calls`]) on buffers of its own, registered if `register`;
+/// warms up for at least [`SETTLE`] first if `settle`.
 fn time_case<T: ReduceElement>(
     comm: &mut Communicator,
     case: &Case,
     plan: &Plan,
     register: bool,
+    settle: bool,
     stream: &Stream,
 ) -> Result<Timing> {
     // The device buffers first, as in `checked_call`.
@@ -124,7 +136,12 @@ fn time_case<T: ReduceElement>(
             comm.register_collective_buffer(out)?;
         }
     }
-    let timing = timed_calls(comm, case, plan, stream, &mut bufs, &input, want.as_ref());
+    let settled = match settle {
+        true => settle_calls(comm, case, stream, &mut bufs),
+        false => Ok(()),
+    };
+    let timing = settled
+        .and_then(|()| timed_calls(comm, case, plan, stream, &mut bufs, &input, want.as_ref()));
     if register {
         comm.deregister_collective_buffer(&bufs.input, stream)?;
         if let Some(out) = &bufs.output {
@@ -132,6 +149,35 @@ fn time_case<T: ReduceElement>(
         }
     }
     timing
+}
+
+/// Calls `case` on `bufs` until [`SETTLE`] has passed on rank 0's clock, in batches that
+/// double from one call (so a large first size makes at most about twice the calls that
+/// fill the time); after each batch the ranks agree, through the out-of-band exchange, on
+/// rank 0's word, so every rank makes the same calls.
+///
+/// # Errors
+/// A failed call, synchronization or exchange.
+fn settle_calls<T: ReduceElement>(
+    comm: &mut Communicator,
+    case: &Case,
+    stream: &Stream,
+    bufs: &mut Buffers<T>,
+) -> Result<()> {
+    let start = Instant::now();
+    let mut batch: u32 = 1;
+    loop {
+        for _ in 0..batch {
+            case.call(comm, bufs, stream)?;
+        }
+        comm.synchronize(stream)?;
+        let done = u8::from(start.elapsed() >= SETTLE);
+        let words = comm.out_of_band().all_gather(vec![done])?;
+        if words.first().and_then(|w| w.first()) != Some(&0) {
+            return Ok(());
+        }
+        batch = batch.saturating_mul(2);
+    }
 }
 
 /// The checked and timed calls of [`time_case`] on `bufs`.

@@ -192,6 +192,11 @@ fn header(r: &Report) -> Vec<String> {
             plan.warmup, plan.iters
         ),
     };
+    let check = format!(
+        "{check}; the first size is called for {} ms more before, while the new threads \
+         spread over the cores",
+        super::measure::SETTLE.as_millis()
+    );
     let mut lines = vec![
         format!(
             "# oxccl {} ({what}): {} ranks as {}, cpu backend, {launch}, {algo}",
