@@ -375,16 +375,16 @@ pub fn run_ci(ws: &Workspace, opts: &CiOptions) -> Result<()> {
             Outcome::NotRun => ("not run", String::new(), None),
         };
         let left = left.map_or(String::new(), |b| format!("  {} free after", gib(b)));
-        println!("  {name:<10} {status:<8} {time:>9}{left}");
+        println!("  {name:<11} {status:<8} {time:>9}{left}");
     }
     let elapsed = fmt_duration(started.elapsed());
     match error {
         None => {
-            println!("  {:<10} {:<8} {elapsed:>9}", "total", "ok");
+            println!("  {:<11} {:<8} {elapsed:>9}", "total", "ok");
             Ok(())
         }
         Some((name, e)) => {
-            println!("  {:<10} {:<8} {elapsed:>9}", "total", "FAILED");
+            println!("  {:<11} {:<8} {elapsed:>9}", "total", "FAILED");
             bail!("ci failed at step `{name}`: {e:#}")
         }
     }
