@@ -8,12 +8,15 @@
  * has no in-place all-to-all-v): one checked call from fresh buffers, `warmup` untimed
  * calls, then `iters` timed calls, back to back (`b2b`) or each after a barrier and timed
  * alone (`alone`, oxccl's `--check every`). The time of a count is the slowest rank's mean.
+ * Before the first count's timed calls, it is called for `settle_ms` milliseconds more (rank
+ * 0's clock decides, in batches doubling from one call), as oxccl's first size is.
  * Inputs are the small integers of oxccl's benchmark (`case.rs`: `value`, seed 0), the
  * reference combines them in rank order in the element type, and outputs start filled with
  * 0xa5 bytes; all-to-all-v sends `count / 2` elements between ranks whose sum is even and
  * `3 * count / 2` otherwise, as `alltoallv_count` in `collective.rs`.
  *
- * Usage: collectives_mpi <collective> <type> <op> <root> <iters> <warmup> <b2b|alone> <count>...
+ * Usage: collectives_mpi <collective> <type> <op> <root> <iters> <warmup> <settle_ms> <b2b|alone>
+ *        <count>...
  *   collective: allreduce allgather reducescatter broadcast reduce alltoall alltoallv
  *   type: f32 f64 i8 u8 i32 u32 i64 u64 u16 (u16 carries f16 and bf16 for collectives that
  *   only move data); op: sum prod min max (ignored by collectives that do not reduce)
@@ -212,6 +215,18 @@ static long check(struct bufs *b) {
     return wrong;
 }
 
+/* Calls until `ms` milliseconds have passed on rank 0's clock (every rank makes the same
+ * calls: rank 0's word decides after each batch). */
+static void settle(struct bufs *b, int ms) {
+    double start = MPI_Wtime();
+    for (long batch = 1;; batch *= 2) {
+        for (long i = 0; i < batch; i++) call(b, 0);
+        int done = (MPI_Wtime() - start) * 1e3 >= ms;
+        MPI_Bcast(&done, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        if (done) return;
+    }
+}
+
 static double timed(struct bufs *b, int in_place, int iters, int warmup, int alone) {
     for (int i = 0; i < warmup; i++) call(b, in_place);
     MPI_Barrier(MPI_COMM_WORLD);
@@ -237,10 +252,10 @@ int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-    if (argc < 9) {
+    if (argc < 10) {
         if (rank == 0)
             fprintf(stderr,
-                    "usage: %s collective type op root iters warmup b2b|alone count...\n",
+                    "usage: %s collective type op root iters warmup settle_ms b2b|alone count...\n",
                     argv[0]);
         MPI_Finalize();
         return 2;
@@ -249,7 +264,8 @@ int main(int argc, char **argv) {
     type = lookup(argv[2], TYPE_NAMES, 9);
     op = lookup(argv[3], OP_NAMES, 4);
     root = atoi(argv[4]);
-    int iters = atoi(argv[5]), warmup = atoi(argv[6]), alone = strcmp(argv[7], "alone") == 0;
+    int iters = atoi(argv[5]), warmup = atoi(argv[6]), settle_ms = atoi(argv[7]);
+    int alone = strcmp(argv[8], "alone") == 0;
     if (coll < 0 || type < 0 || (op < 0 && (coll == ALLREDUCE || coll == REDUCESCATTER ||
                                             coll == REDUCE)) ||
         root < 0 || root >= ranks || ranks > 64) {
@@ -260,7 +276,7 @@ int main(int argc, char **argv) {
     if (iters < 1) iters = 1;
     dt = mpi_type(type);
     mop = op == PROD ? MPI_PROD : op == MIN ? MPI_MIN : op == MAX ? MPI_MAX : MPI_SUM;
-    for (int a = 8; a < argc; a++) {
+    for (int a = 9; a < argc; a++) {
         struct bufs b;
         b.c = atol(argv[a]);
         long c = b.c, send_len = c, recv_len = c;
@@ -289,6 +305,7 @@ int main(int argc, char **argv) {
             reset(&b, in_place, send_len, recv_len);
             call(&b, in_place);
             wrong += check(&b);
+            if (a == 9 && !in_place) settle(&b, settle_ms);
             t[in_place] = timed(&b, in_place, iters, warmup, alone);
         }
         long all_wrong = 0;

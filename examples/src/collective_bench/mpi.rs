@@ -165,6 +165,7 @@ pub fn run_mpi_baseline(plan: &Plan) -> Result<MpiBaseline> {
         plan.root.to_string(),
         plan.iters.max(1).to_string(),
         plan.warmup.to_string(),
+        super::measure::SETTLE.as_millis().to_string(),
         if plan.check == CheckMode::Every {
             "alone"
         } else {
