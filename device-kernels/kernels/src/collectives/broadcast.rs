@@ -148,13 +148,16 @@ fn copy_root_input<T: ReduceElement>(
         true => share_bounds(a.count, a.n_ranks, r),
         false => (0, a.count),
     };
+    // The part of the root's input we copy, named and checked once, before anything is
+    // written.
+    let source = match r == root {
+        true => window(input, first, end - first)?,
+        false => published_buffers::peer_input::<T>(a, root, seq, first, end - first)?,
+    };
     let mut off = first;
     while off < end {
         let len = per.min(end - off);
-        let src = match r == root {
-            true => window(input, off, len)?,
-            false => published_buffers::peer_input::<T>(a, root, seq, off, len)?,
-        };
+        let src = window(source, off - first, len)?;
         for p in 0..a.n_ranks {
             if (p == root && skip_root) || (p != r && !shared) {
                 continue;
