@@ -6,7 +6,9 @@
 mod common;
 
 use common::assert_same;
-use common::eager_steps::{barrier_after_eager_broadcasts_case, eager_calls_case};
+use common::eager_steps::{
+    barrier_after_eager_broadcasts_case, eager_calls_case, eager_steps, long_eager_runs,
+};
 use oxccl::collectives::{Algorithm, AlgorithmChoice};
 use oxccl::in_process::{self, InProcessConfig};
 use oxccl::{Communicator, DataType, DeviceBuffer, ReduceElement, ReduceOp, Result, bf16, f16};
@@ -677,9 +679,40 @@ fn eager_packet_calls_back_to_back_with_late_ranks() {
     // 100 i32: packets for all but the large all-reduce (6400 bytes: direct, in rounds).
     eager_calls_case(
         job(2, 64, AlgorithmChoice::Auto, 1024),
+        &eager_steps(),
         100,
         "memory channels",
     );
+}
+
+/// Guards against an eager packet sender that overwrites a set of eager slots its
+/// receiver has not read out, or waits for the wrong dones, once a run of calls is longer
+/// than its depth: runs of 150 broadcasts and reduces (`long_eager_runs`) at the default
+/// depth (42 sets here) and at a depth of 5 sets (not a multiple of the 2 calls a done
+/// covers there), one receiver starting late, every output checked.
+#[test]
+fn eager_packet_runs_longer_than_their_depth() {
+    for (eager_bytes, sets) in [(None, 42), (Some(5 * 3 * 8192), 5)] {
+        let mut config = job(1, 1, AlgorithmChoice::Auto, 1024);
+        if let Some(bytes) = eager_bytes {
+            config.communicator.collectives.eager_bytes = bytes;
+        }
+        // 4 KiB packets, 3 ranks: 24 KiB a set.
+        let layout_sets = oxccl_kernels::collectives::ScratchLayout::new(
+            3,
+            4096,
+            1024,
+            config.communicator.collectives.eager_bytes,
+        )
+        .eager_sets;
+        assert_eq!(layout_sets, sets);
+        eager_calls_case(
+            config,
+            &long_eager_runs(),
+            16,
+            &format!("memory channels, {sets} eager sets"),
+        );
+    }
 }
 
 /// Guards against a device barrier after eager packet broadcasts that takes the dones the

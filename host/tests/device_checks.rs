@@ -820,7 +820,7 @@ fn collective_first(call: u32, rank: u32) -> u32 {
 /// prints the time of a call of each.
 #[test]
 fn collective_all_reduce_kernel_between_two_streams() {
-    let layout = ScratchLayout::new(N_RANKS, 2 << 10, 64 << 10);
+    let layout = ScratchLayout::new(N_RANKS, 2 << 10, 64 << 10, 0);
     let per_round = elements_per_round(&layout, 4, 1) as usize;
     // A count that is not a multiple of anything, in one round and in four.
     let (one, four) = (per_round - 999, 3 * per_round + 1_001);

@@ -6,7 +6,7 @@
 mod common;
 
 use common::eager_steps::{
-    barrier_after_eager_broadcasts_case, eager_calls_case, late_last_rank_at_barrier,
+    barrier_after_eager_broadcasts_case, eager_calls_case, eager_steps, late_last_rank_at_barrier,
 };
 use common::gather_scatter_cases::{all_gather_case, inputs, marked, read, reduce_scatter_case};
 use common::{
@@ -280,7 +280,12 @@ fn eager_calls_back_to_back_with_late_ranks() {
         let mut config = job(AlgorithmChoice::Use(Algorithm::Ports), 2, 2);
         config.communicator.transport = transport;
         // 400 bytes: four rounds of 128.
-        eager_calls_case(config, 100, &format!("ports over {transport:?}"));
+        eager_calls_case(
+            config,
+            &eager_steps(),
+            100,
+            &format!("ports over {transport:?}"),
+        );
     }
 }
 

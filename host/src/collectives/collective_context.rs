@@ -207,7 +207,12 @@ impl MemoryPath {
     /// memory channel to each peer (a collective call).
     fn new(comm: &mut Communicator, config: &CollectiveConfig) -> Result<MemoryPath> {
         let (rank, size) = (comm.rank(), comm.size());
-        let layout = ScratchLayout::new(size, config.packet_limit, config.round_bytes);
+        let layout = ScratchLayout::new(
+            size,
+            config.packet_limit,
+            config.round_bytes,
+            config.eager_bytes,
+        );
         // A round must hold at least one element of the widest type from every rank.
         if layout.half_bytes < 8 * size as u64 {
             return Err(Error::InvalidUsage(format!(
@@ -234,6 +239,7 @@ impl MemoryPath {
             scratch_bytes = bytes,
             packet_limit = layout.packet_limit,
             round_bytes = layout.half_bytes,
+            eager_sets = layout.eager_sets,
             "memory-channel collectives set up"
         );
         Ok(MemoryPath {

@@ -62,7 +62,7 @@ use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp};
 use oxccl_device::{DeviceView, DeviceViewMut};
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
 use oxccl_kernels::collectives::{
-    AllToAllvCounts, CallProtocol, all_gather, all_gather_doubling, all_gather_packets,
+    AllToAllvCounts, CallProtocol, PortLayout, all_gather, all_gather_doubling, all_gather_packets,
     all_gather_ports, all_gather_ring, all_reduce, all_reduce_doubling, all_reduce_packets,
     all_reduce_ports, all_reduce_ring, all_to_all, all_to_all_packets, all_to_all_ports,
     all_to_allv, all_to_allv_ports, barrier, barrier_ports, broadcast, broadcast_doubling,
@@ -940,6 +940,7 @@ impl Communicator {
             _ => (CallProtocol::LOCKSTEP, 0),
         };
         let barrier_call = call.shape.collective == Collective::Barrier;
+        let eager_depth = m.layout.eager_depth();
         let switch = !ctx.protocol.continues(kind, root);
         let mut args = ctx.args(m, rank, size);
         // The switch from an eager protocol is the barrier, which waits for the dones it
@@ -1014,7 +1015,7 @@ impl Communicator {
             // A switch launched stays done whether or not the call could be.
             ctx.protocol = started;
             if launched.is_ok() {
-                ctx.protocol = started.after(kind, root, rank, ctx.sequence, taken);
+                ctx.protocol = started.after(kind, root, rank, ctx.sequence, taken, eager_depth);
                 ctx.sequence += taken;
             }
         }
@@ -1143,7 +1144,7 @@ impl Communicator {
             // A switch launched stays done whether or not the call could be.
             p.protocol = started;
             if launched.is_ok() {
-                p.protocol = started.after(kind, root, rank, p.sequence, taken);
+                p.protocol = started.after(kind, root, rank, p.sequence, taken, PortLayout::EAGER);
                 p.sequence += taken;
             }
         }

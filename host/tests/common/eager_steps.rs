@@ -53,13 +53,26 @@ pub fn eager_steps() -> Vec<EagerStep> {
     steps
 }
 
-/// Runs [`eager_steps`] on 3 ranks with `config`, `count` i32 elements a call (`label`
-/// names the setting in failures): every call enqueued back to back with no host barrier,
-/// while one rank enqueues its calls late and another stalls in the middle; every output
-/// is checked at the end.
-pub fn eager_calls_case(config: InProcessConfig, count: usize, label: &str) {
+/// Calls of [`long_eager_runs`] in each run: past the deepest eager depth (64 sets) twice.
+pub const LONG_RUN: usize = 150;
+
+/// Runs of eager calls longer than any path's depth, so a sender cycles through its sets
+/// several times and must wait for its receivers' dones: broadcasts from rank 0 (whose
+/// receiver rank 1 starts late), reduces to rank 1, broadcasts from rank 2.
+pub fn long_eager_runs() -> Vec<EagerStep> {
+    use EagerStep::{Broadcast, Reduce};
+    let mut steps = vec![Broadcast { root: 0 }; LONG_RUN];
+    steps.extend([Reduce { root: 1 }; LONG_RUN]);
+    steps.extend([Broadcast { root: 2 }; 10]);
+    steps
+}
+
+/// Runs `steps` ([`eager_steps`], [`long_eager_runs`]) on 3 ranks with `config`, `count`
+/// i32 elements a call (`label` names the setting in failures): every call enqueued back
+/// to back with no host barrier, while rank 1 enqueues its calls late and the others
+/// stall in the middle; every output is checked at the end.
+pub fn eager_calls_case(config: InProcessConfig, steps: &[EagerStep], count: usize, label: &str) {
     use EagerStep::{AllReduce, Barrier, Broadcast, LargeAllReduce, Reduce};
-    let steps = eager_steps();
     in_process::run(3, config, |comm| {
         let (rank, n) = (comm.rank(), comm.size());
         let stream = comm.device().stream()?;

@@ -1,16 +1,18 @@
 //! Broadcast with LL16 packets, for small messages, eager (see
 //! [`call_protocol`](super::call_protocol)): the root writes its data as packets into the
 //! eager slot of every other rank and returns; each other rank waits for the packets,
-//! copies them out and, every [`CallProtocol::DONE_EVERY`] calls, answers with a done (a
-//! signal alone). The root waits for the dones only before it writes a set of eager slots
-//! again, [`CallProtocol::SETS`] calls later, so it runs two or three calls ahead of its
-//! receivers, and back-to-back broadcasts from one root overlap. The others exchange
+//! copies them out and, every few calls ([`EagerDepth::done_every`]), answers with a done
+//! (a signal alone). The root waits for the dones only before it writes a set of eager
+//! slots again, [`ScratchLayout::eager_depth`] calls later (up to 64), so it runs that
+//! many calls ahead of its receivers, and back-to-back broadcasts from one root overlap. The others exchange
 //! nothing.
 
 use super::call_protocol::CallProtocol;
 use super::collective_args::CollectiveArgs;
 use super::packet_exchange::{Slots, padded, receive, send, unpacked};
 use super::round_views::{typed, typed_mut};
+#[cfg(doc)]
+use super::{EagerDepth, ScratchLayout};
 use oxccl_device::block::{block_signal, block_wait};
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
@@ -45,7 +47,8 @@ fn broadcast_packets<T: ReduceElement>(
         receive(a, Slots::Eager, root, padded)?;
         // Every thread has read its packets out (the barrier) before the done.
         let channel = a.peer(root)?;
-        block_signal(move || match CallProtocol::done_after(seq) {
+        let depth = a.layout.eager_depth();
+        block_signal(move || match depth.done_after(seq) {
             true => channel.signal(),
             false => Ok(()),
         })?;
@@ -54,9 +57,9 @@ fn broadcast_packets<T: ReduceElement>(
     let input = typed::<T>(a.input, 0, c)?;
     // Sent from our own unpacked slot (a channel sends from the scratch).
     unpacked::<T>(a, r, c)?.copy_from(Grid, input)?;
-    // Every peer's done covering the call `SETS` before this one, which wrote the set this
-    // one writes; the barrier also has the slot staged before any thread sends.
-    let dones = CallProtocol::dones_before(covered_until, seq);
+    // Every peer's done covering the call a set cycle before this one, which wrote the set
+    // this one writes; the barrier also has the slot staged before any thread sends.
+    let dones = a.layout.eager_depth().dones_before(covered_until, seq);
     let peers = a.peers;
     block_wait(move || {
         for p in (0..nr).filter(|&p| p != r) {

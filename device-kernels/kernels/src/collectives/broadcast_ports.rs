@@ -49,8 +49,8 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
         let set = PortLayout::set_of(seq);
         if r == root {
             // Every peer's done covering the round `SETS` before this one (module docs).
-            let needed = CallProtocol::covered_before(covered_until, seq);
-            for _ in 0..CallProtocol::dones_between(covered_until, needed) {
+            let needed = PortLayout::EAGER.covered_before(covered_until, seq);
+            for _ in 0..PortLayout::EAGER.dones_between(covered_until, needed) {
                 wait_for_peers(a)?;
             }
             covered_until = needed;
@@ -66,7 +66,7 @@ pub fn collective_broadcast_ports(args: PortCollectiveArgs<'_>) -> Result<(), De
             wait_for(a, root)?;
             let src = window_mut(a.scratch, l.gather_slot(set, root), len)?;
             window_mut(output, off, len)?.copy_from(Grid, src.as_view())?;
-            if CallProtocol::done_after(seq) {
+            if PortLayout::EAGER.done_after(seq) {
                 // Every block has copied the round out (`send_to` meets the grid first).
                 send_to(a, root, 0, 0, 0)?;
             }

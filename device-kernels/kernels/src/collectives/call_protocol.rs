@@ -11,15 +11,16 @@
 //! Broadcast and reduce (through the proxy, and with packets for small messages over
 //! load/store paths) run **eager**, as a message library's eager sends do: data flow one
 //! way, from the root (broadcast) or to it (reduce), and the receiver answers, once it has
-//! read a round out, with a signal alone, a **done**, every [`CallProtocol::DONE_EVERY`]
-//! rounds ([`CallProtocol::done_after`]: a done covers the rounds before it). A packet
-//! call is one round. The sender needs a round read out only before it writes that round's
-//! set again, [`CallProtocol::SETS`] rounds later, and waits for the done that covers it
-//! then ([`CallProtocol::covered_before`]); so it runs two or three rounds ahead of its
-//! receivers, and calls back to back overlap. Ranks that neither send nor receive to each
-//! other exchange nothing. The dones of a call's last rounds are left **owed**: waited for
-//! by the next call of the same protocol (the same collective with the same root), which
-//! goes on where this one stopped, or collected before anything else.
+//! read a round out, with a signal alone, a **done**, every [`EagerDepth::done_every`]
+//! rounds ([`EagerDepth::done_after`]: a done covers the rounds before it). A packet call
+//! is one round. The sender needs a round read out only before it writes that round's set
+//! again, [`EagerDepth::sets`] rounds later, and waits for the done that covers it then
+//! ([`EagerDepth::covered_before`]); so it runs up to that many rounds ahead of its
+//! receivers (each path has its own [`EagerDepth`]), and calls back to back overlap. Ranks
+//! that neither send nor receive to each other exchange nothing. The dones of a call's
+//! last rounds are left **owed**: waited for by the next call of the same protocol (the
+//! same collective with the same root), which goes on where this one stopped, or collected
+//! before anything else.
 //!
 //! Before a call whose protocol differs from the last call's ([`CallProtocol::continues`])
 //! the host launches the switch: the path's barrier (`barrier_ports`, `barrier`), which
@@ -32,7 +33,7 @@
 //! and which every switch leaves read out, so a switch from lockstep to eager needs no
 //! barrier there. The collective kernels themselves carry no code for the switch.
 
-use super::port_layout::PortLayout;
+use super::eager_depth::EagerDepth;
 
 /// The protocol of the last collective of a path and how far its sender has heard back
 /// (see the module docs). The host keeps it per communicator and path (the same `kind` and
@@ -61,14 +62,6 @@ impl CallProtocol {
     pub const BROADCAST: u32 = 1;
     /// The eager reduce.
     pub const REDUCE: u32 = 2;
-    /// Sets an eager sender cycles through: round `j` writes set `j % SETS` (the port
-    /// scratch's sets, and the memory scratch's eager slots).
-    pub const SETS: u64 = PortLayout::SETS;
-    /// Rounds one done of an eager receiver covers. Two: half the signals of a done a
-    /// round, and the sender still two rounds ahead (a done sent after round `j` is needed
-    /// before round `j + SETS` or `j + SETS - 1` is written).
-    pub const DONE_EVERY: u64 = 2;
-
     /// Whether a call of protocol `kind` with `root` goes on where this one stopped (the
     /// same protocol, and for an eager one the same root) instead of switching.
     pub const fn continues(self, kind: u32, root: u32) -> bool {
@@ -101,40 +94,6 @@ impl CallProtocol {
         }
     }
 
-    /// Whether an eager receiver sends a done once it has read round `round` out.
-    pub const fn done_after(round: u64) -> bool {
-        round % Self::DONE_EVERY == Self::DONE_EVERY - 1
-    }
-
-    /// Dones sent after the rounds `from..until` (none where `until <= from`).
-    pub const fn dones_between(from: u64, until: u64) -> u64 {
-        if until <= from {
-            0
-        } else {
-            until / Self::DONE_EVERY - from / Self::DONE_EVERY
-        }
-    }
-
-    /// Until which round a sender's dones must cover before it writes round `round` (the
-    /// round [`Self::SETS`] before it took the same set), given they cover the rounds
-    /// before `until`: `until` itself where that is enough, else the end of the done that
-    /// covers the earlier round, which came after a round already sent. The sender waits
-    /// for [`Self::dones_between`] the two.
-    pub const fn covered_before(until: u64, round: u64) -> u64 {
-        if round < Self::SETS || round - Self::SETS < until {
-            until
-        } else {
-            let earlier = round - Self::SETS;
-            earlier - earlier % Self::DONE_EVERY + Self::DONE_EVERY
-        }
-    }
-
-    /// Dones a sender whose dones cover the rounds before `covered_until` waits for before
-    /// it writes round `round`: [`Self::dones_between`] that and [`Self::covered_before`].
-    pub const fn dones_before(covered_until: u64, round: u64) -> u64 {
-        Self::dones_between(covered_until, Self::covered_before(covered_until, round))
-    }
-
     /// The state right after the switch to protocol `kind` with `root`, before round
     /// `first`: the switch covers every round before it.
     pub const fn switched(kind: u32, root: u32, first: u64) -> Self {
@@ -153,8 +112,17 @@ impl CallProtocol {
     }
 
     /// The state after a call of protocol `kind` with `root`, on rank `rank`, of `rounds`
-    /// rounds from round `first` on (from [`Self::switched`] where it does not continue).
-    pub const fn after(self, kind: u32, root: u32, rank: u32, first: u64, rounds: u64) -> Self {
+    /// rounds from round `first` on (from [`Self::switched`] where it does not continue),
+    /// on a path of eager depth `depth`.
+    pub const fn after(
+        self,
+        kind: u32,
+        root: u32,
+        rank: u32,
+        first: u64,
+        rounds: u64,
+        depth: EagerDepth,
+    ) -> Self {
         let start = if self.continues(kind, root) {
             self
         } else {
@@ -165,7 +133,7 @@ impl CallProtocol {
         }
         let mut covered_until = start.covered_until;
         if Self::sender(kind, root, rank) && rounds > 0 {
-            covered_until = Self::covered_before(covered_until, first + rounds - 1);
+            covered_until = depth.covered_before(covered_until, first + rounds - 1);
         }
         CallProtocol {
             kind,
@@ -182,68 +150,28 @@ mod tests {
     const B: u32 = CallProtocol::BROADCAST;
     const R: u32 = CallProtocol::REDUCE;
     const L: u32 = CallProtocol::LOCKSTEP;
-
-    /// Round by round, as the kernels go: every round written needs the round `SETS` before
-    /// it covered (when that round is of this protocol), by dones of this protocol only.
-    #[test]
-    fn a_sender_waits_for_the_done_covering_the_round_three_before_and_no_other() {
-        for first in 0..9u64 {
-            let mut until = first; // the switch covers what came before
-            let mut waited = 0;
-            for round in first..first + 40 {
-                let next = CallProtocol::covered_before(until, round);
-                if next != until {
-                    // The done waited for was sent after a round two or three back.
-                    assert!(CallProtocol::done_after(next - 1), "round {round}");
-                    assert!(round - (next - 1) >= 2, "round {round}");
-                }
-                assert_eq!(
-                    CallProtocol::dones_before(until, round),
-                    CallProtocol::dones_between(until, next)
-                );
-                waited += CallProtocol::dones_between(until, next);
-                until = next;
-                if round >= first + CallProtocol::SETS {
-                    assert!(until > round - CallProtocol::SETS, "round {round}");
-                }
-                assert!(round - until < CallProtocol::SETS, "round {round}");
-            }
-            let sent = (first..first + 40)
-                .filter(|&j| CallProtocol::done_after(j))
-                .count();
-            let owed = CallProtocol::dones_between(until, first + 40);
-            assert_eq!(
-                waited + owed,
-                sent as u64,
-                "every done waited for once, first {first}"
-            );
-        }
-    }
+    const D: EagerDepth = EagerDepth::new(3);
 
     #[test]
     fn the_host_follows_the_kernels_and_continues_or_switches() {
         let start = CallProtocol::default();
         // Broadcast from 1, rounds 1..=10 (the switch covers round 0): the root has waited
         // for the done covering round 7 (sent after it).
-        let root = start.after(B, 1, 1, 1, 10);
+        let root = start.after(B, 1, 1, 1, 10, D);
         assert_eq!((root.kind, root.root, root.covered_until), (B, 1, 8));
-        assert_eq!(
-            CallProtocol::dones_between(root.covered_until, 11),
-            1,
-            "round 9's owed"
-        );
+        assert_eq!(D.dones_between(root.covered_until, 11), 1, "round 9's owed");
         // A receiver keeps the switch's mark; an empty call keeps the state.
-        assert_eq!(start.after(B, 1, 0, 1, 10).covered_until, 1);
-        assert_eq!(root.after(B, 1, 1, 11, 0), root);
+        assert_eq!(start.after(B, 1, 0, 1, 10, D).covered_until, 1);
+        assert_eq!(root.after(B, 1, 1, 11, 0, D), root);
         // Continuing goes on from what was covered; another root starts again.
-        assert_eq!(root.after(B, 1, 1, 11, 2).covered_until, 10);
-        assert_eq!(root.after(B, 2, 1, 11, 2).covered_until, 11);
+        assert_eq!(root.after(B, 1, 1, 11, 2, D).covered_until, 10);
+        assert_eq!(root.after(B, 2, 1, 11, 2, D).covered_until, 11);
         // Reduce: the others send.
-        let other = start.after(R, 2, 0, 1, 6);
+        let other = start.after(R, 2, 0, 1, 6, D);
         assert_eq!((other.kind, other.root, other.covered_until), (R, 2, 4));
         assert!(other.owed_by(0, 2) && !other.owed_by(0, 1) && !other.owed_by(2, 0));
-        assert_eq!(start.after(R, 2, 2, 1, 6).covered_until, 1);
-        assert_eq!(other.after(L, 5, 0, 8, 3), CallProtocol::default());
+        assert_eq!(start.after(R, 2, 2, 1, 6, D).covered_until, 1);
+        assert_eq!(other.after(L, 5, 0, 8, 3, D), CallProtocol::default());
     }
 
     #[test]
@@ -254,7 +182,7 @@ mod tests {
             "lockstep continues whatever the root"
         );
         assert!(!lockstep.continues(B, 0));
-        let bcast = lockstep.after(B, 0, 0, 0, 1);
+        let bcast = lockstep.after(B, 0, 0, 0, 1, D);
         assert!(bcast.continues(B, 0));
         assert!(!bcast.continues(B, 1), "another root switches");
         assert!(!bcast.continues(R, 0));
@@ -263,7 +191,7 @@ mod tests {
 
     #[test]
     fn the_root_of_a_broadcast_hears_from_every_peer() {
-        let p = CallProtocol::default().after(B, 1, 1, 0, 1);
+        let p = CallProtocol::default().after(B, 1, 1, 0, 1, D);
         assert!(p.owed_by(1, 0) && p.owed_by(1, 2));
         assert!(!p.owed_by(1, 1));
         assert!(!CallProtocol::default().owed_by(0, 1));

@@ -33,8 +33,8 @@
 //! [`all_to_all_packets`] each peer its block; each rank reduces or copies what it
 //! received (`packet_exchange.rs`). One pass, no meeting. [`broadcast_packets`] and
 //! [`reduce_packets`] are eager, as the port broadcast and reduce are: the data flow one
-//! way, and the sender runs ahead of its receivers by up to three calls
-//! ([`call_protocol`]; the host launches [`barrier`] between them and any other call).
+//! way, and the sender runs ahead of its receivers by up to 64 calls ([`call_protocol`],
+//! [`eager_depth`]; the host launches [`barrier`] between them and any other call).
 //!
 //! Reductions combine the ranks' data in rank order (`0, 1, .., n - 1`) on every path but
 //! the ring and recursive doubling, so every rank gets the same bits, and so do the
@@ -69,6 +69,7 @@ pub mod broadcast_packets;
 pub mod broadcast_ports;
 pub mod call_protocol;
 pub mod collective_args;
+pub mod eager_depth;
 mod elementwise;
 mod packet_exchange;
 mod peer_handshake;
@@ -92,6 +93,7 @@ pub mod scratch_layout;
 pub use all_to_allv_counts::AllToAllvCounts;
 pub use call_protocol::CallProtocol;
 pub use collective_args::CollectiveArgs;
+pub use eager_depth::EagerDepth;
 pub use port_collective_args::PortCollectiveArgs;
 pub use port_layout::PortLayout;
 pub use scratch_layout::ScratchLayout;

@@ -12,7 +12,6 @@
 //! has finished them (see [`call_protocol`](super::call_protocol)). So calls follow each
 //! other with no barrier on the host, whatever the collectives.
 
-use super::call_protocol::CallProtocol;
 use super::collective_args::CollectiveArgs;
 use super::round_views::{window, window_mut};
 use super::scratch_layout::{packet_flag, parity};
@@ -107,7 +106,7 @@ pub(crate) enum Slots {
     /// number.
     Lockstep,
     /// The eager broadcast's and reduce's (see [`call_protocol`](super::call_protocol)):
-    /// [`CallProtocol::SETS`] sets, in turn.
+    /// [`ScratchLayout::eager_depth`](super::ScratchLayout::eager_depth) sets, in turn.
     Eager,
 }
 
@@ -117,7 +116,10 @@ impl Slots {
     fn of(self, a: &CollectiveArgs<'_>, sender: u32) -> u64 {
         match self {
             Slots::Lockstep => a.layout.packet_slot(parity(a.sequence), sender),
-            Slots::Eager => a.layout.eager_slot(a.sequence % CallProtocol::SETS, sender),
+            Slots::Eager => {
+                let set = a.layout.eager_depth().set_of(a.sequence);
+                a.layout.eager_slot(set, sender)
+            }
         }
     }
 }

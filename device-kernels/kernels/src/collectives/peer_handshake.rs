@@ -57,7 +57,7 @@ pub(crate) fn collect_owed_and_meet(a: &CollectiveArgs<'_>) -> Result<(), Device
     let last = a.protocol;
     let owed = match last.kind {
         CallProtocol::LOCKSTEP => 0,
-        _ => CallProtocol::dones_between(last.covered_until, a.sequence),
+        _ => (a.layout.eager_depth()).dones_between(last.covered_until, a.sequence),
     };
     // Plain values, not `a` (see `all_peers_meet`).
     let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);

@@ -101,7 +101,7 @@ impl PortCollectiveArgs<'_> {
         let last = self.protocol;
         let owed = match last.kind {
             CallProtocol::LOCKSTEP => 0,
-            _ => CallProtocol::dones_between(last.covered_until, self.sequence),
+            _ => PortLayout::EAGER.dones_between(last.covered_until, self.sequence),
         };
         // Plain values, not `self`: what a closure takes lives in local memory on the GPU
         // once the closure is out of line.

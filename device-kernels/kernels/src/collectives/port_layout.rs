@@ -13,6 +13,7 @@
 //!
 //! Every region starts on a 64-byte boundary.
 
+use super::eager_depth::EagerDepth;
 use super::scratch_layout::SCRATCH_ALIGN;
 
 /// The sizes that place every region of a port-channel scratch (see the module docs). The
@@ -39,6 +40,10 @@ impl PortLayout {
     /// before it has waited for the last round's gather; see `all_gather_ports` and
     /// `all_reduce_ports`).
     pub const SETS: u64 = 3;
+
+    /// How far the eager broadcast and reduce run ahead on this path: one set of the
+    /// scratch a round ([`Self::SETS`]).
+    pub const EAGER: EagerDepth = EagerDepth::new(Self::SETS);
 
     /// The set round `seq` (a communicator's round number) takes.
     pub const fn set_of(seq: u64) -> u64 {

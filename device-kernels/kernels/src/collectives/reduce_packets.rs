@@ -1,10 +1,10 @@
 //! Reduce with LL16 packets, for small messages, eager (see
 //! [`call_protocol`](super::call_protocol)): every other rank writes its data as packets
 //! into its eager slot of the root and returns; the root waits for every rank's packets,
-//! reduces them and, every [`CallProtocol::DONE_EVERY`] calls, answers each with a done (a
-//! signal alone). A sender waits for the root's done only before it writes a set of eager
-//! slots again, [`CallProtocol::SETS`] calls later, so it runs two or three calls ahead of
-//! the root, and back-to-back reduces to one root overlap. The others exchange nothing
+//! reduces them and, every few calls ([`EagerDepth::done_every`]), answers each with a
+//! done (a signal alone). A sender waits for the root's done only before it writes a set
+//! of eager slots again, [`ScratchLayout::eager_depth`] calls later (up to 64), so it runs
+//! that many calls ahead of the root, and back-to-back reduces to one root overlap. The others exchange nothing
 //! among themselves.
 
 use super::call_protocol::CallProtocol;
@@ -12,6 +12,8 @@ use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
 use super::packet_exchange::{Slots, padded, receive, send, unpacked};
 use super::round_views::{typed, typed_mut};
+#[cfg(doc)]
+use super::{EagerDepth, ScratchLayout};
 use oxccl_device::block::{block_signal, block_wait};
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
@@ -47,9 +49,10 @@ fn reduce_packets<T: ReduceElement>(
     // overwrite an input it still needs.
     unpacked::<T>(a, r, c)?.copy_from(Grid, typed::<T>(a.input, 0, c)?)?;
     if r != root {
-        // The root's done covering the call `SETS` before this one, which wrote the slot
-        // this one writes; the barrier also has our data staged before any thread sends.
-        let dones = CallProtocol::dones_before(covered_until, seq);
+        // The root's done covering the call a set cycle before this one, which wrote the
+        // slot this one writes; the barrier also has our data staged before any thread
+        // sends.
+        let dones = a.layout.eager_depth().dones_before(covered_until, seq);
         let channel = a.peer(root)?;
         block_wait(move || {
             for _ in 0..dones {
@@ -64,9 +67,9 @@ fn reduce_packets<T: ReduceElement>(
     }
     // Every thread has read its packets out (the barrier) before the dones, and has
     // unpacked (and staged our own slot) before any reduces.
-    let peers = a.peers;
+    let (peers, depth) = (a.peers, a.layout.eager_depth());
     block_signal(move || {
-        if CallProtocol::done_after(seq) {
+        if depth.done_after(seq) {
             for p in (0..nr).filter(|&p| p != r) {
                 peers.get(p)?.signal()?;
             }

@@ -63,8 +63,8 @@ fn reduce_rounds<T: ReduceElement>(
         let staged_at = l.staged(set);
         if r != root {
             // The root's done covering the round `SETS` before this one (module docs).
-            let needed = CallProtocol::covered_before(covered_until, seq);
-            for _ in 0..CallProtocol::dones_between(covered_until, needed) {
+            let needed = PortLayout::EAGER.covered_before(covered_until, seq);
+            for _ in 0..PortLayout::EAGER.dones_between(covered_until, needed) {
                 wait_for(a, root)?;
             }
             covered_until = needed;
@@ -77,7 +77,7 @@ fn reduce_rounds<T: ReduceElement>(
             wait_for_peers(a)?;
             let out = window_mut(output, off, len)?;
             reduce_round(a, op, out, staged.as_view(), scratch, set, len)?;
-            if CallProtocol::done_after(seq) {
+            if PortLayout::EAGER.done_after(seq) {
                 // Every block has reduced the round (`send_to_peers` meets the grid first).
                 send_to_peers(a, 0, 0, Part::Nothing)?;
             }

@@ -29,7 +29,7 @@ mod tests {
     /// Guards against a round count that leaves elements out or adds an empty round.
     #[test]
     fn rounds_cover_the_elements_exactly() {
-        let layout = ScratchLayout::new(4, 64, 4096);
+        let layout = ScratchLayout::new(4, 64, 4096, 0);
         assert_eq!(elements_per_round(&layout, 4, 1), 1024);
         assert_eq!(elements_per_round(&layout, 8, 4), 128);
         assert_eq!(elements_per_round(&layout, 8, 1000), 0);

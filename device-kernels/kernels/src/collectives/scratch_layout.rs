@@ -7,7 +7,7 @@
 //! | region | size | written by | read by |
 //! |---|---|---|---|
 //! | packet slots: 2 sets (call parities) × `n_ranks` senders | `2 * packet_limit` each | the sending peer (LL16 packets) | this rank |
-//! | eager slots: [`CallProtocol::SETS`] sets × `n_ranks` senders | as a packet slot | the sending peer of an eager call (LL16 packets) | this rank |
+//! | eager slots: [`ScratchLayout::eager_depth`] sets × `n_ranks` senders | as a packet slot | the sending peer of an eager call (LL16 packets) | this rank |
 //! | unpacked: `n_ranks` slots | `packet_limit` each | this rank | this rank (slot of its own rank: the packets it sends) |
 //! | direct halves: 2 (round parities) | `half_bytes` each | this rank (staging) | every peer (loads) |
 //! | call descriptors: 2 (call parities) | [`DESCRIPTOR_BYTES`] each | this rank (where its registered buffers are) | every peer |
@@ -15,7 +15,7 @@
 //! Every region starts on a 64-byte boundary, so each holds any element type and a peer's
 //! loads of one rank's writes share no cache line with another region.
 
-use super::call_protocol::CallProtocol;
+use super::eager_depth::EagerDepth;
 use oxccl_device::packet::{Ll16Packet, Packet};
 
 /// The sizes that place every region of a scratch buffer (see the module docs). The same
@@ -29,8 +29,8 @@ pub struct ScratchLayout {
     pub half_bytes: u64,
     /// Ranks of the communicator.
     pub n_ranks: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// Sets of eager slots (see [`Self::eager_depth`]).
+    pub eager_sets: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<ScratchLayout>() == 24);
@@ -46,19 +46,36 @@ pub const DESCRIPTOR_BYTES: u64 =
 impl ScratchLayout {
     /// The layout for `n_ranks` ranks with packet calls of up to `packet_limit` bytes and
     /// direct rounds of up to `half_bytes` bytes, each rounded up to [`SCRATCH_ALIGN`] (a
-    /// half of at least one alignment unit).
-    pub const fn new(n_ranks: u32, packet_limit: u64, half_bytes: u64) -> ScratchLayout {
+    /// half of at least one alignment unit), and as many sets of eager slots as
+    /// `eager_bytes` hold, within [`EagerDepth`]'s bounds.
+    pub const fn new(
+        n_ranks: u32,
+        packet_limit: u64,
+        half_bytes: u64,
+        eager_bytes: u64,
+    ) -> ScratchLayout {
         let half = if half_bytes < SCRATCH_ALIGN {
             SCRATCH_ALIGN
         } else {
             half_bytes
         };
-        ScratchLayout {
+        let mut layout = ScratchLayout {
             packet_limit: packet_limit.div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN,
             half_bytes: half.div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN,
             n_ranks,
-            reserved: 0,
-        }
+            eager_sets: 0,
+        };
+        let set_bytes = layout.packet_slot_bytes() * if n_ranks == 0 { 1 } else { n_ranks as u64 };
+        let sets = eager_bytes / if set_bytes == 0 { 1 } else { set_bytes };
+        layout.eager_sets = EagerDepth::new(sets).sets() as u32;
+        layout
+    }
+
+    /// How far the eager broadcast and reduce of packets run ahead of their receivers: the
+    /// sets of eager slots ([`Self::eager_sets`], within [`EagerDepth`]'s bounds, so every
+    /// value of the field places the regions as the kernels use them).
+    pub const fn eager_depth(&self) -> EagerDepth {
+        EagerDepth::new(self.eager_sets as u64)
     }
 
     /// Bytes of one sender's packet slot: the packets of `packet_limit` payload bytes.
@@ -72,14 +89,14 @@ impl ScratchLayout {
     }
 
     /// Offset of the slot where `sender`'s packets of an eager call (see
-    /// [`super::call_protocol`]) of set `set` (below [`CallProtocol::SETS`]) land.
+    /// [`super::call_protocol`]) of set `set` (below [`Self::eager_depth`]'s sets) land.
     pub const fn eager_slot(&self, set: u64, sender: u32) -> u64 {
         self.packet_slot(2 + set, sender)
     }
 
     /// Offset of the unpacked data of `sender`'s packets (for our own rank: what we send).
     pub const fn unpacked_slot(&self, sender: u32) -> u64 {
-        self.packet_slot(2 + CallProtocol::SETS, 0) + sender as u64 * self.packet_limit
+        self.packet_slot(2 + self.eager_depth().sets(), 0) + sender as u64 * self.packet_limit
     }
 
     /// Offset of direct half `parity` (0 or 1).
@@ -117,7 +134,7 @@ mod tests {
     /// Guards against regions that overlap or leave the alignment.
     #[test]
     fn regions_are_disjoint_and_aligned() {
-        let l = ScratchLayout::new(3, 1000, 100);
+        let l = ScratchLayout::new(3, 1000, 100, 0);
         assert_eq!((l.packet_limit, l.half_bytes), (1024, 128));
         assert_eq!(l.packet_slot_bytes(), 2048);
         assert_eq!(l.packet_slot(1, 2), 5 * 2048);
@@ -137,6 +154,26 @@ mod tests {
         ] {
             assert_eq!(off % SCRATCH_ALIGN, 0);
         }
+    }
+
+    /// Guards the eager slots' depth: as many sets as the budget holds, never fewer than
+    /// three nor more than 64, and the regions after them placed by the same count.
+    #[test]
+    fn eager_sets_fill_their_budget_within_bounds() {
+        // 4 ranks, 2 KiB slots: 8 KiB a set.
+        let at = |bytes| ScratchLayout::new(4, 1024, 4096, bytes);
+        assert_eq!(at(0).eager_sets, 3);
+        assert_eq!(at(10 * 8192 + 100).eager_sets, 10);
+        assert_eq!(at(1 << 20).eager_sets, 64);
+        let deep = at(1 << 20);
+        assert_eq!(deep.eager_depth().sets(), 64);
+        assert_eq!(deep.eager_slot(63, 3) + 2048, deep.unpacked_slot(0));
+        // A field out of bounds places the regions as the depth the kernels use.
+        let zero = ScratchLayout {
+            eager_sets: 0,
+            ..at(0)
+        };
+        assert_eq!(zero.unpacked_slot(0), at(0).unpacked_slot(0));
     }
 
     /// Guards against a flag of 0 after the wrap, and two calls in a row with one parity.
