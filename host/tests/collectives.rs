@@ -579,6 +579,49 @@ fn allreduce_rejects_count_mismatch() {
     }
 }
 
+/// Guards against ranks whose collective settings differ (here the eager slots' budget,
+/// which sets how far a broadcast's root runs ahead) waiting for each other in vain or
+/// writing past each other's slots: the first collective call fails on every rank, naming
+/// the setting and both values.
+#[test]
+fn collectives_refuse_settings_that_differ_between_ranks() {
+    let exchanges = oxccl::InProcessExchange::group(2, std::time::Duration::from_secs(20));
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = exchanges
+            .into_iter()
+            .map(|exchange| {
+                s.spawn(move || -> std::result::Result<(), String> {
+                    let rank = exchange.rank_id();
+                    let mut config = common::config().communicator;
+                    if rank == 1 {
+                        config.collectives.eager_bytes = 64 << 10;
+                    }
+                    let device = oxccl::Device::cpu(rank as usize);
+                    let run = || -> Result<()> {
+                        let mut comm =
+                            Communicator::new(std::sync::Arc::new(exchange), device, config)?;
+                        let stream = comm.device().stream()?;
+                        let mut buf = comm.alloc_zeroed::<f32>(4)?;
+                        comm.broadcast_in_place(&mut buf, 4, 0, &stream)?;
+                        comm.synchronize(&stream)
+                    };
+                    run().map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, result) in results.iter().enumerate() {
+        let e = result
+            .as_ref()
+            .expect_err("differing settings must be refused");
+        assert!(
+            e.contains("eager_bytes") && e.contains("1048576") && e.contains("65536"),
+            "rank {rank}: {e}"
+        );
+    }
+}
+
 /// Guards against an all-to-all-v whose counts or displacements leave a buffer, or whose
 /// counts disagree with a peer's, being launched.
 #[test]

@@ -72,7 +72,50 @@ pub struct CollectiveConfig {
     pub registered_buffers: u32,
 }
 
+/// The settings every rank must share (they place the scratch and pace the protocols), by
+/// name, as [`CollectiveConfig::shared_settings`] lists them.
+pub(crate) type SharedSettings = [(&'static str, u64); 7];
+
 impl CollectiveConfig {
+    /// The settings that must be the same on every rank, by name: ranks that differ in one
+    /// would place their scratch differently and wait for each other in vain, so the set-up
+    /// compares them first ([`Self::differs_from`]). The launch shape and the algorithm
+    /// choice may differ (each rank's grid is its own; the algorithm is agreed per call).
+    pub(crate) fn shared_settings(&self) -> SharedSettings {
+        [
+            ("packet_limit", self.packet_limit),
+            ("eager_bytes", self.eager_bytes),
+            ("round_bytes", self.round_bytes),
+            ("port_round_bytes", self.port_round_bytes),
+            ("ring_min_ranks", u64::from(self.ring_min_ranks)),
+            ("doubling_max_bytes", self.doubling_max_bytes),
+            ("registered_buffers", u64::from(self.registered_buffers)),
+        ]
+    }
+
+    /// The shared settings as bytes, for the exchange of [`Self::differs_from`].
+    pub(crate) fn shared_bytes(&self) -> Vec<u8> {
+        (self.shared_settings().iter())
+            .flat_map(|(_, v)| v.to_le_bytes())
+            .collect()
+    }
+
+    /// The first shared setting where `theirs` (another rank's [`Self::shared_bytes`]) is
+    /// not ours: its name, our value and theirs (`None` for a value missing or cut short).
+    pub(crate) fn differs_from(&self, theirs: &[u8]) -> Option<(&'static str, u64, Option<u64>)> {
+        let mut words = theirs.chunks(8);
+        for (name, mine) in self.shared_settings() {
+            let other = words
+                .next()
+                .and_then(|w| <[u8; 8]>::try_from(w).ok())
+                .map(u64::from_le_bytes);
+            if other != Some(mine) {
+                return Some((name, mine, other));
+            }
+        }
+        None
+    }
+
     /// Where the automatic choice of algorithm changes.
     pub fn thresholds(&self) -> Thresholds {
         Thresholds {
@@ -118,6 +161,32 @@ impl Default for CollectiveConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards the comparison of the set-up: the same settings agree, and the first that
+    /// differs is named with both values, as is a short message.
+    #[test]
+    fn shared_settings_name_the_first_difference() {
+        let mine = CollectiveConfig::default();
+        assert_eq!(mine.differs_from(&mine.shared_bytes()), None);
+        let theirs = CollectiveConfig {
+            eager_bytes: 4096,
+            round_bytes: 1 << 20,
+            ..mine
+        };
+        assert_eq!(
+            mine.differs_from(&theirs.shared_bytes()),
+            Some(("eager_bytes", 1 << 20, Some(4096)))
+        );
+        assert_eq!(
+            mine.differs_from(&mine.shared_bytes()[..12]),
+            Some(("eager_bytes", 1 << 20, None))
+        );
+        let launch_only = CollectiveConfig {
+            launch: Some(LaunchConfig::grid(2).block(32)),
+            ..mine
+        };
+        assert_eq!(mine.differs_from(&launch_only.shared_bytes()), None);
+    }
 
     /// Guards the launch shape collectives get: the configured one if set, one thread on the
     /// emulator, a grid of many blocks (at most one a multiprocessor) on a GPU.

@@ -82,9 +82,23 @@ impl CollectiveContext {
     /// Settings too small for the ranks, an allocation or an exchange failed.
     pub(crate) fn new(comm: &mut Communicator) -> Result<CollectiveContext> {
         let config = comm.config().collectives;
-        let nodes = comm
-            .out_of_band()
-            .all_gather(crate::host_ipc::node_name().as_bytes().to_vec())?;
+        // One exchange: the settings every rank must share, then the node's name.
+        let shared = config.shared_bytes();
+        let mut mine = shared.clone();
+        mine.extend_from_slice(crate::host_ipc::node_name().as_bytes());
+        let all = comm.out_of_band().all_gather(mine)?;
+        for (peer, theirs) in all.iter().enumerate() {
+            let Some((name, ours, other)) = config.differs_from(theirs) else {
+                continue;
+            };
+            let other = other.map_or_else(|| "missing".to_string(), |v| v.to_string());
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: collectives: {name} is {ours} here but {other} on rank {peer}; \
+                 every rank must use the same CollectiveConfig",
+                comm.rank()
+            )));
+        }
+        let nodes: Vec<&[u8]> = all.iter().map(|m| &m[shared.len()..]).collect();
         let load_store =
             !comm.config().transport.network_only() && nodes.iter().all(|n| *n == nodes[0]);
         let memory = match load_store {
