@@ -35,6 +35,16 @@ fn job(blocks: u32, threads: u32, algorithm: AlgorithmChoice, round_bytes: u64) 
     config
 }
 
+/// The smallest packet message sent as data in each form the packet tests run: every
+/// message as data and one signal, every message as LL16 packets.
+const PACKET_FORMS: [u64; 2] = [0, u64::MAX];
+
+/// `config` with packet messages from `data_from` bytes on sent as data.
+fn with_packet_data(mut config: InProcessConfig, data_from: u64) -> InProcessConfig {
+    config.communicator.collectives.packet_data_bytes = Some(data_from);
+    config
+}
+
 /// Rank `rank`'s input element `i` in call `call`: small integers, exact in every type
 /// (non-negative for the unsigned ones), and never two neighbours alike.
 fn value<T: ReduceElement>(rank: u32, i: usize, call: u32) -> T {
@@ -143,12 +153,16 @@ fn all_reduce_matrix(ranks: u32, config: InProcessConfig, counts: &[usize]) {
 }
 
 /// Guards against a packet all-reduce that drops the padding of an odd size wrongly,
-/// combines out of rank order, or mishandles any type or operation.
+/// combines out of rank order, or mishandles any type or operation, as packets and as
+/// data.
 #[test]
 fn all_reduce_packets_every_type_and_op() {
     let packets = AlgorithmChoice::Use(Algorithm::Packets);
-    for ranks in 1..=4 {
-        all_reduce_matrix(ranks, job(1, 2, packets, 4096), &[0, 1, 7, 300]);
+    for data_from in PACKET_FORMS {
+        for ranks in 1..=4 {
+            let config = with_packet_data(job(1, 2, packets, 4096), data_from);
+            all_reduce_matrix(ranks, config, &[0, 1, 7, 300]);
+        }
     }
 }
 
@@ -373,15 +387,20 @@ fn other_collectives_every_type() {
 
 /// Guards against the direct all-gather, reduce-scatter, all-to-all, broadcast and reduce
 /// going wrong at the small sizes that take packets by default (and against forced
-/// packets being ignored or misplacing data): both forced, every type, 1 to 4 ranks,
-/// every root.
+/// packets being ignored or misplacing data): both forced (packets as LL16 packets and as
+/// data), every type, 1 to 4 ranks, every root.
 #[test]
 fn other_collectives_small_direct_and_packets() {
-    for algo in [Algorithm::Direct, Algorithm::Packets] {
+    let runs = [
+        (Algorithm::Direct, u64::MAX),
+        (Algorithm::Packets, PACKET_FORMS[0]),
+        (Algorithm::Packets, PACKET_FORMS[1]),
+    ];
+    for (algo, data_from) in runs {
         for ranks in 1..=4 {
             let (blocks, threads) = if ranks % 2 == 0 { (2, 2) } else { (1, 1) };
             let config = job(blocks, threads, AlgorithmChoice::Use(algo), 512);
-            others_matrix(ranks, config, &[1, 7, 100]);
+            others_matrix(ranks, with_packet_data(config, data_from), &[1, 7, 100]);
         }
     }
 }
@@ -716,27 +735,35 @@ fn short_buffers_are_refused() {
 /// slot a late rank still reads: the calls of `eager_steps` (runs of packet broadcasts from
 /// one root, then from another root, packet reduces to a third, packet and direct
 /// all-reduces, device barriers, and back), with one rank enqueuing late and another
-/// stalling, every output checked at the end.
+/// stalling, every output checked at the end; as LL16 packets and as data.
 #[test]
 fn eager_packet_calls_back_to_back_with_late_ranks() {
     // 100 i32: packets for all but the large all-reduce (6400 bytes: direct, in rounds).
-    eager_calls_case(
-        job(2, 64, AlgorithmChoice::Auto, 1024),
-        &eager_steps(),
-        100,
-        "memory channels",
-    );
+    for data_from in PACKET_FORMS {
+        eager_calls_case(
+            with_packet_data(job(2, 64, AlgorithmChoice::Auto, 1024), data_from),
+            &eager_steps(),
+            100,
+            &format!("memory channels, data from {data_from} bytes"),
+        );
+    }
 }
 
 /// Guards against an eager packet sender that overwrites a set of eager slots its
 /// receiver has not read out, or waits for the wrong dones, once a run of calls is longer
 /// than its depth: runs of 150 broadcasts and reduces (`long_eager_runs`) at the default
 /// depth (42 sets here) and at a depth of 5 sets (not a multiple of the 2 calls a done
-/// covers there), one receiver starting late, every output checked.
+/// covers there), one receiver starting late, every output checked; as LL16 packets and
+/// as data.
 #[test]
 fn eager_packet_runs_longer_than_their_depth() {
-    for (eager_bytes, sets) in [(None, 42), (Some(5 * 3 * 8192), 5)] {
-        let mut config = job(1, 1, AlgorithmChoice::Auto, 1024);
+    let runs = [
+        (None, 42, PACKET_FORMS[0]),
+        (Some(5 * 3 * 8192), 5, PACKET_FORMS[0]),
+        (Some(5 * 3 * 8192), 5, PACKET_FORMS[1]),
+    ];
+    for (eager_bytes, sets, data_from) in runs {
+        let mut config = with_packet_data(job(1, 1, AlgorithmChoice::Auto, 1024), data_from);
         if let Some(bytes) = eager_bytes {
             config.communicator.collectives.eager_bytes = bytes;
         }
@@ -753,7 +780,7 @@ fn eager_packet_runs_longer_than_their_depth() {
             config,
             &long_eager_runs(),
             16,
-            &format!("memory channels, {sets} eager sets"),
+            &format!("memory channels, {sets} eager sets, data from {data_from} bytes"),
         );
     }
 }
@@ -763,6 +790,8 @@ fn eager_packet_runs_longer_than_their_depth() {
 #[test]
 fn barrier_after_eager_packet_broadcasts_waits_for_the_last_rank() {
     static LAST_ARRIVED: AtomicBool = AtomicBool::new(false);
-    let config = job(2, 64, AlgorithmChoice::Auto, 1024);
-    barrier_after_eager_broadcasts_case(config, 100, &LAST_ARRIVED);
+    for data_from in PACKET_FORMS {
+        let config = with_packet_data(job(2, 64, AlgorithmChoice::Auto, 1024), data_from);
+        barrier_after_eager_broadcasts_case(config, 100, &LAST_ARRIVED);
+    }
 }

@@ -78,6 +78,10 @@ pub struct BenchArgs {
     /// under `--algo packets`, at least `--max-bytes`).
     #[arg(long, value_parser = parse_bytes)]
     pub packet_limit: Option<u64>,
+    /// Smallest packet message (bytes to one peer) sent as data and one signal instead of
+    /// LL16 packets (default: the library's choice for the device; 0: always data).
+    #[arg(long, value_parser = parse_bytes)]
+    pub packet_data_bytes: Option<u64>,
     /// Bytes one round of a collective stages per rank, over memory and over port channels
     /// alike (default: the library's, which differ); larger messages take several rounds.
     #[arg(long, value_parser = parse_bytes)]
@@ -165,6 +169,7 @@ impl BenchArgs {
         CommunicatorConfig {
             collectives: CollectiveConfig {
                 packet_limit,
+                packet_data_bytes: self.packet_data_bytes.or(default.packet_data_bytes),
                 round_bytes: self.round_bytes.unwrap_or(default.round_bytes),
                 port_round_bytes: self.round_bytes.unwrap_or(default.port_round_bytes),
                 launch: self.launch(),

@@ -18,6 +18,13 @@ pub struct CollectiveConfig {
     /// 1 KiB they were even registered, packets ahead staged, 1.18 against 1.35); on a GPU,
     /// where a packet costs no thread hand-off, packets pay off to tens of KiB.
     pub packet_limit: u64,
+    /// Smallest message (bytes a packet collective sends one peer) that goes as plain data
+    /// and one signal instead of LL16 packets (see `oxccl_kernels::collectives::packet_form`);
+    /// `None` picks for the device ([`Self::packet_data_from`]): 512 on the CPU emulator,
+    /// where 2 ranks all-reduced 1 KiB in 0.62-0.78 µs as data against 0.89-1.18 as packets
+    /// and 8-256 B came out even (alternated runs), and never on a GPU, where the release
+    /// fence before a signal costs more than packets save at these sizes.
+    pub packet_data_bytes: Option<u64>,
     /// Most bytes of the scratch the eager slots of the packet broadcast and reduce take: as
     /// many sets of `n_ranks` packet slots as fit, from 3 to 64, each set a call the sender
     /// may run ahead of its receivers (a sender waits for its receivers only before it
@@ -74,16 +81,27 @@ pub struct CollectiveConfig {
 
 /// The settings every rank must share (they place the scratch and pace the protocols), by
 /// name, as [`CollectiveConfig::shared_settings`] lists them.
-pub(crate) type SharedSettings = [(&'static str, u64); 7];
+pub(crate) type SharedSettings = [(&'static str, u64); 8];
 
 impl CollectiveConfig {
-    /// The settings that must be the same on every rank, by name: ranks that differ in one
-    /// would place their scratch differently and wait for each other in vain, so the set-up
+    /// The smallest packet message sent as data on `device` ([`Self::packet_data_bytes`]
+    /// if set).
+    pub fn packet_data_from(&self, device: &Device) -> u64 {
+        self.packet_data_bytes.unwrap_or(match device.backend() {
+            crate::Backend::Cuda => u64::MAX,
+            _ => 512,
+        })
+    }
+
+    /// The settings that must be the same on every rank, by name, as this rank resolved them
+    /// (`packet_data_from` from [`Self::packet_data_from`]): ranks that differ in one would
+    /// place their scratch differently or wait for each other in vain, so the set-up
     /// compares them first ([`Self::differs_from`]). The launch shape and the algorithm
     /// choice may differ (each rank's grid is its own; the algorithm is agreed per call).
-    pub(crate) fn shared_settings(&self) -> SharedSettings {
+    pub(crate) fn shared_settings(&self, packet_data_from: u64) -> SharedSettings {
         [
             ("packet_limit", self.packet_limit),
+            ("packet_data_bytes", packet_data_from),
             ("eager_bytes", self.eager_bytes),
             ("round_bytes", self.round_bytes),
             ("port_round_bytes", self.port_round_bytes),
@@ -94,17 +112,21 @@ impl CollectiveConfig {
     }
 
     /// The shared settings as bytes, for the exchange of [`Self::differs_from`].
-    pub(crate) fn shared_bytes(&self) -> Vec<u8> {
-        (self.shared_settings().iter())
+    pub(crate) fn shared_bytes(&self, packet_data_from: u64) -> Vec<u8> {
+        (self.shared_settings(packet_data_from).iter())
             .flat_map(|(_, v)| v.to_le_bytes())
             .collect()
     }
 
     /// The first shared setting where `theirs` (another rank's [`Self::shared_bytes`]) is
     /// not ours: its name, our value and theirs (`None` for a value missing or cut short).
-    pub(crate) fn differs_from(&self, theirs: &[u8]) -> Option<(&'static str, u64, Option<u64>)> {
+    pub(crate) fn differs_from(
+        &self,
+        packet_data_from: u64,
+        theirs: &[u8],
+    ) -> Option<(&'static str, u64, Option<u64>)> {
         let mut words = theirs.chunks(8);
-        for (name, mine) in self.shared_settings() {
+        for (name, mine) in self.shared_settings(packet_data_from) {
             let other = words
                 .next()
                 .and_then(|w| <[u8; 8]>::try_from(w).ok())
@@ -147,6 +169,7 @@ impl Default for CollectiveConfig {
         CollectiveConfig {
             packet_limit: 1 << 10,
             eager_bytes: 1 << 20,
+            packet_data_bytes: None,
             round_bytes: 256 << 10,
             port_round_bytes: 1 << 20,
             ring_min_ranks: 16,
@@ -167,25 +190,38 @@ mod tests {
     #[test]
     fn shared_settings_name_the_first_difference() {
         let mine = CollectiveConfig::default();
-        assert_eq!(mine.differs_from(&mine.shared_bytes()), None);
+        let same = |c: &CollectiveConfig| c.shared_bytes(512);
+        assert_eq!(mine.differs_from(512, &same(&mine)), None);
         let theirs = CollectiveConfig {
             eager_bytes: 4096,
             round_bytes: 1 << 20,
             ..mine
         };
         assert_eq!(
-            mine.differs_from(&theirs.shared_bytes()),
+            mine.differs_from(512, &same(&theirs)),
             Some(("eager_bytes", 1 << 20, Some(4096)))
         );
         assert_eq!(
-            mine.differs_from(&mine.shared_bytes()[..12]),
+            mine.differs_from(512, &same(&mine)[..20]),
             Some(("eager_bytes", 1 << 20, None))
+        );
+        assert_eq!(
+            mine.differs_from(512, &mine.shared_bytes(u64::MAX)),
+            Some(("packet_data_bytes", 512, Some(u64::MAX)))
         );
         let launch_only = CollectiveConfig {
             launch: Some(LaunchConfig::grid(2).block(32)),
             ..mine
         };
-        assert_eq!(mine.differs_from(&launch_only.shared_bytes()), None);
+        assert_eq!(mine.differs_from(512, &same(&launch_only)), None);
+        // The emulator's own threshold unless one is set.
+        let emulator = Device::cpu(0);
+        assert_eq!(mine.packet_data_from(&emulator), 512);
+        let set = CollectiveConfig {
+            packet_data_bytes: Some(0),
+            ..mine
+        };
+        assert_eq!(set.packet_data_from(&emulator), 0);
     }
 
     /// Guards the launch shape collectives get: the configured one if set, one thread on the

@@ -55,6 +55,9 @@ pub(crate) struct MemoryPath {
     pub(crate) buffers: RegisteredBuffers,
     /// Our scratch; kept after `peers`, whose channels reach it.
     pub(crate) scratch: DeviceBuffer<u8>,
+    /// The smallest packet message sent as data and a signal (see
+    /// [`CollectiveConfig::packet_data_from`]).
+    pub(crate) packet_data_from: u64,
 }
 
 /// The port-channel all-reduce's state.
@@ -83,12 +86,13 @@ impl CollectiveContext {
     pub(crate) fn new(comm: &mut Communicator) -> Result<CollectiveContext> {
         let config = comm.config().collectives;
         // One exchange: the settings every rank must share, then the node's name.
-        let shared = config.shared_bytes();
+        let data_from = config.packet_data_from(comm.device());
+        let shared = config.shared_bytes(data_from);
         let mut mine = shared.clone();
         mine.extend_from_slice(crate::host_ipc::node_name().as_bytes());
         let all = comm.out_of_band().all_gather(mine)?;
         for (peer, theirs) in all.iter().enumerate() {
-            let Some((name, ours, other)) = config.differs_from(theirs) else {
+            let Some((name, ours, other)) = config.differs_from(data_from, theirs) else {
                 continue;
             };
             let other = other.map_or_else(|| "missing".to_string(), |v| v.to_string());
@@ -102,7 +106,7 @@ impl CollectiveContext {
         let load_store =
             !comm.config().transport.network_only() && nodes.iter().all(|n| *n == nodes[0]);
         let memory = match load_store {
-            true => Some(MemoryPath::new(comm, &config)?),
+            true => Some(MemoryPath::new(comm, &config, data_from)?),
             false => None,
         };
         let barrier = comm.grid_barrier()?;
@@ -219,7 +223,11 @@ fn scratch_bytes(rank: u32, total: u64) -> Result<usize> {
 impl MemoryPath {
     /// Allocates and registers the scratch, exchanges it with every rank and builds a
     /// memory channel to each peer (a collective call).
-    fn new(comm: &mut Communicator, config: &CollectiveConfig) -> Result<MemoryPath> {
+    fn new(
+        comm: &mut Communicator,
+        config: &CollectiveConfig,
+        packet_data_from: u64,
+    ) -> Result<MemoryPath> {
         let (rank, size) = (comm.rank(), comm.size());
         let layout = ScratchLayout::new(
             size,
@@ -261,6 +269,7 @@ impl MemoryPath {
             peers,
             buffers,
             scratch,
+            packet_data_from,
         })
     }
 }

@@ -62,12 +62,13 @@ use oxccl_device::reduce::{DataType, ReduceElement, ReduceOp};
 use oxccl_device::{DeviceView, DeviceViewMut};
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
 use oxccl_kernels::collectives::{
-    AllToAllvCounts, CallProtocol, PortLayout, all_gather, all_gather_doubling, all_gather_packets,
-    all_gather_ports, all_gather_ring, all_reduce, all_reduce_doubling, all_reduce_packets,
-    all_reduce_ports, all_reduce_ring, all_to_all, all_to_all_packets, all_to_all_ports,
-    all_to_allv, all_to_allv_ports, barrier, barrier_ports, broadcast, broadcast_doubling,
-    broadcast_packets, broadcast_ports, reduce, reduce_packets, reduce_ports, reduce_scatter,
-    reduce_scatter_halving, reduce_scatter_packets, reduce_scatter_ports, reduce_scatter_ring,
+    AllToAllvCounts, CallProtocol, PacketForm, PortLayout, all_gather, all_gather_doubling,
+    all_gather_packets, all_gather_ports, all_gather_ring, all_reduce, all_reduce_doubling,
+    all_reduce_packets, all_reduce_ports, all_reduce_ring, all_to_all, all_to_all_packets,
+    all_to_all_ports, all_to_allv, all_to_allv_ports, barrier, barrier_ports, broadcast,
+    broadcast_doubling, broadcast_packets, broadcast_ports, reduce, reduce_packets, reduce_ports,
+    reduce_scatter, reduce_scatter_halving, reduce_scatter_packets, reduce_scatter_ports,
+    reduce_scatter_ring,
 };
 use shape::Shape;
 
@@ -960,6 +961,10 @@ impl Communicator {
         args.dtype = call.dtype as u32;
         args.op = call.op as u32;
         args.root = call.root;
+        if algo == Some(Algorithm::Packets) {
+            let bytes = call.count.saturating_mul(call.dtype.size());
+            args.packet_form = PacketForm::for_bytes(bytes, m.packet_data_from);
+        }
         if !m.buffers.is_empty() {
             args.input_slot = m.buffers.slot_of(call.input.addr(), call.input.len());
             args.output_slot = m.buffers.slot_of(call.output.addr(), call.output.len());

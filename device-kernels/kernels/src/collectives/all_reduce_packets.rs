@@ -2,7 +2,7 @@
 
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
-use super::packet_exchange::{Sends, exchange_packets, unpacked};
+use super::packet_exchange::{Sends, Slots, exchange_packets, received};
 use super::round_views::{typed, typed_mut};
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
@@ -34,6 +34,6 @@ fn all_reduce_packets<T: ReduceElement>(
     exchange_packets(a, typed::<T>(a.input, 0, n)?, n, Sends::Same)?;
     let output = typed_mut::<T>(a.output, 0, n)?;
     reduce_ranks(output, a.n_ranks, op, |p| {
-        Ok(unpacked::<T>(a, p, n)?.as_view())
+        received::<T>(a, Slots::Lockstep, p, n)
     })
 }

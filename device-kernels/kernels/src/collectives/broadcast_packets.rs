@@ -9,10 +9,11 @@
 
 use super::call_protocol::CallProtocol;
 use super::collective_args::CollectiveArgs;
-use super::packet_exchange::{Slots, padded, receive, send, unpacked};
+use super::packet_exchange::{Slots, announce, arrival, padded, receive, received, send, unpacked};
 use super::round_views::{typed, typed_mut};
 #[cfg(doc)]
 use super::{EagerDepth, ScratchLayout};
+use oxccl_device::arch;
 use oxccl_device::block::{block_signal, block_wait};
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
@@ -43,23 +44,26 @@ fn broadcast_packets<T: ReduceElement>(
     let (c, r, nr, root, seq) = (a.count, a.rank, a.n_ranks, a.root, a.sequence);
     let padded = padded::<T>(a, c)?;
     let output = typed_mut::<T>(a.output, 0, c)?;
+    let depth = a.layout.eager_depth();
     if r != root {
+        arrival(a, |p| p == root)?;
         receive(a, Slots::Eager, root, padded)?;
-        // Every thread has read its packets out (the barrier) before the done.
+        // Every thread has unpacked its packets before any copies them out.
+        arch::sync_threads();
+        output.copy_from(Grid, received::<T>(a, Slots::Eager, root, c)?)?;
+        // Every thread has read the slot out (the barrier) before the done.
         let channel = a.peer(root)?;
-        let depth = a.layout.eager_depth();
-        block_signal(move || match depth.done_after(seq) {
+        return block_signal(move || match depth.done_after(seq) {
             true => channel.signal(),
             false => Ok(()),
-        })?;
-        return output.copy_from(Grid, unpacked::<T>(a, root, c)?.as_view());
+        });
     }
     let input = typed::<T>(a.input, 0, c)?;
     // Sent from our own unpacked slot (a channel sends from the scratch).
     unpacked::<T>(a, r, c)?.copy_from(Grid, input)?;
     // Every peer's done covering the call a set cycle before this one, which wrote the set
     // this one writes; the barrier also has the slot staged before any thread sends.
-    let dones = a.layout.eager_depth().dones_before(covered_until, seq);
+    let dones = depth.dones_before(covered_until, seq);
     let peers = a.peers;
     block_wait(move || {
         for p in (0..nr).filter(|&p| p != r) {
@@ -73,6 +77,7 @@ fn broadcast_packets<T: ReduceElement>(
     for p in (0..nr).filter(|&p| p != r) {
         send(a, Slots::Eager, p, r, padded)?;
     }
+    announce(a, |p| p != r)?;
     if output.addr() != input.addr() {
         output.copy_from(Grid, input)?;
     }

@@ -1,6 +1,7 @@
 //! What every collective kernel takes: one argument struct, the same for all of them.
 
 use super::call_protocol::CallProtocol;
+use super::packet_form::PacketForm;
 use super::scratch_layout::ScratchLayout;
 use oxccl_device::KernelArg;
 use oxccl_device::channel_set::ChannelSetDeviceHandle;
@@ -55,8 +56,9 @@ pub struct CollectiveArgs<'a> {
     pub input_slot: u32,
     /// The same for `output`.
     pub output_slot: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// How a packet collective moves its messages: [`PacketForm::LL16`] (the default) or
+    /// [`PacketForm::DATA`] (see [`super::packet_form`]); ignored by the others.
+    pub packet_form: u32,
     /// The protocol of the communicator's last memory-path collective and how far its
     /// sender has heard back, or, past a switch, the protocol the call starts (see
     /// [`CallProtocol`]; the default, lockstep, for every call but the packet broadcast and
@@ -83,7 +85,7 @@ impl Default for CollectiveArgs<'_> {
             root: 0,
             input_slot: NO_SLOT,
             output_slot: NO_SLOT,
-            reserved: 0,
+            packet_form: PacketForm::LL16,
             protocol: CallProtocol::default(),
         }
     }

@@ -1,21 +1,28 @@
-//! The one step of the packet collectives: every rank sends every peer its part as LL16
-//! packets, straight into the peer's scratch, and unpacks what every peer sent it. No
-//! signal and no meeting: a packet's flag says it has arrived.
+//! The one step of the packet collectives: every rank sends every peer its part straight
+//! into the peer's scratch, as LL16 packets or as data and one signal (see
+//! [`packet_form`](super::packet_form)), and reads what every peer sent it. No meeting: a
+//! packet's flag, or the sender's signal, says it has arrived.
 //!
 //! A rank reuses a lockstep packet set two calls later (sets alternate with the call
 //! number), by which time every peer has read it: a packet call ends only once every
-//! peer's packets of that call have arrived, which each peer sends after it finished its
-//! previous call, and every other lockstep call of the memory path ends the same way or at
-//! a meeting. The eager broadcast and reduce (`broadcast_packets`, `reduce_packets`) end
-//! knowing less; their packets land in slots of their own ([`Slots::Eager`]), and before
-//! the next lockstep call the host launches the barrier, which meets every peer once it
-//! has finished them (see [`call_protocol`](super::call_protocol)). So calls follow each
-//! other with no barrier on the host, whatever the collectives.
+//! peer's part of that call has arrived, which each peer sends after it finished its
+//! previous call (its reads of the set included), and every other lockstep call of the
+//! memory path ends the same way or at a meeting. The eager broadcast and reduce
+//! (`broadcast_packets`, `reduce_packets`) end knowing less; their parts land in slots of
+//! their own ([`Slots::Eager`]), and before the next lockstep call the host launches the
+//! barrier, which meets every peer once it has finished them (see
+//! [`call_protocol`](super::call_protocol)). So calls follow each other with no barrier on
+//! the host, whatever the collectives.
+//!
+//! In the data form every signal of a call is matched by one wait of the same call on the
+//! peer, so the semaphores stay balanced for the meetings and dones of other calls.
 
 use super::collective_args::CollectiveArgs;
+use super::packet_form::PacketForm;
 use super::round_views::{window, window_mut};
 use super::scratch_layout::{packet_flag, parity};
 use oxccl_device::arch;
+use oxccl_device::block::{block_signal, block_signal_and_wait, block_wait};
 use oxccl_device::coop::{Block, Grid};
 use oxccl_device::error::DeviceError;
 use oxccl_device::packet::{Ll16Packet, Packet};
@@ -32,15 +39,16 @@ pub(crate) enum Sends {
     Block,
 }
 
-/// Sends `count` elements of `input` to every peer as [`Sends`] says and unpacks what
-/// every peer sent. Afterwards [`unpacked`]`(a, p, count)` holds what peer `p` sent, and
-/// for this rank what it sent (with [`Sends::Block`], its own block `r`), all in scratch:
-/// an `output` that is (or overlaps) `input` may then be written. The block's threads have
-/// met after it (launch one block).
+/// Sends `count` elements of `input` to every peer as [`Sends`] says and receives what
+/// every peer sent. Afterwards [`received`]`(a, Slots::Lockstep, p, count)` holds what peer
+/// `p` sent, and for this rank what it sent (with [`Sends::Block`], its own block `r`), all
+/// in scratch: an `output` that is (or overlaps) `input` may then be written. The block's
+/// threads have met after it (launch one block).
 ///
 /// # Errors
 /// A message over the packet limit ([`DeviceError::InvalidArgument`]), an `input` shorter
-/// than what is sent, channel errors (a peer's packets not arriving within the wait limit).
+/// than what is sent, channel errors (a peer's packets or signal not arriving within the
+/// wait limit).
 #[inline(always)]
 pub(crate) fn exchange_packets<T: ReduceElement>(
     a: &CollectiveArgs<'_>,
@@ -70,15 +78,36 @@ pub(crate) fn exchange_packets<T: ReduceElement>(
         };
         send(a, Slots::Lockstep, p, from, padded)?;
     }
-    // Every thread has sent before any unpacks (with one block per peer, into the slot it
-    // sent from). Unconditional: a barrier under a condition the compiler can see through
-    // is one the PTX rules cannot match to its source.
-    arch::sync_threads();
+    // Every thread has sent before any reads (with one block per peer, into the slot it
+    // sent from), and in the data form before the signals. Unconditional: a barrier under a
+    // condition the compiler can see through is one the PTX rules cannot match to its
+    // source.
+    let (peers, data) = (a.peers, is_data(a));
+    block_signal_and_wait(
+        move || match data {
+            true => (0..nr)
+                .filter(|&p| p != r)
+                .try_for_each(|p| peers.get(p)?.signal()),
+            false => Ok(()),
+        },
+        move || match data {
+            true => (0..nr)
+                .filter(|&p| p != r)
+                .try_for_each(|p| peers.get(p)?.wait()),
+            false => Ok(()),
+        },
+    )?;
     for p in (0..nr).filter(|&p| p != r) {
         receive(a, Slots::Lockstep, p, padded)?;
     }
     arch::sync_threads();
     Ok(())
+}
+
+/// Whether this call's messages go as data and a signal ([`PacketForm::DATA`]).
+#[inline(always)]
+fn is_data(a: &CollectiveArgs<'_>) -> bool {
+    a.packet_form == PacketForm::DATA
 }
 
 /// The bytes of packets that carry `count` elements: their bytes rounded up to whole
@@ -125,8 +154,8 @@ impl Slots {
 }
 
 /// Sends peer `to` the `padded` bytes of our unpacked slot of rank `from`, as this call's
-/// packets, into its slot of our rank among `slots` (the block's threads share the
-/// packets).
+/// packets or data, into its slot of our rank among `slots` (the block's threads share the
+/// work). In the data form the peer learns of it from [`announce`], after it.
 ///
 /// # Errors
 /// Channel errors.
@@ -138,18 +167,60 @@ pub(crate) fn send(
     from: u32,
     padded: u64,
 ) -> Result<(), DeviceError> {
-    a.peer(to)?.put_packets::<Ll16Packet>(
-        Block,
-        slots.of(a, a.rank),
-        a.layout.unpacked_slot(from),
-        padded,
-        packet_flag(a.sequence),
-    )
+    let channel = a.peer(to)?;
+    let (dst, src) = (slots.of(a, a.rank), a.layout.unpacked_slot(from));
+    match is_data(a) {
+        true => channel.put(Block, dst, src, padded),
+        false => {
+            channel.put_packets::<Ll16Packet>(Block, dst, src, padded, packet_flag(a.sequence))
+        }
+    }
 }
 
-/// Waits for this call's `padded` bytes of packets from peer `from` in its slot among
-/// `slots` and unpacks them into our unpacked slot of `from` (the block's threads share
-/// the packets).
+/// After [`send`]s to every peer `to` for which `to_peer(to)` holds: in the data form, the
+/// block has written and thread 0 signals each of them (release); a block barrier
+/// either way.
+///
+/// # Errors
+/// Channel errors.
+#[inline(always)]
+pub(crate) fn announce(
+    a: &CollectiveArgs<'_>,
+    to_peer: impl Fn(u32) -> bool,
+) -> Result<(), DeviceError> {
+    let (peers, data, nr) = (a.peers, is_data(a), a.n_ranks);
+    block_signal(move || match data {
+        true => (0..nr)
+            .filter(|&p| to_peer(p))
+            .try_for_each(|p| peers.get(p)?.signal()),
+        false => Ok(()),
+    })
+}
+
+/// Before [`receive`]s from every peer `from` for which `from_peer(from)` holds: in the
+/// data form, thread 0 waits for each one's signal (acquire) and the block then sees what
+/// they sent; a block barrier either way.
+///
+/// # Errors
+/// Channel errors (a signal not arriving within the wait limit).
+#[inline(always)]
+pub(crate) fn arrival(
+    a: &CollectiveArgs<'_>,
+    from_peer: impl Fn(u32) -> bool,
+) -> Result<(), DeviceError> {
+    let (peers, data, nr) = (a.peers, is_data(a), a.n_ranks);
+    block_wait(move || match data {
+        true => (0..nr)
+            .filter(|&p| from_peer(p))
+            .try_for_each(|p| peers.get(p)?.wait()),
+        false => Ok(()),
+    })
+}
+
+/// In the packet form, waits for this call's `padded` bytes of packets from peer `from` in
+/// its slot among `slots` and unpacks them into our unpacked slot of `from` (the block's
+/// threads share the packets); in the data form, nothing: the data stay in the slot, read
+/// through [`received`] once [`arrival`] has seen the signal.
 ///
 /// # Errors
 /// Channel errors (the packets not arriving within the wait limit).
@@ -160,6 +231,9 @@ pub(crate) fn receive(
     from: u32,
     padded: u64,
 ) -> Result<(), DeviceError> {
+    if is_data(a) {
+        return Ok(());
+    }
     a.peer(from)?.unpack_packets::<Ll16Packet>(
         Block,
         a.layout.unpacked_slot(from),
@@ -169,8 +243,33 @@ pub(crate) fn receive(
     )
 }
 
-/// Copies every rank's unpacked slot (`count` elements each, see [`exchange_packets`])
-/// into its block of `output`: rank `p`'s at `p * count`.
+/// The `count` elements peer `p` sent this call among `slots` once [`receive`]d (for our
+/// own rank, what we sent: our unpacked slot): in the packet form our unpacked slot of
+/// `p`, in the data form its slot itself, to be read before the set is reused.
+///
+/// # Errors
+/// A slot outside the scratch ([`DeviceError::OutOfRange`]).
+#[inline(always)]
+pub(crate) fn received<'a, T: ReduceElement>(
+    a: &CollectiveArgs<'a>,
+    slots: Slots,
+    p: u32,
+    count: u64,
+) -> Result<DeviceView<'a, T>, DeviceError> {
+    let off = match is_data(a) && p != a.rank {
+        true => slots.of(a, p),
+        false => a.layout.unpacked_slot(p),
+    };
+    let bytes = count.saturating_mul(core::mem::size_of::<T>() as u64);
+    a.scratch
+        .as_view()
+        .slice(off..off.saturating_add(bytes))?
+        .cast::<T>()
+}
+
+/// Copies what every rank sent in the exchange (`count` elements each, see
+/// [`exchange_packets`] and [`received`]) into its block of `output`: rank `p`'s at
+/// `p * count`.
 ///
 /// # Errors
 /// An `output` shorter than `n_ranks * count` elements ([`DeviceError::OutOfRange`]).
@@ -182,7 +281,7 @@ pub(crate) fn copy_out<T: ReduceElement>(
 ) -> Result<(), DeviceError> {
     for p in 0..a.n_ranks {
         window_mut(output, p as u64 * count, count)?
-            .copy_from(Grid, unpacked::<T>(a, p, count)?.as_view())?;
+            .copy_from(Grid, received::<T>(a, Slots::Lockstep, p, count)?)?;
     }
     Ok(())
 }

@@ -10,10 +10,11 @@
 use super::call_protocol::CallProtocol;
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
-use super::packet_exchange::{Slots, padded, receive, send, unpacked};
+use super::packet_exchange::{Slots, announce, arrival, padded, receive, received, send, unpacked};
 use super::round_views::{typed, typed_mut};
 #[cfg(doc)]
 use super::{EagerDepth, ScratchLayout};
+use oxccl_device::arch;
 use oxccl_device::block::{block_signal, block_wait};
 use oxccl_device::coop::Grid;
 use oxccl_device::dispatch_element;
@@ -60,13 +61,18 @@ fn reduce_packets<T: ReduceElement>(
             }
             Ok(())
         })?;
-        return send(a, Slots::Eager, root, r, padded);
+        send(a, Slots::Eager, root, r, padded)?;
+        return announce(a, |p| p == root);
     }
+    arrival(a, |p| p != r)?;
     for p in (0..nr).filter(|&p| p != r) {
         receive(a, Slots::Eager, p, padded)?;
     }
-    // Every thread has read its packets out (the barrier) before the dones, and has
-    // unpacked (and staged our own slot) before any reduces.
+    // Every thread has unpacked (and staged our own slot) before any reduces.
+    arch::sync_threads();
+    let output = typed_mut::<T>(a.output, 0, c)?;
+    reduce_ranks(output, nr, op, |p| received::<T>(a, Slots::Eager, p, c))?;
+    // Every thread has read the slots out (the barrier) before the dones.
     let (peers, depth) = (a.peers, a.layout.eager_depth());
     block_signal(move || {
         if depth.done_after(seq) {
@@ -75,7 +81,5 @@ fn reduce_packets<T: ReduceElement>(
             }
         }
         Ok(())
-    })?;
-    let output = typed_mut::<T>(a.output, 0, c)?;
-    reduce_ranks(output, nr, op, |p| Ok(unpacked::<T>(a, p, c)?.as_view()))
+    })
 }

@@ -3,7 +3,7 @@
 
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
-use super::packet_exchange::{Sends, exchange_packets, unpacked};
+use super::packet_exchange::{Sends, Slots, exchange_packets, received};
 use super::round_views::{typed, typed_mut};
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
@@ -35,5 +35,5 @@ fn reduce_scatter_packets<T: ReduceElement>(
     let total = c.saturating_mul(nr as u64);
     exchange_packets(a, typed::<T>(a.input, 0, total)?, c, Sends::Block)?;
     let output = typed_mut::<T>(a.output, 0, c)?;
-    reduce_ranks(output, nr, op, |p| Ok(unpacked::<T>(a, p, c)?.as_view()))
+    reduce_ranks(output, nr, op, |p| received::<T>(a, Slots::Lockstep, p, c))
 }
