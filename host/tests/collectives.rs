@@ -467,6 +467,65 @@ fn all_to_allv_uneven_and_zero_counts() {
     .unwrap();
 }
 
+/// Guards against a packet call that takes what an earlier call sent as data for its own
+/// packets: a slot that held a message sent as data (not as packets) holds the user's
+/// bytes, which can equal the flag of a later packet call on the same slot. Call 0 sends
+/// 1 KiB of 3s as data (3 is the flag of call 2, which reuses call 0's set), call 1 a small
+/// message as packets, and call 2 8 elements as packets while rank 1 starts it late: rank
+/// 0 must wait for rank 1's packets, not sum the 3s it finds. Then the same through the
+/// eager slots: broadcasts from rank 1 as data and as packets, 3 sets deep.
+#[test]
+fn packets_never_take_stale_data_for_their_flag() {
+    let mut config = job(1, 1, AlgorithmChoice::Auto, 1024);
+    config.communicator.collectives.packet_data_bytes = Some(512);
+    config.communicator.collectives.eager_bytes = 0;
+    in_process::run(2, config, |comm| {
+        let rank = comm.rank();
+        let stream = comm.device().stream()?;
+        let late = |call: u32| {
+            if rank == 1 && call == 2 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        };
+        let mut kept = Vec::new();
+        // Lockstep slots: calls 0-2 all-reduce (sequence numbers 0-2).
+        for (call, count, value) in [(0u32, 256usize, 3i32), (1, 2, 1), (2, 8, 10)] {
+            late(call);
+            let send = upload(comm, &vec![value + rank as i32 * (call as i32); count])?;
+            let mut recv = upload(comm, &vec![0; count])?;
+            comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+            kept.push((count, 2 * value + call as i32, send, recv));
+        }
+        comm.synchronize(&stream)?;
+        for (i, (count, want, _, recv)) in kept.iter().enumerate() {
+            let what = format!("rank {rank}, all-reduce {i}");
+            assert_same(&what, &download(recv, *count)?, &vec![*want; *count]);
+        }
+        // Eager slots, 3 sets: broadcasts from rank 1 (sequence numbers 3-6 after the
+        // switch): 1 KiB of 7s as data into set 0 (call 3), then packets into sets 1, 2
+        // and, late, 0 again (call 6, flag 7).
+        let mut kept = Vec::new();
+        for (call, count, value) in [(3u32, 256usize, 7i32), (4, 2, 1), (5, 2, 1), (6, 8, 20)] {
+            if rank == 0 && call == 6 {
+                comm.synchronize(&stream)?;
+            }
+            if rank == 1 && call == 6 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let mut buf = upload(comm, &vec![value * (rank as i32); count])?;
+            comm.broadcast_in_place(&mut buf, count, 1, &stream)?;
+            kept.push((count, value, buf));
+        }
+        comm.synchronize(&stream)?;
+        for (count, value, buf) in &kept {
+            let what = format!("rank {rank}, broadcast of {value}s");
+            assert_same(&what, &download(buf, *count)?, &vec![*value; *count]);
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// Guards against calls that overwrite a peer's data before it was read when they follow
 /// each other with no host barrier, with changing sizes and the packet and direct
 /// algorithms mixed (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast and
@@ -752,22 +811,22 @@ fn eager_packet_calls_back_to_back_with_late_ranks() {
 /// Guards against an eager packet sender that overwrites a set of eager slots its
 /// receiver has not read out, or waits for the wrong dones, once a run of calls is longer
 /// than its depth: runs of 150 broadcasts and reduces (`long_eager_runs`) at the default
-/// depth (42 sets here) and at a depth of 5 sets (not a multiple of the 2 calls a done
+/// depth (28 sets here) and at a depth of 5 sets (not a multiple of the 2 calls a done
 /// covers there), one receiver starting late, every output checked; as LL16 packets and
 /// as data.
 #[test]
 fn eager_packet_runs_longer_than_their_depth() {
     let runs = [
-        (None, 42, PACKET_FORMS[0]),
-        (Some(5 * 3 * 8192), 5, PACKET_FORMS[0]),
-        (Some(5 * 3 * 8192), 5, PACKET_FORMS[1]),
+        (None, 28, PACKET_FORMS[0]),
+        (Some(5 * 3 * 12288), 5, PACKET_FORMS[0]),
+        (Some(5 * 3 * 12288), 5, PACKET_FORMS[1]),
     ];
     for (eager_bytes, sets, data_from) in runs {
         let mut config = with_packet_data(job(1, 1, AlgorithmChoice::Auto, 1024), data_from);
         if let Some(bytes) = eager_bytes {
             config.communicator.collectives.eager_bytes = bytes;
         }
-        // 4 KiB packets, 3 ranks: 24 KiB a set.
+        // 4 KiB messages, 3 ranks: 8 KiB packet slots and 4 KiB data slots, 36 KiB a set.
         let layout_sets = oxccl_kernels::collectives::ScratchLayout::new(
             3,
             4096,

@@ -8,11 +8,13 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// Every rank sends its whole input (all-reduce, all-gather) or each peer its block
-    /// (reduce-scatter, all-to-all) as LL packets (data and flag in one store) into the
-    /// peer's scratch, and every rank reduces or copies what arrives: one step, no separate
-    /// signal; broadcast and reduce send data one way, eager: the sender waits only for
-    /// answers of calls three before, so back-to-back calls overlap. For small messages,
-    /// where latency is everything.
+    /// (reduce-scatter, all-to-all) into the peer's scratch, as LL packets (data and flag
+    /// in one store: no separate signal) or, from
+    /// [`CollectiveConfig::packet_data_bytes`](super::CollectiveConfig::packet_data_bytes)
+    /// on, as the data and one signal, and every rank reduces or copies what arrives: one
+    /// step, no meeting; broadcast and reduce send data one way, eager: the sender waits
+    /// only for answers of calls a set cycle before (up to 64), so back-to-back calls
+    /// overlap. For small messages, where latency is everything.
     Packets,
     /// Ranks load and store each other's buffers directly (memory channels): each rank
     /// reduces its share of the elements reading every peer's input, and stores the result

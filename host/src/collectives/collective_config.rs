@@ -26,12 +26,13 @@ pub struct CollectiveConfig {
     /// fence before a signal costs more than packets save at these sizes.
     pub packet_data_bytes: Option<u64>,
     /// Most bytes of the scratch the eager slots of the packet broadcast and reduce take: as
-    /// many sets of `n_ranks` packet slots as fit, from 3 to 64, each set a call the sender
-    /// may run ahead of its receivers (a sender waits for its receivers only before it
-    /// writes a set again). The default, 1 MiB, holds 64 sets at the default
-    /// [`Self::packet_limit`] up to 8 ranks (128 KiB a rank). Deep is what lets ranks that
-    /// share cores run many calls a time slice: 4 ranks on 2 cores took 1.1-1.2 µs a
-    /// broadcast of 8 B with 64 sets, 3.5-4.9 µs with 3 (`collectives --collective
+    /// many sets of `n_ranks` slots (a packet slot of `2 * packet_limit` bytes and a data
+    /// slot of `packet_limit`) as fit, from 3 to 64, each set a call the sender may run
+    /// ahead of its receivers (a sender waits for its receivers only before it writes a set
+    /// again). The default, 1 MiB, holds 64 sets at the default [`Self::packet_limit`] up to
+    /// 5 ranks (192 KiB a rank), 42 at 8 ranks. Deep is what lets ranks that
+    /// share cores run many calls a time slice: 4 ranks on 2 cores took 1.4-1.9 µs a
+    /// broadcast of 8-512 B with 64 sets, 3.5-5.3 µs with 3 (`collectives --collective
     /// broadcast --ranks 4`, alternated runs); on a GPU it lets a root's kernels go on while
     /// a slow receiver catches up.
     pub eager_bytes: u64,

@@ -18,7 +18,8 @@
 //! of a shape already agreed are not checked again (that would cost a round of messages
 //! per call): ranks that then disagree see their kernels time out, not hang.
 //!
-//! **Algorithms.** All-reduce takes [`Algorithm::Packets`] (LL16 packets, one pass) up to
+//! **Algorithms.** All-reduce takes [`Algorithm::Packets`] (one pass: LL16 packets, or data
+//! and one signal from [`CollectiveConfig::packet_data_bytes`] on) up to
 //! [`CollectiveConfig::packet_limit`] bytes, [`Algorithm::Direct`] (two-shot over the
 //! scratch, or over the peers' own buffers when they are registered) above;
 //! `OXCCL_ALGO` or [`CollectiveConfig::algorithm`] override the choice. All-gather,

@@ -1,5 +1,5 @@
-//! All-gather with LL16 packets, for small messages: one pass, no meeting (see
-//! `packet_exchange.rs`).
+//! All-gather with packets, for small messages: one pass, no meeting (LL16
+//! packets, or data and a signal from a size on; see `packet_exchange.rs`).
 
 use super::collective_args::CollectiveArgs;
 use super::packet_exchange::{Sends, copy_out, exchange_packets};
@@ -9,7 +9,7 @@ use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::ReduceElement;
 
-/// All-gather with LL16 packets, for small messages: every rank's `count` elements of
+/// All-gather with packets, for small messages: every rank's `count` elements of
 /// `input` (at most the layout's `packet_limit` bytes, rounded up to 8) land in every
 /// rank's `output`, rank `r`'s at `r * count` (`output` may hold `input` at its place).
 /// Takes one call number. Launch one block.

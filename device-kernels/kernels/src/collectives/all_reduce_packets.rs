@@ -1,4 +1,5 @@
-//! All-reduce with LL16 packets, for small messages: one pass, no meeting.
+//! All-reduce with packets, for small messages: one pass, no meeting (LL16 packets, or
+//! data and a signal from a size on; see `packet_exchange.rs`).
 
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
@@ -10,7 +11,7 @@ use oxccl_device::kernel;
 use oxccl_device::reduce::ReduceElement;
 use oxccl_device::reduce::ReduceOp;
 
-/// All-reduce with LL16 packets, for small messages: `count` elements (at most the layout's
+/// All-reduce with packets, for small messages: `count` elements (at most the layout's
 /// `packet_limit` bytes, rounded up to 8) reduced by `op` into `output` on every rank.
 /// Takes one call number. Launch one block.
 ///

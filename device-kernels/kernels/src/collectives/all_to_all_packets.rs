@@ -1,5 +1,5 @@
-//! All-to-all with LL16 packets, for small messages: one pass, no meeting (see
-//! `packet_exchange.rs`).
+//! All-to-all with packets, for small messages: one pass, no meeting (LL16
+//! packets, or data and a signal from a size on; see `packet_exchange.rs`).
 
 use super::collective_args::CollectiveArgs;
 use super::packet_exchange::{Sends, copy_out, exchange_packets};
@@ -9,7 +9,7 @@ use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::ReduceElement;
 
-/// All-to-all with LL16 packets, for small messages: rank `r` sends its `input` elements
+/// All-to-all with packets, for small messages: rank `r` sends its `input` elements
 /// `p * count..(p + 1) * count` (at most the layout's `packet_limit` bytes, rounded up to
 /// 8) to rank `p`, which puts them at `r * count` of its `output` (`n_ranks * count` each;
 /// `output` may be `input`). Takes one call number. Launch one block.

@@ -1,11 +1,12 @@
-//! Broadcast with LL16 packets, for small messages, eager (see
-//! [`call_protocol`](super::call_protocol)): the root writes its data as packets into the
-//! eager slot of every other rank and returns; each other rank waits for the packets,
-//! copies them out and, every few calls ([`EagerDepth::done_every`]), answers with a done
-//! (a signal alone). The root waits for the dones only before it writes a set of eager
-//! slots again, [`ScratchLayout::eager_depth`] calls later (up to 64), so it runs that
-//! many calls ahead of its receivers, and back-to-back broadcasts from one root overlap. The others exchange
-//! nothing.
+//! Broadcast with packets, for small messages, eager (see
+//! [`call_protocol`](super::call_protocol)): the root writes its data as packets (or as
+//! data and a signal: [`packet_form`](super::packet_form)) into the eager slot of every
+//! other rank and returns; each other rank waits for them, copies them out and, every few
+//! calls ([`EagerDepth::done_every`]), answers with a done (a signal alone). The root waits
+//! for the dones only before it writes a set of eager slots again,
+//! [`ScratchLayout::eager_depth`] calls later (up to 64), so it runs that many calls ahead
+//! of its receivers, and back-to-back broadcasts from one root overlap. The others
+//! exchange nothing.
 
 use super::call_protocol::CallProtocol;
 use super::collective_args::CollectiveArgs;
@@ -21,7 +22,7 @@ use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::ReduceElement;
 
-/// Broadcast with LL16 packets, for small messages: the root's `count` elements of
+/// Broadcast with packets, for small messages: the root's `count` elements of
 /// `input` (at most the layout's `packet_limit` bytes, rounded up to 8) land in every
 /// rank's `output` (the root's too, unless `output` is `input`). Only the root's `input`
 /// is read. Takes one call number; `protocol` must be the eager broadcast from `root`

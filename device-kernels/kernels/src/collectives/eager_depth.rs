@@ -7,10 +7,11 @@
 //!
 //! Round `j` writes set `j % sets`; a receiver sends a done after every
 //! [`EagerDepth::done_every`] rounds, covering them; the sender waits for the done that
-//! covers round `j` before it writes round `j + sets`, so it runs `sets - done_every + 1` to
-//! `sets` rounds ahead of what a receiver has read out. Deep is what lets a rank that shares a core with its peers run
-//! many calls in one time slice, as a message library's eager sends do: a 4-rank broadcast
-//! of 8 B on 2 cores took 3.5-4.9 µs a call with three sets and 1.1-1.2 µs with sixty-four.
+//! covers round `j` before it writes round `j + sets`, so it runs `sets - done_every + 1`
+//! to `sets` rounds ahead of what a receiver has read out. Deep is what lets a rank that
+//! shares a core with its peers run many calls in one time slice, as a message library's
+//! eager sends do: 4 ranks in one process on 2 cores broadcast 8-512 B in 3.5-5.3 µs a
+//! call with three sets and 1.4-1.9 µs with sixty-four (alternated runs).
 //!
 //! [`PortLayout::EAGER`]: super::PortLayout::EAGER
 

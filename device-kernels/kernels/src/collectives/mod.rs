@@ -29,9 +29,10 @@
 //! by up to three rounds, across calls ([`call_protocol`]).
 //!
 //! **Packets** (small messages): [`all_reduce_packets`] and [`all_gather_packets`] send
-//! the input to every peer as LL16 packets, [`reduce_scatter_packets`] and
-//! [`all_to_all_packets`] each peer its block; each rank reduces or copies what it
-//! received (`packet_exchange.rs`). One pass, no meeting. [`broadcast_packets`] and
+//! the input to every peer as LL16 packets (or, from a size on, as data and one signal:
+//! [`packet_form`]), [`reduce_scatter_packets`] and [`all_to_all_packets`] each peer its
+//! block; each rank reduces or copies what it received (`packet_exchange.rs`). One pass,
+//! no meeting. [`broadcast_packets`] and
 //! [`reduce_packets`] are eager, as the port broadcast and reduce are: the data flow one
 //! way, and the sender runs ahead of its receivers by up to 64 calls ([`call_protocol`],
 //! [`eager_depth`]; the host launches [`barrier`] between them and any other call).

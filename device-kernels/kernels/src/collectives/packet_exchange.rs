@@ -140,15 +140,17 @@ pub(crate) enum Slots {
 }
 
 impl Slots {
-    /// The offset, in a receiver's scratch, of the slot of `sender`'s packets of this call.
+    /// The offset, in a receiver's scratch, of the slot of `sender`'s message of this call:
+    /// a packet slot, or in the data form a data slot (never a packet slot, whose stale
+    /// packets must carry only flags).
     #[inline(always)]
     fn of(self, a: &CollectiveArgs<'_>, sender: u32) -> u64 {
-        match self {
-            Slots::Lockstep => a.layout.packet_slot(parity(a.sequence), sender),
-            Slots::Eager => {
-                let set = a.layout.eager_depth().set_of(a.sequence);
-                a.layout.eager_slot(set, sender)
-            }
+        let l = &a.layout;
+        match (self, is_data(a)) {
+            (Slots::Lockstep, false) => l.packet_slot(parity(a.sequence), sender),
+            (Slots::Lockstep, true) => l.data_slot(parity(a.sequence), sender),
+            (Slots::Eager, false) => l.eager_slot(l.eager_depth().set_of(a.sequence), sender),
+            (Slots::Eager, true) => l.eager_data_slot(l.eager_depth().set_of(a.sequence), sender),
         }
     }
 }

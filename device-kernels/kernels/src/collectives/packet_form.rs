@@ -15,8 +15,10 @@
 //!
 //! The host picks one per call from the message size
 //! ([`CollectiveArgs::packet_form`](super::CollectiveArgs::packet_form)); every rank picks
-//! the same (same size, same settings). Slots, sets, call numbers and the eager protocol are
-//! the same in both forms.
+//! the same (same size, same settings). Sets, call numbers and the eager protocol are the
+//! same in both forms; data land in slots of their own, beside the packets' (see
+//! [`ScratchLayout`](super::ScratchLayout)): user bytes left in a packet slot could read as
+//! a later call's flag.
 
 /// The form of a packet collective's messages (see the module docs).
 pub struct PacketForm;

@@ -1,10 +1,11 @@
-//! Reduce with LL16 packets, for small messages, eager (see
+//! Reduce with packets, for small messages, eager (see
 //! [`call_protocol`](super::call_protocol)): every other rank writes its data as packets
-//! into its eager slot of the root and returns; the root waits for every rank's packets,
-//! reduces them and, every few calls ([`EagerDepth::done_every`]), answers each with a
-//! done (a signal alone). A sender waits for the root's done only before it writes a set
-//! of eager slots again, [`ScratchLayout::eager_depth`] calls later (up to 64), so it runs
-//! that many calls ahead of the root, and back-to-back reduces to one root overlap. The others exchange nothing
+//! (or as data and a signal: [`packet_form`](super::packet_form)) into its eager slot of
+//! the root and returns; the root waits for every rank's data, reduces them and, every few
+//! calls ([`EagerDepth::done_every`]), answers each with a done (a signal alone). A sender
+//! waits for the root's done only before it writes a set of eager slots again,
+//! [`ScratchLayout::eager_depth`] calls later (up to 64), so it runs that many calls ahead
+//! of the root, and back-to-back reduces to one root overlap. The others exchange nothing
 //! among themselves.
 
 use super::call_protocol::CallProtocol;
@@ -22,7 +23,7 @@ use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::{ReduceElement, ReduceOp};
 
-/// Reduce with LL16 packets, for small messages: every rank's `count` elements of `input`
+/// Reduce with packets, for small messages: every rank's `count` elements of `input`
 /// (at most the layout's `packet_limit` bytes, rounded up to 8) reduced by `op`, in rank
 /// order, into the root's `output` (which may be its `input`); other ranks' `output` is
 /// not written. Takes one call number; `protocol` must be the eager reduce to `root` (see

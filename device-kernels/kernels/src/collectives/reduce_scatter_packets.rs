@@ -1,5 +1,5 @@
-//! Reduce-scatter with LL16 packets, for small messages: one pass, no meeting (see
-//! `packet_exchange.rs`).
+//! Reduce-scatter with packets, for small messages: one pass, no meeting (LL16
+//! packets, or data and a signal from a size on; see `packet_exchange.rs`).
 
 use super::collective_args::CollectiveArgs;
 use super::elementwise::reduce_ranks;
@@ -10,7 +10,7 @@ use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::reduce::{ReduceElement, ReduceOp};
 
-/// Reduce-scatter with LL16 packets, for small messages: every rank's `input` of
+/// Reduce-scatter with packets, for small messages: every rank's `input` of
 /// `n_ranks * count` elements is reduced by `op`, and rank `r` gets elements
 /// `r * count..(r + 1) * count` of the result (at most the layout's `packet_limit` bytes,
 /// rounded up to 8) in `output` (which may be that block of `input`). Each rank sends

@@ -8,12 +8,19 @@
 //! |---|---|---|---|
 //! | packet slots: 2 sets (call parities) × `n_ranks` senders | `2 * packet_limit` each | the sending peer (LL16 packets) | this rank |
 //! | eager slots: [`ScratchLayout::eager_depth`] sets × `n_ranks` senders | as a packet slot | the sending peer of an eager call (LL16 packets) | this rank |
+//! | data slots: 2 sets × `n_ranks` senders | `packet_limit` each | the sending peer (a packet call's message as data, see [`super::packet_form`]) | this rank |
+//! | eager data slots: [`ScratchLayout::eager_depth`] sets × `n_ranks` senders | as a data slot | the sending peer of an eager call (as data) | this rank |
 //! | unpacked: `n_ranks` slots | `packet_limit` each | this rank | this rank (slot of its own rank: the packets it sends) |
 //! | direct halves: 2 (round parities) | `half_bytes` each | this rank (staging) | every peer (loads) |
 //! | call descriptors: 2 (call parities) | [`DESCRIPTOR_BYTES`] each | this rank (where its registered buffers are) | every peer |
 //!
 //! Every region starts on a 64-byte boundary, so each holds any element type and a peer's
 //! loads of one rank's writes share no cache line with another region.
+//!
+//! Messages sent as data have slots apart from the packets': a packet slot holds only
+//! packets, whose flags are those of earlier calls, so a stale packet never reads as
+//! arrived; a message sent as data holds the user's bytes, which may equal a later call's
+//! flag.
 
 use super::eager_depth::EagerDepth;
 use oxccl_device::packet::{Ll16Packet, Packet};
@@ -65,7 +72,9 @@ impl ScratchLayout {
             n_ranks,
             eager_sets: 0,
         };
-        let set_bytes = layout.packet_slot_bytes() * if n_ranks == 0 { 1 } else { n_ranks as u64 };
+        // An eager set: a packet slot and a data slot per sender.
+        let per_sender = layout.packet_slot_bytes() + layout.packet_limit;
+        let set_bytes = per_sender * if n_ranks == 0 { 1 } else { n_ranks as u64 };
         let sets = eager_bytes / if set_bytes == 0 { 1 } else { set_bytes };
         layout.eager_sets = EagerDepth::new(sets).sets() as u32;
         layout
@@ -94,9 +103,22 @@ impl ScratchLayout {
         self.packet_slot(2 + set, sender)
     }
 
+    /// Offset of the slot where `sender`'s message of call set `set` (0 or 1) lands when it
+    /// goes as data.
+    pub const fn data_slot(&self, set: u64, sender: u32) -> u64 {
+        self.packet_slot(2 + self.eager_depth().sets(), 0)
+            + (set * self.n_ranks as u64 + sender as u64) * self.packet_limit
+    }
+
+    /// Offset of the slot where `sender`'s message of an eager call of set `set` lands when
+    /// it goes as data.
+    pub const fn eager_data_slot(&self, set: u64, sender: u32) -> u64 {
+        self.data_slot(2 + set, sender)
+    }
+
     /// Offset of the unpacked data of `sender`'s packets (for our own rank: what we send).
     pub const fn unpacked_slot(&self, sender: u32) -> u64 {
-        self.packet_slot(2 + self.eager_depth().sets(), 0) + sender as u64 * self.packet_limit
+        self.data_slot(2 + self.eager_depth().sets(), 0) + sender as u64 * self.packet_limit
     }
 
     /// Offset of direct half `parity` (0 or 1).
@@ -140,14 +162,20 @@ mod tests {
         assert_eq!(l.packet_slot(1, 2), 5 * 2048);
         assert_eq!(l.eager_slot(0, 0), 6 * 2048);
         assert_eq!(l.eager_slot(2, 2), 14 * 2048);
-        assert_eq!(l.unpacked_slot(0), 15 * 2048);
-        assert_eq!(l.half(0), 15 * 2048 + 3 * 1024);
+        assert_eq!(l.data_slot(0, 0), 15 * 2048);
+        assert_eq!(l.data_slot(1, 2), 15 * 2048 + 5 * 1024);
+        assert_eq!(l.eager_data_slot(0, 0), 15 * 2048 + 6 * 1024);
+        assert_eq!(l.eager_data_slot(2, 2), 15 * 2048 + 14 * 1024);
+        assert_eq!(l.unpacked_slot(0), 15 * 2048 + 15 * 1024);
+        assert_eq!(l.half(0), 15 * 2048 + 18 * 1024);
         assert_eq!(l.descriptor(0), l.half(0) + 256);
         assert_eq!(l.total_bytes(), l.descriptor(0) + 2 * DESCRIPTOR_BYTES);
         assert_eq!(DESCRIPTOR_BYTES, 320);
         for off in [
             l.packet_slot(1, 1),
             l.eager_slot(1, 2),
+            l.data_slot(1, 1),
+            l.eager_data_slot(1, 2),
             l.unpacked_slot(2),
             l.half(1),
             l.descriptor(1),
@@ -160,14 +188,15 @@ mod tests {
     /// three nor more than 64, and the regions after them placed by the same count.
     #[test]
     fn eager_sets_fill_their_budget_within_bounds() {
-        // 4 ranks, 2 KiB slots: 8 KiB a set.
+        // 4 ranks, 2 KiB packet slots and 1 KiB data slots: 12 KiB a set.
         let at = |bytes| ScratchLayout::new(4, 1024, 4096, bytes);
         assert_eq!(at(0).eager_sets, 3);
-        assert_eq!(at(10 * 8192 + 100).eager_sets, 10);
+        assert_eq!(at(10 * 12288 + 100).eager_sets, 10);
         assert_eq!(at(1 << 20).eager_sets, 64);
         let deep = at(1 << 20);
         assert_eq!(deep.eager_depth().sets(), 64);
-        assert_eq!(deep.eager_slot(63, 3) + 2048, deep.unpacked_slot(0));
+        assert_eq!(deep.eager_slot(63, 3) + 2048, deep.data_slot(0, 0));
+        assert_eq!(deep.eager_data_slot(63, 3) + 1024, deep.unpacked_slot(0));
         // A field out of bounds places the regions as the depth the kernels use.
         let zero = ScratchLayout {
             eager_sets: 0,
