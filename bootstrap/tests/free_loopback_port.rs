@@ -41,3 +41,30 @@ fn free_port_never_repeats_and_is_bindable() {
         TcpListener::bind(("127.0.0.1", port)).expect("binding the handed-out port");
     }
 }
+
+// Guards against a handed-out port that a job's rank 0 cannot bind because the check that
+// found it free left a listener behind for a moment: a child process forked by another
+// thread in that moment (any `Command`) holds a copy of the checking socket until it
+// execs, and a listening copy keeps the port from everyone else. Each port is bound at
+// once, as a rank 0 binds its root listener, while another thread spawns processes.
+#[test]
+fn a_port_is_free_at_once_while_other_threads_spawn_processes() {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let status = std::process::Command::new("true").status().unwrap();
+                assert!(status.success());
+            }
+        });
+        for _ in 0..300 {
+            let port = oxccl_bootstrap::free_loopback_port().unwrap();
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            if let Err(e) = oxccl_bootstrap::RootListener::bind(addr) {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                panic!("port {port} handed out but not bindable: {e}");
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+}
