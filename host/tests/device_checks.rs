@@ -24,8 +24,9 @@ use oxccl_device::semaphore::{
 };
 use oxccl_device::wait::WaitPolicy;
 use oxccl_kernels::collectives::all_reduce::collective_all_reduce;
+use oxccl_kernels::collectives::all_reduce_packets::collective_all_reduce_packets;
 use oxccl_kernels::collectives::rounds::{elements_per_round, rounds};
-use oxccl_kernels::collectives::{CollectiveArgs, ScratchLayout};
+use oxccl_kernels::collectives::{CollectiveArgs, PacketForm, ScratchLayout};
 use oxccl_kernels::device_check::{
     barrier_stamp, fifo_push_check, fill_sequence, grid_barrier_check,
 };
@@ -835,7 +836,7 @@ fn collective_all_reduce_kernel_between_two_streams() {
             _ => vec![(LaunchConfig::grid(2).block(2), four)],
         };
         for (config, count) in cases {
-            let call = all_reduce_calls(&device, layout, config, count);
+            let call = all_reduce_calls(&device, layout, config, count, AllReduceKernel::Direct);
             println!(
                 "collective all-reduce of {:.1} KiB (u32 sum, {} round(s) a call) between two \
                  streams on {device:?}, grid {} x block {}: {:.1} us a call ({CALLS} calls back \
@@ -850,6 +851,54 @@ fn collective_all_reduce_kernel_between_two_streams() {
     }
 }
 
+/// Guards against the packet all-reduce kernel failing where the emulator cannot show it,
+/// in both forms of its messages: LL16 packets (a flag in every 8 bytes, polled) and data
+/// with one release signal (a wait, then plain loads of the slot), on a weaker memory model,
+/// calls back to back with no host step, each set of slots reused two calls later. Two
+/// ranks on two streams of one device, u32 sum; the last call is checked on both ranks.
+/// On a GPU, with a full block and with a warp; prints the time of a call of each.
+#[test]
+fn packet_all_reduce_kernel_between_two_streams_in_both_forms() {
+    // 2 KiB a message at most: 512 u32.
+    let layout = ScratchLayout::new(N_RANKS, 2 << 10, 64 << 10, 0);
+    for device in every_backend("packet_all_reduce_kernel_between_two_streams_in_both_forms") {
+        let cases = match device.backend() {
+            Backend::Cuda => vec![
+                (LaunchConfig::grid(1).block(256), 500),
+                (LaunchConfig::grid(1).block(32), 7),
+            ],
+            _ => vec![(LaunchConfig::grid(1).block(2), 500)],
+        };
+        for form in [PacketForm::LL16, PacketForm::DATA] {
+            for &(config, count) in &cases {
+                let kernel = AllReduceKernel::Packets { form };
+                let call = all_reduce_calls(&device, layout, config, count, kernel);
+                println!(
+                    "packet all-reduce of {} B (u32 sum, {}) between two streams on {device:?}, \
+                     block {}: {:.1} us a call ({CALLS} calls back to back, refills included)",
+                    count * 4,
+                    if form == PacketForm::DATA {
+                        "as data and a signal"
+                    } else {
+                        "as LL16 packets"
+                    },
+                    config.block.x,
+                    call.as_secs_f64() * 1e6
+                );
+            }
+        }
+    }
+}
+
+/// Which all-reduce kernel [`all_reduce_calls`] launches.
+#[derive(Clone, Copy)]
+enum AllReduceKernel {
+    /// The two-shot direct kernel, in rounds.
+    Direct,
+    /// The packet kernel (one call number a call, one block), its messages in `form`.
+    Packets { form: u32 },
+}
+
 /// Ranks of [`all_reduce_calls`].
 const N_RANKS: u32 = 2;
 /// Calls of [`all_reduce_calls`].
@@ -862,9 +911,13 @@ fn all_reduce_calls(
     layout: ScratchLayout,
     config: LaunchConfig,
     count: usize,
+    kernel: AllReduceKernel,
 ) -> Duration {
     const N: u32 = N_RANKS;
-    let per_call = rounds(count as u64, elements_per_round(&layout, 4, 1));
+    let per_call = match kernel {
+        AllReduceKernel::Direct => rounds(count as u64, elements_per_round(&layout, 4, 1)),
+        AllReduceKernel::Packets { .. } => 1,
+    };
     let ranks: Vec<CollectiveRank> = (0..N)
         .map(|_| CollectiveRank {
             // Zeroed: a packet slot must not read as arrived before its first packet.
@@ -948,7 +1001,17 @@ fn all_reduce_calls(
                 op: ReduceOp::Sum as u32,
                 ..CollectiveArgs::default()
             };
-            collective_all_reduce::launch(s, config, args).unwrap();
+            match kernel {
+                AllReduceKernel::Direct => collective_all_reduce::launch(s, config, args),
+                AllReduceKernel::Packets { form } => {
+                    let args = CollectiveArgs {
+                        packet_form: form,
+                        ..args
+                    };
+                    collective_all_reduce_packets::launch(s, config, args)
+                }
+            }
+            .unwrap();
         }
     }
     let outcomes = [streams[0].synchronize(), streams[1].synchronize()];
