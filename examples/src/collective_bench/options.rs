@@ -368,6 +368,19 @@ mod tests {
         assert_eq!(a.communicator_config().collectives.packet_limit, 4096);
     }
 
+    /// Guards against `--packet-data-bytes` being dropped (the library's choice for the
+    /// device is the default).
+    #[test]
+    fn packet_data_bytes_reach_the_config() {
+        let a = parse(&["--packet-data-bytes", "1K"]).unwrap();
+        assert_eq!(
+            a.communicator_config().collectives.packet_data_bytes,
+            Some(1024)
+        );
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.communicator_config().collectives.packet_data_bytes, None);
+    }
+
     /// Guards against bad names being accepted (and silently measuring something else).
     #[test]
     fn bad_values_are_refused() {
