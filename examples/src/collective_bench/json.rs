@@ -168,6 +168,7 @@ mod tests {
                 launch: None,
                 algo: AlgorithmChoice::Auto,
                 packet_limit: 0,
+                packet_data_from: u64::MAX,
             },
             sizes: vec![SizeResult {
                 bytes: 1024,

@@ -191,6 +191,7 @@ pub fn report(
             launch: config.launch,
             algo: config.algorithm,
             packet_limit: config.packet_limit,
+            packet_data_from: config.packet_data_from_on(args.backend),
         },
         sizes: Report::combine(&sweeps),
         mpi: baselines.mpi,

@@ -21,6 +21,8 @@ pub struct Setup {
     pub algo: AlgorithmChoice,
     /// The communicator's packet limit, in bytes.
     pub packet_limit: u64,
+    /// The smallest packet message sent as data and a signal, in bytes (`u64::MAX`: none).
+    pub packet_data_from: u64,
 }
 
 /// The results of a sweep.

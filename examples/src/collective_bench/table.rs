@@ -4,7 +4,7 @@
 
 use super::collective::Collective;
 use super::options::{CheckMode, algo_name};
-use super::report::Report;
+use super::report::{Report, Setup};
 use oxccl::collectives::AlgorithmChoice;
 use std::fmt::Write as _;
 
@@ -142,6 +142,20 @@ pub fn table(r: &Report) -> String {
     out
 }
 
+/// How the packets travel, for the header: from which size they go as data and a signal.
+fn packet_form(setup: &Setup) -> String {
+    packet_form_of(setup.packet_limit, setup.packet_data_from)
+}
+
+/// [`packet_form`] of a packet limit and the smallest packet message sent as data.
+fn packet_form_of(packet_limit: u64, data_from: u64) -> String {
+    match data_from {
+        0 => ", sent as data and a signal".into(),
+        from if from <= packet_limit => format!(", sent as data and a signal from {from} B"),
+        _ => String::new(),
+    }
+}
+
 /// The `#` lines above the table.
 fn header(r: &Report) -> Vec<String> {
     let (setup, plan) = (&r.setup, &r.setup.plan);
@@ -161,10 +175,11 @@ fn header(r: &Report) -> Vec<String> {
             .to_string(),
         (false, choice) => format!("algorithm {} (forced)", algo_name(choice)),
         (true, AlgorithmChoice::Auto) => format!(
-            "algorithm auto (packets up to {} B, then direct; through the proxy where ranks \
+            "algorithm auto (packets up to {} B{}, then direct; through the proxy where ranks \
              cannot load and store each other's memory: doubling, ports or ring; the algo \
              column says which; OXCCL_ALGO overrides)",
-            setup.packet_limit
+            setup.packet_limit,
+            packet_form(setup)
         ),
         (true, choice) => format!("algorithm {} (forced)", algo_name(choice)),
     };
@@ -338,4 +353,22 @@ fn footer(r: &Report) -> Vec<String> {
         }
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against the header hiding how packets travel, or naming a data form that no
+    /// packet call can take.
+    #[test]
+    fn the_header_says_from_which_size_packets_go_as_data() {
+        assert_eq!(
+            packet_form_of(1024, 512),
+            ", sent as data and a signal from 512 B"
+        );
+        assert_eq!(packet_form_of(1024, 0), ", sent as data and a signal");
+        assert_eq!(packet_form_of(1024, 2048), "");
+        assert_eq!(packet_form_of(1024, u64::MAX), "");
+    }
 }

@@ -88,7 +88,13 @@ impl CollectiveConfig {
     /// The smallest packet message sent as data on `device` ([`Self::packet_data_bytes`]
     /// if set).
     pub fn packet_data_from(&self, device: &Device) -> u64 {
-        self.packet_data_bytes.unwrap_or(match device.backend() {
+        self.packet_data_from_on(device.backend())
+    }
+
+    /// The smallest packet message sent as data on a device of `backend`
+    /// ([`Self::packet_data_bytes`] if set; `u64::MAX`: never).
+    pub fn packet_data_from_on(&self, backend: crate::Backend) -> u64 {
+        self.packet_data_bytes.unwrap_or(match backend {
             crate::Backend::Cuda => u64::MAX,
             _ => 512,
         })
