@@ -82,20 +82,9 @@ pub(crate) fn exchange_packets<T: ReduceElement>(
     // sent from), and in the data form before the signals. Unconditional: a barrier under a
     // condition the compiler can see through is one the PTX rules cannot match to its
     // source.
-    let (peers, data) = (a.peers, is_data(a));
     block_signal_and_wait(
-        move || match data {
-            true => (0..nr)
-                .filter(|&p| p != r)
-                .try_for_each(|p| peers.get(p)?.signal()),
-            false => Ok(()),
-        },
-        move || match data {
-            true => (0..nr)
-                .filter(|&p| p != r)
-                .try_for_each(|p| peers.get(p)?.wait()),
-            false => Ok(()),
-        },
+        signal_each(a, move |p| p != r),
+        wait_each(a, move |p| p != r),
     )?;
     for p in (0..nr).filter(|&p| p != r) {
         receive(a, Slots::Lockstep, p, padded)?;
@@ -190,13 +179,7 @@ pub(crate) fn announce(
     a: &CollectiveArgs<'_>,
     to_peer: impl Fn(u32) -> bool,
 ) -> Result<(), DeviceError> {
-    let (peers, data, nr) = (a.peers, is_data(a), a.n_ranks);
-    block_signal(move || match data {
-        true => (0..nr)
-            .filter(|&p| to_peer(p))
-            .try_for_each(|p| peers.get(p)?.signal()),
-        false => Ok(()),
-    })
+    block_signal(signal_each(a, to_peer))
 }
 
 /// Before [`receive`]s from every peer `from` for which `from_peer(from)` holds: in the
@@ -210,13 +193,40 @@ pub(crate) fn arrival(
     a: &CollectiveArgs<'_>,
     from_peer: impl Fn(u32) -> bool,
 ) -> Result<(), DeviceError> {
+    block_wait(wait_each(a, from_peer))
+}
+
+/// Thread 0's step of [`announce`]: in the data form, signal every peer `p` for which
+/// `to_peer(p)` holds; else nothing. Plain values, not `a` (what a closure takes lives in
+/// local memory on the GPU once the closure is out of line).
+#[inline(always)]
+fn signal_each(
+    a: &CollectiveArgs<'_>,
+    to_peer: impl Fn(u32) -> bool,
+) -> impl FnOnce() -> Result<(), DeviceError> {
     let (peers, data, nr) = (a.peers, is_data(a), a.n_ranks);
-    block_wait(move || match data {
+    move || match data {
+        true => (0..nr)
+            .filter(|&p| to_peer(p))
+            .try_for_each(|p| peers.get(p)?.signal()),
+        false => Ok(()),
+    }
+}
+
+/// Thread 0's step of [`arrival`]: in the data form, wait for one signal of every peer
+/// `p` for which `from_peer(p)` holds; else nothing.
+#[inline(always)]
+fn wait_each(
+    a: &CollectiveArgs<'_>,
+    from_peer: impl Fn(u32) -> bool,
+) -> impl FnOnce() -> Result<(), DeviceError> {
+    let (peers, data, nr) = (a.peers, is_data(a), a.n_ranks);
+    move || match data {
         true => (0..nr)
             .filter(|&p| from_peer(p))
             .try_for_each(|p| peers.get(p)?.wait()),
         false => Ok(()),
-    })
+    }
 }
 
 /// In the packet form, waits for this call's `padded` bytes of packets from peer `from` in
