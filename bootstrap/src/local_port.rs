@@ -2,7 +2,6 @@
 
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
-use rustix::net::{AddressFamily, SocketAddrV4, SocketFlags, SocketType};
 use std::collections::HashSet;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -70,23 +69,15 @@ pub fn free_loopback_port() -> Result<u16> {
 }
 
 /// Whether `port` of 127.0.0.1 can be bound by a listener with `SO_REUSEADDR` (as a root
-/// listener is, see `net::bind_listener`): a socket with that option bound to it, never
-/// listening, then closed. A listening probe would keep the port from everyone for as long
+/// listener is, see `net::bind_listener`): a socket bound to it as that listener is bound
+/// (`net::bound_socket`), never listening, then closed. A listening probe would keep the port from everyone for as long
 /// as any copy of it lives, and a child process forked by another thread of this process
 /// at that moment holds one until it execs (binding the handed-out ports at once, while
 /// another thread spawned processes, failed with "address in use" within 300 ports in
 /// every run); a copy of a socket that never listened keeps no listener with
 /// `SO_REUSEADDR` from binding.
 fn probe(port: u16) -> std::io::Result<()> {
-    let fd = rustix::net::socket_with(
-        AddressFamily::INET,
-        SocketType::STREAM,
-        SocketFlags::CLOEXEC,
-        None,
-    )?;
-    rustix::net::sockopt::set_socket_reuseaddr(&fd, true)?;
-    rustix::net::bind(&fd, &SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))?;
-    Ok(())
+    crate::net::bound_socket((Ipv4Addr::LOCALHOST, port).into()).map(drop)
 }
 
 /// The ports to hand out: below the ephemeral range when it leaves room there, else above.

@@ -51,6 +51,14 @@ impl RootListener {
 /// A TCP listener on `addr` with `SO_REUSEADDR` (a restarted job can rebind its port while
 /// old connections linger in `TIME_WAIT`), close-on-exec, and a large backlog.
 pub(crate) fn bind_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let fd = bound_socket(addr)?;
+    rustix::net::listen(&fd, LISTEN_BACKLOG)?;
+    Ok(TcpListener::from(fd))
+}
+
+/// A TCP socket bound to `addr` as [`bind_listener`] binds it (`SO_REUSEADDR`,
+/// close-on-exec), not listening yet.
+pub(crate) fn bound_socket(addr: SocketAddr) -> io::Result<std::os::fd::OwnedFd> {
     let family = match addr {
         SocketAddr::V4(_) => AddressFamily::INET,
         SocketAddr::V6(_) => AddressFamily::INET6,
@@ -58,8 +66,7 @@ pub(crate) fn bind_listener(addr: SocketAddr) -> io::Result<TcpListener> {
     let fd = rustix::net::socket_with(family, SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
     rustix::net::sockopt::set_socket_reuseaddr(&fd, true)?;
     rustix::net::bind(&fd, &addr)?;
-    rustix::net::listen(&fd, LISTEN_BACKLOG)?;
-    Ok(TcpListener::from(fd))
+    Ok(fd)
 }
 
 /// The unspecified address of `addr`'s family (`0.0.0.0` or `::`).
