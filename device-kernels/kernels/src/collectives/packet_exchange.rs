@@ -25,6 +25,7 @@ use oxccl_device::arch;
 use oxccl_device::block::{block_signal, block_signal_and_wait, block_wait};
 use oxccl_device::coop::{Block, Grid};
 use oxccl_device::error::DeviceError;
+use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
 use oxccl_device::packet::{Ll16Packet, Packet};
 use oxccl_device::reduce::ReduceElement;
 use oxccl_device::{DeviceView, DeviceViewMut};
@@ -197,20 +198,13 @@ pub(crate) fn arrival(
 }
 
 /// Thread 0's step of [`announce`]: in the data form, signal every peer `p` for which
-/// `to_peer(p)` holds; else nothing. Plain values, not `a` (what a closure takes lives in
-/// local memory on the GPU once the closure is out of line).
+/// `to_peer(p)` holds; else nothing.
 #[inline(always)]
 fn signal_each(
     a: &CollectiveArgs<'_>,
     to_peer: impl Fn(u32) -> bool,
 ) -> impl FnOnce() -> Result<(), DeviceError> {
-    let (peers, data, nr) = (a.peers, is_data(a), a.n_ranks);
-    move || match data {
-        true => (0..nr)
-            .filter(|&p| to_peer(p))
-            .try_for_each(|p| peers.get(p)?.signal()),
-        false => Ok(()),
-    }
+    on_each(a, to_peer, |c| c.signal())
 }
 
 /// Thread 0's step of [`arrival`]: in the data form, wait for one signal of every peer
@@ -220,11 +214,23 @@ fn wait_each(
     a: &CollectiveArgs<'_>,
     from_peer: impl Fn(u32) -> bool,
 ) -> impl FnOnce() -> Result<(), DeviceError> {
+    on_each(a, from_peer, |c| c.wait())
+}
+
+/// In the data form, `step` on the channel to every peer `p` for which `peer(p)` holds;
+/// else nothing. Plain values, not `a` (what a closure takes lives in local memory on the
+/// GPU once the closure is out of line).
+#[inline(always)]
+fn on_each(
+    a: &CollectiveArgs<'_>,
+    peer: impl Fn(u32) -> bool,
+    step: impl Fn(&MemoryChannelDeviceHandle<'_>) -> Result<(), DeviceError>,
+) -> impl FnOnce() -> Result<(), DeviceError> {
     let (peers, data, nr) = (a.peers, is_data(a), a.n_ranks);
     move || match data {
         true => (0..nr)
-            .filter(|&p| from_peer(p))
-            .try_for_each(|p| peers.get(p)?.wait()),
+            .filter(|&p| peer(p))
+            .try_for_each(|p| step(peers.get(p)?)),
         false => Ok(()),
     }
 }
