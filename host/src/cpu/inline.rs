@@ -41,26 +41,33 @@ use super::pool::{WORKER_STACK, pool};
 use super::stream::CpuStream;
 pub(crate) use corosensei::stack::DefaultStack as Stack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
-use oxccl_device::arch::host::{DetachedContext, attach, detach, set_wait_hook, time_given_up};
+use oxccl_device::arch::host::{attach, detach, set_wait_hook, time_given_up};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Why a kernel thread run here stopped at a wait, with the context it was suspended with.
+/// Why a kernel thread run here stopped at a wait.
+///
+/// The emulator's context of the kernel thread (its indices, block barrier and last
+/// failure) stays on the coroutine's own stack while it is suspended, in the frame of
+/// [`wait_hook`], which takes it off the OS thread before suspending and puts it on
+/// whichever OS thread resumes the coroutine: nothing of it is moved at a switch. Carried
+/// out and back in the coroutine's yield and resume values, some 100 bytes moved four
+/// times a turn were a fifth of the cost of a turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pause {
     /// Past the host's deadline: it moves to a pool thread.
-    Late(DetachedContext),
+    Late,
     /// Its turn is over: another kernel thread taking turns here (see [`super::corun`])
     /// runs until its next wait.
-    Turn(DetachedContext),
+    Turn,
 }
 
-/// A coroutine running one kernel thread: resumed with the context the kernel thread
-/// continues with (none at its start), it yields why it stopped.
-type KernelCoroutine = Coroutine<Option<DetachedContext>, Pause, (), Stack>;
-type KernelYielder = Yielder<Option<DetachedContext>, Pause>;
+/// A coroutine running one kernel thread: it yields why it stopped.
+type KernelCoroutine = Coroutine<(), Pause, (), Stack>;
+type KernelYielder = Yielder<(), Pause>;
 
 /// Stacks kept for the next kernel threads run here, at most this many: mapping a 2 MiB
 /// stack per run would cost more than the hand-off it saves.
@@ -72,17 +79,15 @@ pub(crate) struct Suspended {
     coroutine: KernelCoroutine,
     stream: Arc<CpuStream>,
     launch: Arc<Launch>,
-    /// The context it continues with; none if it has not started.
-    context: Option<DetachedContext>,
 }
 
 // SAFETY: the coroutine's stack holds the frames of one kernel thread (the launch's
 // `run_thread` and the kernel below it), suspended inside `spin_pause`, or none yet. Kernel
 // code is device code: it holds parameters, raw pointers to device memory and atomics, all
 // `Send`, and no thread-locals (see `oxccl_device::arch::host`); the emulator's own
-// thread-local context travels in `context` and is put on the pool thread before the
-// kernel thread continues. The host thread that suspended it never touches the coroutine
-// again.
+// thread-local context is in the suspended frame of `wait_hook`, which puts it on the pool
+// thread before the kernel thread continues. The host thread that suspended it never
+// touches the coroutine again.
 unsafe impl Send for Suspended {}
 
 impl Suspended {
@@ -98,7 +103,6 @@ impl Suspended {
             coroutine: kernel_coroutine(&launch, index, stack),
             stream,
             launch,
-            context: None,
         }
     }
 
@@ -109,15 +113,10 @@ impl Suspended {
             mut coroutine,
             stream,
             launch,
-            mut context,
         } = self;
         // A pool thread installs no wait hook, so the kernel thread runs to its end; the
         // loop only guards against a hook installed by mistake.
-        while let CoroutineResult::Yield(Pause::Late(again) | Pause::Turn(again)) =
-            coroutine.resume(context.take())
-        {
-            context = Some(again);
-        }
+        while let CoroutineResult::Yield(_) = coroutine.resume(()) {}
         recycle(coroutine.into_stack());
         (stream, launch)
     }
@@ -152,7 +151,6 @@ struct Turn {
     /// Its stream and launch, for a donated one (the host's own is reported by the caller
     /// of [`run`]).
     donated: Option<(Arc<CpuStream>, Arc<Launch>)>,
-    context: Option<DetachedContext>,
     /// Its coroutine's yielder, once it has run (null before).
     yielder: *const KernelYielder,
     /// Whether its last timed turn ran longer than [`corun::TURN_LIMIT`] (its next turn
@@ -183,27 +181,22 @@ pub(crate) fn run(
     uninstall(previous);
     // Closing the runner sends donations it never took to pool threads.
     drop(runner);
-    match late {
-        None => Ok(own.coroutine.into_stack()),
-        Some(context) => Err(Box::new(Suspended {
+    if late {
+        return Err(Box::new(Suspended {
             coroutine: own.coroutine,
             stream: stream.clone(),
             launch: launch.clone(),
-            context: Some(context),
-        })),
+        }));
     }
+    Ok(own.coroutine.into_stack())
 }
 
 /// Runs `own` (a thread of `launch`) and the kernel threads donated to `runner` in turns
 /// until `own` returns or one of them waits past the host's deadline; donated threads not
 /// finished by then go to pool threads, as they do as soon as a turn passes
 /// [`corun::TURN_LIMIT`] (the runner then closes, and `own` runs on alone). Returns `own`,
-/// and if it is late the context to resume it with.
-fn take_turns(
-    own: Turn,
-    launch: &Launch,
-    runner: Option<&Runner>,
-) -> (Turn, Option<DetachedContext>) {
+/// and whether it is late (suspended, to be resumed elsewhere) rather than returned.
+fn take_turns(own: Turn, launch: &Launch, runner: Option<&Runner>) -> (Turn, bool) {
     let mut own = own;
     // This thread's queue of guests, empty between calls: reused, so taking turns does not
     // allocate.
@@ -238,8 +231,8 @@ fn take_turns(
             run_apart(runner, corun::kernel_key(launch), &mut guests);
         }
         match step {
-            Step::Returned => break None,
-            Step::Late(context) => break Some(Some(context)),
+            Step::Returned => break false,
+            Step::Late => break true,
             Step::Turn => {}
         }
         // Each guest once, then the own thread again.
@@ -260,10 +253,9 @@ fn take_turns(
                     }
                 }
                 Step::Turn => guests.push_back(guest),
-                Step::Late(context) => {
+                Step::Late => {
                     // The host's deadline passed while a guest ran: the own kernel
                     // thread is late too; the guest goes to a pool thread with the rest.
-                    guest.context = Some(context);
                     guests.push_back(guest);
                     late = true;
                     break;
@@ -276,19 +268,13 @@ fn take_turns(
             }
         }
         if late {
-            break Some(None);
+            break true;
         }
     };
     set_turns(false);
     evict(&mut guests);
     keep_guest_queue(guests);
-    match outcome {
-        None => (own, None),
-        Some(context) => {
-            let context = context.or_else(|| own.context.take());
-            (own, context)
-        }
-    }
+    (own, outcome)
 }
 
 /// This thread's (empty) queue of guests, with the capacity it grew to.
@@ -350,7 +336,6 @@ fn evict(guests: &mut VecDeque<Turn>) {
                 coroutine: guest.coroutine,
                 stream,
                 launch,
-                context: guest.context,
             });
         }
     }
@@ -359,7 +344,7 @@ fn evict(guests: &mut VecDeque<Turn>) {
 /// What one turn of a kernel thread ended with.
 enum Step {
     Returned,
-    Late(DetachedContext),
+    Late,
     Turn,
 }
 
@@ -370,7 +355,6 @@ impl Turn {
         Turn {
             coroutine,
             donated,
-            context: None,
             yielder: std::ptr::null(),
             suspect: false,
         }
@@ -390,11 +374,10 @@ impl Turn {
     /// end.
     fn step(&mut self) -> Step {
         set_yielder(self.yielder);
-        match self.coroutine.resume(self.context.take()) {
+        match self.coroutine.resume(()) {
             CoroutineResult::Return(()) => Step::Returned,
-            CoroutineResult::Yield(Pause::Late(context)) => Step::Late(context),
-            CoroutineResult::Yield(Pause::Turn(context)) => {
-                self.context = Some(context);
+            CoroutineResult::Yield(Pause::Late) => Step::Late,
+            CoroutineResult::Yield(Pause::Turn) => {
                 self.yielder = yielder();
                 Step::Turn
             }
@@ -584,16 +567,11 @@ fn wait_hook() -> bool {
     let Some((yielder, late)) = due() else {
         return false;
     };
+    // Kept in this frame, on the coroutine's stack, while it is suspended (see [`Pause`]).
     let context = detach();
-    let back = yielder.suspend(if late {
-        Pause::Late(context)
-    } else {
-        Pause::Turn(context)
-    });
+    yielder.suspend(if late { Pause::Late } else { Pause::Turn });
     // Now on the thread that resumed the coroutine.
-    if let Some(context) = back {
-        attach(context);
-    }
+    attach(context);
     true
 }
 

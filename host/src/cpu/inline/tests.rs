@@ -19,6 +19,9 @@ use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
 use oxccl_device::launch::LaunchConfig;
 use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
+use oxccl_device::semaphore::{
+    Device2DeviceSemaphoreDeviceHandle, Host2DeviceSemaphoreDeviceHandle,
+};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -671,11 +674,11 @@ impl Drop for Turns {
 /// Per test using [`hand_over`]: the hand-over token (kernel thread `parity` may go when
 /// it is `2 * round + parity`), whether the first has started, whether the second is done,
 /// and where each started and ended (`(parity, start, end)`).
-static TOKENS: [AtomicU32; 2] = [const { AtomicU32::new(0) }; 2];
-static FIRST_STARTED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
-static SECOND_DONE: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
-static HANDED_WHERE: [Mutex<Vec<(u32, ThreadId, ThreadId)>>; 2] =
-    [const { Mutex::new(Vec::new()) }; 2];
+static TOKENS: [AtomicU32; 3] = [const { AtomicU32::new(0) }; 3];
+static FIRST_STARTED: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
+static SECOND_DONE: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
+static HANDED_WHERE: [Mutex<Vec<(u32, ThreadId, ThreadId)>>; 3] =
+    [const { Mutex::new(Vec::new()) }; 3];
 
 /// Waits through the device library's back-off until `done` holds.
 fn wait_until(done: impl Fn() -> bool) {
@@ -729,6 +732,20 @@ fn hand_over_busy(slot: u32, parity: u32, rounds: u32, busy_us: u32) {
     play_hand_over(slot, parity, rounds, busy_us);
 }
 
+/// [`play_hand_over`] after a device call that fails (a wait on a zeroed semaphore handle
+/// for `parity` 0, a signal of one for 1), whose error it returns at the end: each kernel
+/// thread's last failure must travel with it through its turns.
+#[kernel]
+fn hand_over_after_failing(slot: u32, parity: u32, rounds: u32) -> Result<(), DeviceError> {
+    let failed = if parity == 0 {
+        Host2DeviceSemaphoreDeviceHandle::default().wait()
+    } else {
+        Device2DeviceSemaphoreDeviceHandle::default().signal()
+    };
+    play_hand_over(slot, parity, rounds, 0);
+    failed
+}
+
 /// A held stream of device `ordinal` (see [`stream_held`]) and a stream of device
 /// `ordinal + 1`, both devices allowed to take turns (as a communicator's are).
 fn streams_taking_turns(ordinal: usize) -> (Stream, std::thread::JoinHandle<()>, Stream) {
@@ -753,20 +770,40 @@ fn hand_over_on_two_devices(
     rounds: u32,
     busy_us: u32,
 ) -> (ThreadId, Vec<(u32, ThreadId, ThreadId)>) {
+    let (runner, seen, [first, second]) =
+        take_turns_on_two_devices(slot, ordinal, |stream, parity| {
+            let one = LaunchConfig::grid(1);
+            match busy_us {
+                0 => hand_over::launch(stream, one, slot, parity, rounds),
+                _ => hand_over_busy::launch(stream, one, slot, parity, rounds, busy_us),
+            }
+            .unwrap()
+        });
+    first.unwrap();
+    second.unwrap();
+    assert_eq!(TOKENS[slot as usize].load(Ordering::Acquire), 2 * rounds);
+    (runner, seen)
+}
+
+/// The flow of [`hand_over_on_two_devices`] for any kernel playing [`play_hand_over`] for
+/// `slot`, launched by `launch(stream, parity)`: returns the runner's thread, where each
+/// kernel thread started and ended (in parity order), and what each stream's
+/// synchronization returned.
+fn take_turns_on_two_devices(
+    slot: u32,
+    ordinal: usize,
+    launch: impl Fn(&Stream, u32),
+) -> (
+    ThreadId,
+    Vec<(u32, ThreadId, ThreadId)>,
+    [crate::Result<()>; 2],
+) {
     let _turns = Turns::with(corun::CorunPolicy::Always);
     let (first, opener, second) = streams_taking_turns(ordinal);
-    let launch = |stream: &Stream, parity| {
-        let one = LaunchConfig::grid(1);
-        match busy_us {
-            0 => hand_over::launch(stream, one, slot, parity, rounds),
-            _ => hand_over_busy::launch(stream, one, slot, parity, rounds, busy_us),
-        }
-        .unwrap()
-    };
     launch(&first, 0);
     let runner = std::thread::spawn(move || {
-        sync(&first, LONG).unwrap();
-        std::thread::current().id()
+        let synced = sync(&first, LONG);
+        (std::thread::current().id(), synced)
     });
     let deadline = std::time::Instant::now() + WATCHDOG;
     while !FIRST_STARTED[slot as usize].load(Ordering::Acquire) {
@@ -777,14 +814,43 @@ fn hand_over_on_two_devices(
         std::thread::sleep(Duration::from_millis(1));
     }
     launch(&second, 1);
-    sync(&second, LONG).unwrap();
-    let runner = runner.join().unwrap();
+    let second_synced = sync(&second, LONG);
+    let (runner, first_synced) = runner.join().unwrap();
     opener.join().unwrap();
-    assert_eq!(TOKENS[slot as usize].load(Ordering::Acquire), 2 * rounds);
     let mut seen = HANDED_WHERE[slot as usize].lock().clone();
     seen.sort_by_key(|s| s.0);
     assert_eq!(seen.len(), 2, "{seen:?}");
-    (runner, seen)
+    (runner, seen, [first_synced, second_synced])
+}
+
+/// Guards against kernel threads taking turns with each other's emulator context (kept in
+/// the suspended frame of each one's wait hook, not carried out of the coroutine): two
+/// kernel threads on the runner each make a different failing call, hand over 500 times,
+/// then return the error; each stream must report its own kernel's call, and both must
+/// have run on the runner.
+#[test]
+fn kernel_threads_taking_turns_keep_their_own_last_failure() {
+    let rounds = 500;
+    let (runner, seen, [first, second]) = take_turns_on_two_devices(2, 52, |stream, parity| {
+        hand_over_after_failing::launch(stream, LaunchConfig::grid(1), 2, parity, rounds).unwrap()
+    });
+    assert_eq!(TOKENS[2].load(Ordering::Acquire), 2 * rounds);
+    assert_eq!(
+        seen[1].1, runner,
+        "the second did not start on the runner: {seen:?}"
+    );
+    for (synced, call) in [(first, "wait"), (second, "signal")] {
+        match synced {
+            Err(Error::KernelError { error, message, .. }) => {
+                assert_eq!(error, DeviceError::NullHandle);
+                assert!(
+                    message.contains(&format!("error of {call} ")),
+                    "{call}: {message}"
+                );
+            }
+            other => panic!("{call}: expected the kernel's error, got {other:?}"),
+        }
+    }
 }
 
 /// Guards against co-running that does not happen, or loses a kernel thread: two devices of
