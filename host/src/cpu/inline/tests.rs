@@ -677,8 +677,10 @@ impl Drop for Turns {
 static TOKENS: [AtomicU32; 3] = [const { AtomicU32::new(0) }; 3];
 static FIRST_STARTED: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
 static SECOND_DONE: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
-static HANDED_WHERE: [Mutex<Vec<(u32, ThreadId, ThreadId)>>; 3] =
-    [const { Mutex::new(Vec::new()) }; 3];
+static HANDED_WHERE: [Mutex<Vec<HandedWhere>>; 3] = [const { Mutex::new(Vec::new()) }; 3];
+
+/// Where a kernel thread of [`play_hand_over`] started and ended: `(parity, start, end)`.
+type HandedWhere = (u32, ThreadId, ThreadId);
 
 /// Waits through the device library's back-off until `done` holds.
 fn wait_until(done: impl Fn() -> bool) {
@@ -769,7 +771,7 @@ fn hand_over_on_two_devices(
     ordinal: usize,
     rounds: u32,
     busy_us: u32,
-) -> (ThreadId, Vec<(u32, ThreadId, ThreadId)>) {
+) -> (ThreadId, Vec<HandedWhere>) {
     let (runner, seen, [first, second]) =
         take_turns_on_two_devices(slot, ordinal, |stream, parity| {
             let one = LaunchConfig::grid(1);
@@ -793,11 +795,7 @@ fn take_turns_on_two_devices(
     slot: u32,
     ordinal: usize,
     launch: impl Fn(&Stream, u32),
-) -> (
-    ThreadId,
-    Vec<(u32, ThreadId, ThreadId)>,
-    [crate::Result<()>; 2],
-) {
+) -> (ThreadId, Vec<HandedWhere>, [crate::Result<()>; 2]) {
     let _turns = Turns::with(corun::CorunPolicy::Always);
     let (first, opener, second) = streams_taking_turns(ordinal);
     launch(&first, 0);
