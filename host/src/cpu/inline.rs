@@ -175,9 +175,11 @@ pub(crate) fn run(
     deadline: Option<Instant>,
     runner: Option<corun::Runner>,
 ) -> Result<Stack, Box<Suspended>> {
-    let own = Turn::new(kernel_coroutine(launch, index, stack), None);
+    // Taken by reference, not moved in and out of `take_turns`: each move of a `Turn` is
+    // a copy of some 180 bytes, and there were several a launch.
+    let mut own = Turn::new(kernel_coroutine(launch, index, stack), None);
     let previous = install(deadline, runner.is_some());
-    let (own, late) = take_turns(own, launch, runner.as_ref());
+    let late = take_turns(&mut own, launch, runner.as_ref());
     uninstall(previous);
     // Closing the runner sends donations it never took to pool threads.
     drop(runner);
@@ -194,10 +196,9 @@ pub(crate) fn run(
 /// Runs `own` (a thread of `launch`) and the kernel threads donated to `runner` in turns
 /// until `own` returns or one of them waits past the host's deadline; donated threads not
 /// finished by then go to pool threads, as they do as soon as a turn passes
-/// [`corun::TURN_LIMIT`] (the runner then closes, and `own` runs on alone). Returns `own`,
-/// and whether it is late (suspended, to be resumed elsewhere) rather than returned.
-fn take_turns(own: Turn, launch: &Launch, runner: Option<&Runner>) -> (Turn, bool) {
-    let mut own = own;
+/// [`corun::TURN_LIMIT`] (the runner then closes, and `own` runs on alone). Returns whether
+/// `own` is late (suspended, to be resumed elsewhere) rather than returned.
+fn take_turns(own: &mut Turn, launch: &Launch, runner: Option<&Runner>) -> bool {
     // This thread's queue of guests, empty between calls: reused, so taking turns does not
     // allocate.
     let mut guests = take_guest_queue();
@@ -274,7 +275,7 @@ fn take_turns(own: Turn, launch: &Launch, runner: Option<&Runner>) -> (Turn, boo
     set_turns(false);
     evict(&mut guests);
     keep_guest_queue(guests);
-    (own, outcome)
+    outcome
 }
 
 /// This thread's (empty) queue of guests, with the capacity it grew to.

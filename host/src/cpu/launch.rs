@@ -15,7 +15,7 @@ use oxccl_device::arch::Dim3;
 use oxccl_device::arch::host::{
     BlockBarrier, LastFailure, ThreadContext, enter, take_last_failure,
 };
-use oxccl_device::launch::{KernelInfo, LaunchConfig};
+use oxccl_device::launch::{KernelInfo, LaunchConfig, ParamLayout};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use std::alloc::Layout;
@@ -405,29 +405,37 @@ impl ParamBlock {
         let refuse = |why: String| {
             crate::Error::InvalidUsage(format!("launch of kernel `{}`: {why}", kernel.name))
         };
-        let mut layout = Layout::new::<()>();
-        let mut offsets = SmallVec::<[usize; INLINE_PARAMS]>::with_capacity(kernel.params.len());
-        for (i, p) in kernel.params.iter().enumerate() {
+        // Parameter `i` placed after `layout`: the grown layout and the parameter's offset.
+        let place = |layout: Layout, i: usize, p: &ParamLayout| {
             let field = Layout::from_size_align(p.size, p.align).map_err(|_| {
                 refuse(format!(
                     "parameter {i} has an invalid layout (size {}, align {})",
                     p.size, p.align
                 ))
             })?;
-            let (grown, offset) = layout
+            layout
                 .extend(field)
-                .map_err(|_| refuse("the parameters do not fit in memory".into()))?;
-            layout = grown;
-            offsets.push(offset);
+                .map_err(|_| refuse("the parameters do not fit in memory".into()))
+        };
+        // Two passes over the parameters, the offsets computed again in the second (a few
+        // instructions each) rather than kept in a list the size of the launch's own: the
+        // first pass sizes the storage, the second copies the values into it.
+        let mut layout = Layout::new::<()>();
+        for (i, p) in kernel.params.iter().enumerate() {
+            layout = place(layout, i, p)?.0;
         }
         let base = if layout.size() > INLINE_PARAM_BYTES || layout.align() > INLINE_PARAM_ALIGN {
             self.heap_for(layout, kernel)?.as_ptr()
         } else {
             self.inline.0.as_mut_ptr().cast::<u8>()
         };
-        for ((&offset, p), &src) in offsets.iter().zip(kernel.params).zip(params) {
-            // SAFETY: `offset + p.size <= layout.size()` by construction of `layout`, and
-            // the storage holds `layout` (the inline one: its size and alignment at most).
+        let mut placed = Layout::new::<()>();
+        for ((i, p), &src) in kernel.params.iter().enumerate().zip(params) {
+            let (grown, offset) = place(placed, i, p)?;
+            placed = grown;
+            // SAFETY: `offset + p.size <= layout.size()`, `placed` growing as `layout` did
+            // over the same parameters, and the storage holds `layout` (the inline one: its
+            // size and alignment at most).
             let dst = unsafe { base.add(offset) };
             // SAFETY: `src` points to `p.size` readable bytes (the caller's contract); `dst`
             // has room for them in our own storage, so they do not overlap.
