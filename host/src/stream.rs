@@ -82,7 +82,7 @@ const _: () = {
 impl Stream {
     pub(crate) fn new(device: Device, timeout: Duration) -> Result<Stream> {
         let kind = match device.kind() {
-            DeviceKind::Cpu(cpu) => StreamKind::Cpu(Arc::new(CpuStream::new(cpu.clone()))),
+            DeviceKind::Cpu(cpu) => StreamKind::Cpu(CpuStream::new(cpu.clone())),
             DeviceKind::Cuda(cuda) => StreamKind::Cuda(CudaStream::new(cuda)?),
         };
         Ok(Stream {

@@ -8,12 +8,15 @@
 //! - [`launch`]: one launch — its copied parameters, block barriers, running count and
 //!   failures.
 //! - [`stream`]: the in-order queue of launches of one stream, and waiting for it.
+//! - [`deferral`]: launches left for the `synchronize` that follows them, and the thread
+//!   that starts those nobody synchronizes.
 //!
 //! Every wait here backs off (spin, then yield, then sleep on a condition variable or
 //! park), so that several ranks, each with kernel threads and a proxy, progress on few
 //! cores.
 
 pub(crate) mod corun;
+pub(crate) mod deferral;
 pub(crate) mod inline;
 pub(crate) mod launch;
 pub(crate) mod memory;
