@@ -573,6 +573,9 @@ impl Communicator {
     /// # Errors
     /// The exchange failed or timed out.
     pub fn barrier(&self) -> Result<()> {
+        // A kernel this thread launched and left for its `synchronize` may be what the
+        // other ranks wait for before they reach the barrier.
+        crate::cpu::deferral::start_own(None);
         self.oob.barrier()
     }
 

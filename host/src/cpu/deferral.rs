@@ -27,6 +27,13 @@
 //! waits for a peer's bootstrap message) has them started within two short periods after
 //! the first few.
 //!
+//! One host thread that launches on several streams and then synchronizes them one by
+//! one (a thread driving several ranks, as a single-threaded NCCL program drives its
+//! devices) must not leave a kernel waiting for another's deferred launch: a thread keeps
+//! at most one launch deferred (deferring another, on another stream, starts the one
+//! before), and a thread about to wait starts its deferred launch on any other stream
+//! (`synchronize` of another stream, a bootstrap barrier).
+//!
 //! The starter costs nothing while no launch is deferred: after [`QUIET_FOR`] without one
 //! it parks until a deferral wakes it. The handshake: a deferring thread
 //! publishes its launch in the stream's deferral word, then reads whether the starter is
@@ -40,6 +47,7 @@
 use super::stream::CpuStream;
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::Thread;
@@ -83,6 +91,42 @@ pub(crate) fn enabled() -> bool {
     })
 }
 
+std::thread_local! {
+    /// The launch this thread deferred last, while it may still be deferred: its stream
+    /// and its number.
+    static OWN: Cell<Option<(Weak<CpuStream>, u64)>> = const { Cell::new(None) };
+}
+
+/// Notes that this thread deferred launch `number` of `stream`; the launch it deferred
+/// before, on another stream, is started now (see the module docs). Never inlined: it
+/// reaches a thread-local (see `inline::install`).
+#[inline(never)]
+pub(crate) fn note_own(stream: &Arc<CpuStream>, number: u64) {
+    let before = OWN.replace(Some((Arc::downgrade(stream), number)));
+    start_unless_on(before, Some(stream));
+}
+
+/// Starts the launch this thread deferred last, if it is still deferred and not on
+/// `except` (whose `synchronize` is about to run it): called before this thread waits.
+/// Never inlined (see [`note_own`]).
+#[inline(never)]
+pub(crate) fn start_own(except: Option<&Arc<CpuStream>>) {
+    start_unless_on(OWN.take(), except);
+}
+
+/// Starts deferred launch `own` (a stream and a number) unless it is on `except`.
+fn start_unless_on(own: Option<(Weak<CpuStream>, u64)>, except: Option<&Arc<CpuStream>>) {
+    let Some((stream, number)) = own else {
+        return;
+    };
+    if except.is_some_and(|e| std::ptr::eq(Arc::as_ptr(e), stream.as_ptr())) {
+        return;
+    }
+    if let Some(stream) = stream.upgrade() {
+        stream.start_deferred(number);
+    }
+}
+
 /// One stream as the starter sees it.
 struct Watched {
     word: DeferralWord,
@@ -120,6 +164,16 @@ pub(crate) fn watch(stream: &Arc<CpuStream>, word: &DeferralWord) {
         word: word.clone(),
         stream: Arc::downgrade(stream),
     });
+}
+
+/// Stops the starter watching `stream` (tests: its deferred launches then run only where
+/// a host thread's own rules start them).
+#[cfg(test)]
+pub(crate) fn unwatch(stream: &Arc<CpuStream>) {
+    starter()
+        .streams
+        .lock()
+        .retain(|w| !std::ptr::eq(w.stream.as_ptr(), Arc::as_ptr(stream)));
 }
 
 /// Called by a thread that just deferred a launch (its number in the stream's word, with

@@ -188,9 +188,12 @@ impl CpuStream {
         }
         // After the lock: the stream's reference to itself, not its last.
         drop(undeferred);
-        if deferred != 0 && !deferral::deferred() {
-            // No starter to rely on: to the pool now, as without deferral.
-            self.start_deferred(deferred);
+        if deferred != 0 {
+            deferral::note_own(self, deferred);
+            if !deferral::deferred() {
+                // No starter to rely on: to the pool now, as without deferral.
+                self.start_deferred(deferred);
+            }
         }
         Ok(())
     }
@@ -347,6 +350,8 @@ impl CpuStream {
         if inline::running_here() || std::thread::panicking() {
             return;
         }
+        // This thread's deferred launch on another stream may be what ours waits for.
+        deferral::start_own(Some(self));
         // Mapped on first use, kept across the kernel threads run here.
         let Some(mut stack) = inline::stack() else {
             return;
@@ -941,8 +946,8 @@ mod tests {
         );
     }
 
-    /// Raised by [`raise_flag`], one per test below.
-    static RAISED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
+    /// Raised by [`raise_flag`] and [`wait_then_raise`], one or two per test below.
+    static RAISED: [AtomicBool; 6] = [const { AtomicBool::new(false) }; 6];
 
     /// Raises flag `flag`.
     #[kernel]
@@ -988,5 +993,59 @@ mod tests {
             raised_within(1, Duration::from_secs(10)),
             "the kernel of the dropped stream did not run within 10 s"
         );
+    }
+
+    /// Waits (with back-off) for flag `wait`, then raises flag `then`.
+    #[kernel]
+    fn wait_then_raise(wait: u32, then: u32) {
+        let mut i = 0;
+        while !RAISED[wait as usize].load(Ordering::Acquire) {
+            arch::spin_pause(i);
+            i = i.saturating_add(1);
+        }
+        RAISED[then as usize].store(true, Ordering::Release);
+    }
+
+    /// Two streams the starter of deferred launches does not watch: only a host thread's
+    /// own rules start their deferred launches.
+    fn unwatched_streams(first: usize) -> (Stream, Stream) {
+        let (a, b) = (stream_of(first), stream_of(first + 1));
+        for s in [&a, &b] {
+            super::deferral::unwatch(s.cpu_stream());
+        }
+        (a, b)
+    }
+
+    /// Guards against a host thread's `synchronize` of one stream waiting for the starter
+    /// (or for ever) on a kernel it launched on another: kernel A (waits for flag 2) on one
+    /// stream, then B (raises it) on another, both deferred, then the first stream
+    /// synchronized; the synchronize must start B (the starter watches neither stream).
+    #[test]
+    fn synchronize_starts_the_threads_deferred_launch_on_another_stream() {
+        let (first, second) = unwatched_streams(26);
+        wait_then_raise::launch(&first, LaunchConfig::grid(1), 2, 3).unwrap();
+        raise_flag::launch(&second, LaunchConfig::grid(1), 2).unwrap();
+        first
+            .cpu_stream()
+            .synchronize(Duration::from_secs(10))
+            .unwrap();
+        second.synchronize().unwrap();
+    }
+
+    /// Guards against a host thread keeping several launches deferred: kernel A (waits for
+    /// flag 4, then raises 5) on one stream, then B (raises 4) on another, the second
+    /// stream synchronized, then flag 5 awaited without synchronizing the first: deferring
+    /// B must have started A (the starter watches neither stream).
+    #[test]
+    fn deferring_a_launch_starts_the_threads_deferred_launch_on_another_stream() {
+        let (first, second) = unwatched_streams(28);
+        wait_then_raise::launch(&first, LaunchConfig::grid(1), 4, 5).unwrap();
+        raise_flag::launch(&second, LaunchConfig::grid(1), 4).unwrap();
+        second.synchronize().unwrap();
+        assert!(
+            raised_within(5, Duration::from_secs(10)),
+            "the first stream's kernel did not run within 10 s"
+        );
+        first.synchronize().unwrap();
     }
 }
