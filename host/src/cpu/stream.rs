@@ -1,8 +1,11 @@
 //! One stream of the emulator: launches run one after the other, in enqueue order.
 //!
-//! The enqueuing host thread starts a launch at once if the stream is idle, else queues
-//! it; the kernel thread that completes a launch starts the next one. No thread belongs to
-//! a stream, so an idle stream costs nothing and a launch costs one hand-off to the pool.
+//! A launch on an idle stream is left for the `synchronize` that likely follows it
+//! (*deferred*, see [`super::deferral`]; a starter thread hands it to the pool if none
+//! comes, and a second launch behind it hands it over at once); a launch on a busy stream
+//! is queued, and the kernel thread that completes a launch starts the next one. No thread
+//! belongs to a stream, so an idle stream costs nothing, and a launch that its host
+//! synchronizes costs no hand-off at all.
 //!
 //! A host thread in `synchronize` *helps* until its launches are done or its deadline
 //! passes: it runs kernel threads of the stream itself (see [`super::inline`]) instead of
