@@ -178,12 +178,24 @@ impl Launch {
     /// fail instead of hanging.
     pub(crate) fn run_thread(&self, index: u32) {
         let threads_per_block = self.config.block.volume() as u32;
-        let block = index / threads_per_block;
-        let thread = index % threads_per_block;
+        // A one-thread launch (most of the emulator's: small collectives, ping-pongs) is at
+        // index zero of everything, without the integer divisions, slow ones, that place a
+        // thread of a larger one.
+        let (block, thread_idx, block_idx) = if self.total_threads() == 1 {
+            (0, Dim3::ZERO, Dim3::ZERO)
+        } else {
+            let block = index / threads_per_block;
+            let thread = index % threads_per_block;
+            (
+                block,
+                delinearize(thread, self.config.block),
+                delinearize(block, self.config.grid),
+            )
+        };
         let barrier = self.barriers.get(block as usize);
         let ctx = ThreadContext {
-            thread_idx: delinearize(thread, self.config.block),
-            block_idx: delinearize(block, self.config.grid),
+            thread_idx,
+            block_idx,
             block_dim: self.config.block,
             grid_dim: self.config.grid,
             block_barrier: barrier.cloned(),

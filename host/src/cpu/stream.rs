@@ -474,7 +474,10 @@ impl CpuStream {
         // caller holds one).
         drop(kept);
         launch.and_then(|launch| {
-            if left_for_us && !self.dispatch(&launch, launch.total_threads() - 1) {
+            // Its other threads, if any, to workers (none for a one-thread launch: the
+            // pool's dispatch of nothing still cost a few percent of a small launch).
+            let others = launch.total_threads() - 1;
+            if left_for_us && others > 0 && !self.dispatch(&launch, others) {
                 // No thread of it runs: it is finished as failed, and the next one left
                 // for a helper again (or dispatched, by `start`).
                 if let Some(next) = self.finish(&launch) {
