@@ -35,10 +35,10 @@
 //! (`synchronize` of another stream, a bootstrap barrier).
 //!
 //! The starter costs nothing while no launch is deferred: after [`QUIET_FOR`] without one
-//! it parks until a deferral wakes it. The handshake: a deferring thread
-//! publishes its launch in the stream's deferral word, then reads whether the starter is
-//! awake, and wakes it if not; the starter, before it parks, says it is asleep, then reads
-//! every deferral word once more (all four accesses `SeqCst`, so one side always sees the
+//! it parks until a deferral wakes it. The handshake: a deferring thread publishes its
+//! launch in the stream's deferral word, then reads whether the starter is awake, and
+//! wakes it if not; the starter, before it parks, says it is asleep, then reads every
+//! deferral word once more (all four accesses `SeqCst`, so one side always sees the
 //! other's store).
 //!
 //! `OXCCL_CPU_DEFER=never` turns deferral off (every launch on an idle stream goes to the
@@ -55,11 +55,11 @@ use std::time::{Duration, Instant};
 
 /// Shortest time between two looks of the starter (while it keeps having to start
 /// launches).
-pub(crate) const MIN_PERIOD: Duration = Duration::from_micros(100);
+const MIN_PERIOD: Duration = Duration::from_micros(100);
 
 /// Longest time between two looks (while every deferred launch it sees is claimed by a
 /// host thread): a launch that then comes to need the starter waits at most twice this.
-pub(crate) const MAX_PERIOD: Duration = Duration::from_millis(4);
+const MAX_PERIOD: Duration = Duration::from_millis(4);
 
 /// How long the starter goes on looking after the last deferred launch it saw, before it
 /// parks until the next deferral.
