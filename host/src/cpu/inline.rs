@@ -54,8 +54,9 @@ use std::time::Instant;
 /// failure) stays on the coroutine's own stack while it is suspended, in the frame of
 /// [`wait_hook`], which takes it off the OS thread before suspending and puts it on
 /// whichever OS thread resumes the coroutine: nothing of it is moved at a switch. Carried
-/// out and back in the coroutine's yield and resume values, some 100 bytes moved four
-/// times a turn were a fifth of the cost of a turn.
+/// out and back in the coroutine's yield and resume values, some 100 bytes were copied
+/// four times a turn: a co-run memory ping-pong took 0.18 µs a round trip, against 0.11
+/// with the context kept in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pause {
     /// Past the host's deadline: it moves to a pool thread.

@@ -95,6 +95,14 @@ struct Queue {
     spares: Vec<Arc<Launch>>,
 }
 
+/// A launch to dispatch once the queue's lock is released, and the stream's reference to
+/// itself if that launch was deferred (see [`CpuStream::end_left`]).
+#[derive(Default)]
+struct Orphan {
+    launch: Option<Arc<Launch>>,
+    kept: Option<Arc<CpuStream>>,
+}
+
 impl Queue {
     /// Makes `next` the running launch; returns it if the caller must dispatch it, or
     /// leaves it for a helper if there is one.
@@ -148,8 +156,7 @@ impl CpuStream {
     ) -> crate::Result<()> {
         self.make_room()?;
         let mut deferred = 0;
-        let mut undeferred = None;
-        let start_now = {
+        let to_start = {
             // One lock for the spare and the queue: each lock the host and the kernel
             // threads both take moves a cache line between cores, the larger part of a
             // launch's cost.
@@ -167,11 +174,9 @@ impl CpuStream {
                     // while the host enqueues (two ranks' loops of small all-reduces
                     // without a synchronize each took 8-12 % longer with the launches left
                     // to the final `synchronize`).
-                    queue.for_helper = false;
-                    undeferred = self.end_deferral(&mut queue);
-                    queue.running.clone()
+                    self.end_left(&mut queue)
                 } else {
-                    None
+                    Orphan::default()
                 }
             } else if queue.helpers == 0 && deferral::enabled() {
                 // Left for the `synchronize` that likely follows (see `deferral`).
@@ -181,16 +186,15 @@ impl CpuStream {
                 // SeqCst: the deferring side of the starter's handshake.
                 self.deferral.store(number, Ordering::SeqCst);
                 deferred = number;
-                None
+                Orphan::default()
             } else {
-                queue.run_next(Some(launch))
+                Orphan {
+                    launch: queue.run_next(Some(launch)),
+                    kept: None,
+                }
             }
         };
-        if let Some(launch) = start_now {
-            self.start(launch);
-        }
-        // After the lock: the stream's reference to itself, not its last.
-        drop(undeferred);
+        self.start_orphan(to_start);
         if deferred != 0 {
             deferral::note_own(self, deferred);
             if !deferral::deferred() {
@@ -205,7 +209,7 @@ impl CpuStream {
     /// (no helper came for it, and none is waiting to): the starter's call, for a launch it
     /// saw deferred for a whole period.
     pub(crate) fn start_deferred(self: &Arc<Self>, number: u64) {
-        let (launch, kept) = {
+        let orphan = {
             let mut queue = self.queue.lock();
             // Relaxed: written under this lock.
             if !queue.for_helper
@@ -214,13 +218,30 @@ impl CpuStream {
             {
                 return;
             }
-            queue.for_helper = false;
-            (queue.running.clone(), self.end_deferral(&mut queue))
+            self.end_left(&mut queue)
         };
+        self.start_orphan(orphan);
+    }
+
+    /// Ends the running launch's being left for a helper (deferred or not): no helper
+    /// will run it, so the caller must dispatch it once the queue's lock is released
+    /// ([`Self::start_orphan`]).
+    fn end_left(&self, queue: &mut Queue) -> Orphan {
+        queue.for_helper = false;
+        Orphan {
+            kept: self.end_deferral(queue),
+            launch: queue.running.clone(),
+        }
+    }
+
+    /// Dispatches what [`Self::end_left`] (or the queue) handed over, outside the queue's
+    /// lock, and drops the stream's reference to itself (not its last: the caller holds
+    /// one).
+    fn start_orphan(self: &Arc<Self>, orphan: Orphan) {
+        let Orphan { launch, kept } = orphan;
         if let Some(launch) = launch {
             self.start(launch);
         }
-        // After the lock: the stream's own reference, not its last (the caller holds one).
         drop(kept);
     }
 
@@ -444,20 +465,16 @@ impl CpuStream {
 
     /// Unregisters a helper; the last one dispatches a launch left for helpers.
     fn stop_helping(self: &Arc<Self>) {
-        let (orphan, kept) = {
+        let orphan = {
             let mut queue = self.queue.lock();
             queue.helpers -= 1;
             if queue.helpers == 0 && queue.for_helper {
-                queue.for_helper = false;
-                (queue.running.clone(), self.end_deferral(&mut queue))
+                self.end_left(&mut queue)
             } else {
-                (None, None)
+                Orphan::default()
             }
         };
-        if let Some(launch) = orphan {
-            self.start(launch);
-        }
-        drop(kept);
+        self.start_orphan(orphan);
     }
 
     /// A thread for a helper to run, claimed: one of the launch left for helpers (whose
