@@ -348,7 +348,7 @@ impl<'a> FifoDeviceHandle<'a> {
             Scope::Gpu,
         );
         if position >= cached + size {
-            self.wait.wait_until(
+            self.wait.wait_on_memory(
                 DeviceOp::FifoPush,
                 || {
                     // Acquire: pairs with the proxy's Release store of `tail` after it read
@@ -397,7 +397,7 @@ impl<'a> FifoDeviceHandle<'a> {
         }
         // Acquire: pairs with the proxy's Release store of `tail`, so effects of the
         // executed triggers (e.g. a flushed write) are ordered before what follows.
-        self.wait.wait_until(
+        self.wait.wait_on_memory(
             DeviceOp::FifoSync,
             || atomic::load(self.cell(self.raw.tail), Ordering::Acquire, Scope::System) > position,
             || [position, self.tail_now(), 0],

@@ -193,7 +193,7 @@ impl<'a> GridBarrierDeviceHandle<'a> {
             atomic::store(generation, current + 1, Ordering::Release, Scope::Gpu);
             return Ok(());
         }
-        self.wait.wait_until(
+        self.wait.wait_on_memory(
             DeviceOp::GridBarrier,
             // Acquire: pairs with the last arriver's Release of `generation`.
             || atomic::load(generation, Ordering::Acquire, Scope::Gpu) != current,

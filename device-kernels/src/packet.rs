@@ -98,7 +98,7 @@ pub trait Packet: Copy + bytemuck::Pod {
         offset: u64,
     ) -> Result<Self::Payload, DeviceError> {
         let mut out = None;
-        policy.wait_until_within(
+        policy.wait_on_memory_within(
             deadline,
             op,
             || {

@@ -110,7 +110,7 @@ fn wait_inbound(raw: &SemaphoreRawParts, wait: &WaitPolicy<'_>) -> Result<(), De
     // Relaxed, device scope: as in `poll_inbound`.
     let next = atomic::fetch_add(cell(raw.expected), 1, Ordering::Relaxed, Scope::Gpu) + 1;
     let inbound = cell(raw.inbound);
-    wait.wait_until(
+    wait.wait_on_memory(
         DeviceOp::SemaphoreWait,
         // Acquire: as in `poll_inbound`.
         || atomic::load(inbound, Ordering::Acquire, Scope::System) >= next,

@@ -169,7 +169,7 @@ impl<'a> WaitPolicy<'a> {
         ready: impl FnMut() -> bool,
         detail: impl FnOnce() -> [u64; 3],
     ) -> Result<(), DeviceError> {
-        self.wait_until_within(&mut Deadline::default(), op, ready, detail)
+        self.poll::<false>(&mut Deadline::default(), op, ready, detail)
     }
 
     /// [`Self::wait_until`] against `deadline`, which several waits of one call share: the
@@ -180,6 +180,46 @@ impl<'a> WaitPolicy<'a> {
     /// As [`Self::wait_until`].
     #[inline(always)]
     pub fn wait_until_within(
+        &self,
+        deadline: &mut Deadline,
+        op: DeviceOp,
+        ready: impl FnMut() -> bool,
+        detail: impl FnOnce() -> [u64; 3],
+    ) -> Result<(), DeviceError> {
+        self.poll::<false>(deadline, op, ready, detail)
+    }
+
+    /// [`Self::wait_until`] for the library's own waits, whose `ready` tests device memory
+    /// only (loads and stores of semaphores, FIFO cells, packets): the emulator may call it
+    /// while the waiting kernel thread is suspended (see [`arch::spin_pause_until`]). A
+    /// kernel's own condition may read its thread index or anything else of its context,
+    /// which is off the OS thread then: those go through [`Self::wait_until`].
+    #[inline(always)]
+    pub(crate) fn wait_on_memory(
+        &self,
+        op: DeviceOp,
+        ready: impl FnMut() -> bool,
+        detail: impl FnOnce() -> [u64; 3],
+    ) -> Result<(), DeviceError> {
+        self.poll::<true>(&mut Deadline::default(), op, ready, detail)
+    }
+
+    /// [`Self::wait_until_within`] as [`Self::wait_on_memory`].
+    #[inline(always)]
+    pub(crate) fn wait_on_memory_within(
+        &self,
+        deadline: &mut Deadline,
+        op: DeviceOp,
+        ready: impl FnMut() -> bool,
+        detail: impl FnOnce() -> [u64; 3],
+    ) -> Result<(), DeviceError> {
+        self.poll::<true>(deadline, op, ready, detail)
+    }
+
+    /// The wait loop of all of them; with `MEMORY_ONLY`, `ready` is handed to the pause (see
+    /// [`Self::wait_on_memory`]).
+    #[inline(always)]
+    fn poll<const MEMORY_ONLY: bool>(
         &self,
         deadline: &mut Deadline,
         op: DeviceOp,
@@ -210,7 +250,13 @@ impl<'a> WaitPolicy<'a> {
             }
             // `polls` is 0 at a wait's first pause: the emulator's back-off learns from it
             // that a new wait began.
-            arch::spin_pause(polls);
+            if MEMORY_ONLY {
+                if arch::spin_pause_until(polls, &mut ready) {
+                    return Ok(());
+                }
+            } else {
+                arch::spin_pause(polls);
+            }
             polls = polls.wrapping_add(1);
         };
         Err(self.raise(error, op, detail()))

@@ -173,6 +173,21 @@ pub fn spin_pause(iteration: u32) {
     imp::spin_pause(iteration)
 }
 
+/// [`spin_pause`] for a wait whose condition is `ready`, a test of device memory only (no
+/// thread index, no barrier, nothing but loads and stores of memory): returns true if
+/// `ready` was called during the pause and returned true, in which case the wait is over
+/// and must not call it again.
+///
+/// On the GPU it never does. In the emulator, a kernel thread that takes turns with others
+/// on one OS thread is suspended at its waits, and `ready` lets the emulator see whether
+/// the wait is over without switching back to it for each poll (see
+/// `host::WaitHook`); it is then called on another stack, with the kernel thread's context
+/// (indices, block barrier, last failure) off the OS thread.
+#[inline(always)]
+pub fn spin_pause_until<F: FnMut() -> bool>(iteration: u32, ready: &mut F) -> bool {
+    imp::spin_pause_until(iteration, ready)
+}
+
 /// Tells the host proxy that consumes a FIFO that a trigger was published, given the FIFO
 /// handle's doorbell address (zero: nobody to tell; always the case on the GPU, where the
 /// proxy polls) and whether the pusher saw the proxy asleep.

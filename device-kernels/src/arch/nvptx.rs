@@ -112,6 +112,12 @@ pub(crate) fn spin_pause(iteration: u32) {
 }
 
 #[inline(always)]
+pub(crate) fn spin_pause_until<F: FnMut() -> bool>(iteration: u32, _ready: &mut F) -> bool {
+    spin_pause(iteration);
+    false
+}
+
+#[inline(always)]
 pub(crate) fn trap() -> ! {
     // SAFETY: `trap` aborts the kernel; nothing after it runs.
     unsafe { nvptx::trap() }

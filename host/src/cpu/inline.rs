@@ -14,7 +14,11 @@
 //! pool thread with no deadline) also runs the kernel threads other threads donate to it,
 //! each on a coroutine of its own: at every wait of the running one the hook suspends it
 //! ([`Pause::Turn`]) and the next one runs until its own next wait ([`take_turns`]). When the host's own kernel thread returns
-//! or is late, those still running go to pool threads as [`Suspended`].
+//! or is late, those still running go to pool threads as [`Suspended`]. A kernel thread
+//! suspended at one of the device library's waits leaves its condition (a [`Probe`]): the
+//! runner calls it in place of resuming the kernel thread for a poll, and resumes it once
+//! the condition holds, or after [`SKIPS`] polls in a row (so that its own loop still looks
+//! at its deadline and its rank's stop word).
 //!
 //! Who touches what: the host thread that runs [`run`] owns its coroutines until they
 //! return or it hands them over; after that, the one pool thread given a [`Suspended`] owns
@@ -41,7 +45,7 @@ use super::pool::{WORKER_STACK, pool};
 use super::stream::CpuStream;
 pub(crate) use corosensei::stack::DefaultStack as Stack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
-use oxccl_device::arch::host::{attach, detach, set_wait_hook, time_given_up};
+use oxccl_device::arch::host::{Hooked, attach, detach, set_wait_hook, time_given_up};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -57,18 +61,79 @@ use std::time::Instant;
 /// out and back in the coroutine's yield and resume values, some 100 bytes were copied
 /// four times a turn: a co-run memory ping-pong took 0.18 µs a round trip, against 0.11
 /// with the context kept in place.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub(crate) enum Pause {
     /// Past the host's deadline: it moves to a pool thread.
     Late,
     /// Its turn is over: another kernel thread taking turns here (see [`super::corun`])
-    /// runs until its next wait.
-    Turn,
+    /// runs until its next wait. With the wait's condition, where it tests device memory
+    /// only.
+    Turn(Option<Probe>),
 }
 
-/// A coroutine running one kernel thread: it yields why it stopped.
-type KernelCoroutine = Coroutine<(), Pause, (), Stack>;
-type KernelYielder = Yielder<(), Pause>;
+/// A coroutine running one kernel thread: it yields why it stopped, and is resumed with
+/// whether its wait's condition was found true meanwhile (by a [`Probe`]).
+type KernelCoroutine = Coroutine<bool, Pause, (), Stack>;
+type KernelYielder = Yielder<bool, Pause>;
+
+/// The condition of the wait a kernel thread is suspended at (see
+/// [`oxccl_device::arch::host::WaitHook`]), which the runner may call in place of
+/// resuming the kernel thread for a poll.
+///
+/// It lives in the suspended kernel thread's frame (its wait loop), on the coroutine's
+/// stack: valid while that kernel thread stays suspended in the [`wait_hook`] call that
+/// gave it, and only then. A [`Turn`] holds it from the suspension to the next resume.
+#[derive(Clone, Copy)]
+pub(crate) struct Probe(*mut (dyn FnMut() -> bool + 'static));
+
+impl Probe {
+    /// The probe of `ready`, its lifetime erased (see the type's docs for how long it may
+    /// be called).
+    fn new(ready: &mut dyn FnMut() -> bool) -> Self {
+        let ready: *mut (dyn FnMut() -> bool + '_) = ready;
+        // SAFETY: only the lifetime of the trait object changes; the pointer is called
+        // only while the frame it points into is suspended (see the type's docs).
+        Probe(unsafe {
+            std::mem::transmute::<
+                *mut (dyn FnMut() -> bool + '_),
+                *mut (dyn FnMut() -> bool + 'static),
+            >(ready)
+        })
+    }
+
+    /// Calls the condition; false if it panicked (the kernel thread, resumed, then calls it
+    /// itself, and panics where its launch catches it).
+    ///
+    /// # Safety
+    /// The kernel thread that gave the probe is still suspended in the `wait_hook` call
+    /// that gave it, and is not running on any thread.
+    unsafe fn holds(self) -> bool {
+        // SAFETY: the frame of the wait loop that owns the condition is suspended (caller's
+        // contract), so nothing else uses it: the wait loop borrowed it mutably to the
+        // hook, and uses it again only once resumed.
+        let ready = unsafe { &mut *self.0 };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(ready)).unwrap_or(false)
+    }
+
+    /// The address of the condition: the same for as long as one wait lasts.
+    fn address(self) -> *mut u8 {
+        self.0.cast()
+    }
+}
+
+/// Polls in a row a runner makes with a suspended kernel thread's [`Probe`] in place of
+/// resuming it; the next turn resumes it, and its own wait loop polls once more, which
+/// looks at its deadline and stop word every so many polls, and counts towards the host's
+/// deadline in [`due`].
+const SKIPS: u32 = 8;
+
+/// Polls a runner makes with [`Probe`]s for one wait in all, after which that wait is
+/// resumed at every turn again, as without probes. The wait's back-off counts only its own
+/// polls: it goes on to yield the core (and then sleep) after so many of them, whether or
+/// not polls by probe came between. Without this bound, a wait for a thread that needs
+/// this core would spin up to [`SKIPS`] + 1 times as long before its first yield; with it,
+/// it spins at most this many probes longer (a few microseconds).
+const PROBES_PER_WAIT: u32 = 256;
 
 /// Stacks kept for the next kernel threads run here, at most this many: mapping a 2 MiB
 /// stack per run would cost more than the hand-off it saves.
@@ -117,7 +182,7 @@ impl Suspended {
         } = self;
         // A pool thread installs no wait hook, so the kernel thread runs to its end; the
         // loop only guards against a hook installed by mistake.
-        while let CoroutineResult::Yield(_) = coroutine.resume(()) {}
+        while let CoroutineResult::Yield(_) = coroutine.resume(false) {}
         recycle(coroutine.into_stack());
         (stream, launch)
     }
@@ -157,6 +222,16 @@ struct Turn {
     /// Whether its last timed turn ran longer than [`corun::TURN_LIMIT`] (its next turn
     /// is timed too).
     suspect: bool,
+    /// The condition of the wait it is suspended at, if it left one.
+    probe: Option<Probe>,
+    /// Whether `probe` returned true (the next resume says so).
+    ready: bool,
+    /// Turns skipped in a row because `probe` returned false.
+    skipped: u32,
+    /// Polls by probe for the current wait (see [`PROBES_PER_WAIT`]).
+    probed: u32,
+    /// The address of the last probe seen, to tell a new wait (see [`Probe::address`]).
+    last_probe: *mut u8,
 }
 
 /// Runs thread `index` of `launch` (of `stream`) on the calling thread, on `stack`, until
@@ -219,46 +294,54 @@ fn take_turns(own: &mut Turn, launch: &Launch, runner: Option<&Runner>) -> bool 
             });
         }
         set_turns(!guests.is_empty());
-        // Turns are timed only while there are others to take them.
-        let began = if guests.is_empty() {
-            None
-        } else {
-            timed(own.suspect)
-        };
-        let step = own.step();
-        if let Some(began) = began
-            && own.judge(began)
-            && let Some(runner) = runner
-        {
-            run_apart(runner, corun::kernel_key(launch), &mut guests);
-        }
-        match step {
-            Step::Returned => break false,
-            Step::Late => break true,
-            Step::Turn => {}
-        }
-        // Each guest once, then the own thread again.
-        let mut late = false;
-        for _ in 0..guests.len() {
-            let Some(mut guest) = guests.pop_front() else {
-                break;
+        // Alone, the own thread waits in its own loop, not in turns.
+        if guests.is_empty() || !own.skip() {
+            // Turns are timed only while there are others to take them.
+            let began = if guests.is_empty() {
+                None
+            } else {
+                timed(own.suspect)
             };
+            let step = own.step();
+            if let Some(began) = began
+                && own.judge(began)
+                && let Some(runner) = runner
+            {
+                run_apart(runner, corun::kernel_key(launch), &mut guests);
+            }
+            match step {
+                Step::Returned => break false,
+                Step::Late => break true,
+                Step::Turn => {}
+            }
+        }
+        // Each guest once, in place (a `Turn` is some 200 bytes: rotating the queue moved
+        // each twice a turn), then the own thread again.
+        let mut late = false;
+        let mut i = 0;
+        while i < guests.len() {
+            let guest = &mut guests[i];
+            if guest.skip() {
+                i += 1;
+                continue;
+            }
             let kernel = guest.donated.as_ref().map(|(_, l)| corun::kernel_key(l));
             let began = timed(guest.suspect);
             let step = guest.step();
             let long = began.is_some_and(|b| guest.judge(b));
             match step {
                 Step::Returned => {
-                    recycle(guest.coroutine.into_stack());
-                    if let Some((stream, launch)) = guest.donated {
-                        stream.thread_done(launch);
+                    if let Some(guest) = guests.remove(i) {
+                        recycle(guest.coroutine.into_stack());
+                        if let Some((stream, launch)) = guest.donated {
+                            stream.thread_done(launch);
+                        }
                     }
                 }
-                Step::Turn => guests.push_back(guest),
+                Step::Turn => i += 1,
                 Step::Late => {
                     // The host's deadline passed while a guest ran: the own kernel
                     // thread is late too; the guest goes to a pool thread with the rest.
-                    guests.push_back(guest);
                     late = true;
                     break;
                 }
@@ -359,7 +442,35 @@ impl Turn {
             donated,
             yielder: std::ptr::null(),
             suspect: false,
+            probe: None,
+            ready: false,
+            skipped: 0,
+            probed: 0,
+            last_probe: std::ptr::null_mut(),
         }
+    }
+
+    /// Whether this turn is skipped: the kernel thread is suspended at a wait whose
+    /// condition it left ([`Probe`]), the condition does not hold yet, and fewer than
+    /// [`SKIPS`] turns in a row were skipped. A condition that holds is not called again:
+    /// the next resume tells the wait so.
+    fn skip(&mut self) -> bool {
+        let Some(probe) = self.probe else {
+            return false;
+        };
+        if self.skipped >= SKIPS || self.probed >= PROBES_PER_WAIT {
+            return false;
+        }
+        // SAFETY: `probe` is set from the suspension the coroutine is in (`step`), which
+        // clears it before resuming; a `Turn` is only stepped on the thread it lives on.
+        if unsafe { probe.holds() } {
+            self.probe = None;
+            self.ready = true;
+            return false;
+        }
+        self.skipped += 1;
+        self.probed += 1;
+        true
     }
 
     /// Whether the turn timed by `clock` (just ended) makes this kernel thread one to run
@@ -376,11 +487,23 @@ impl Turn {
     /// end.
     fn step(&mut self) -> Step {
         set_yielder(self.yielder);
-        match self.coroutine.resume(()) {
+        // The probe points into the frame this resume continues: gone from here on.
+        self.probe = None;
+        self.skipped = 0;
+        let ready = std::mem::take(&mut self.ready);
+        match self.coroutine.resume(ready) {
             CoroutineResult::Return(()) => Step::Returned,
             CoroutineResult::Yield(Pause::Late) => Step::Late,
-            CoroutineResult::Yield(Pause::Turn) => {
+            CoroutineResult::Yield(Pause::Turn(probe)) => {
                 self.yielder = yielder();
+                if let Some(p) = probe
+                    && (ready || p.address() != self.last_probe)
+                {
+                    // Another wait than the one probed last.
+                    self.last_probe = p.address();
+                    self.probed = 0;
+                }
+                self.probe = probe;
                 Step::Turn
             }
         }
@@ -581,16 +704,24 @@ fn due() -> Option<(&'static KernelYielder, bool)> {
 /// running one (taking the emulator's context off this thread), and, once resumed on a
 /// pool thread, puts the context there; between turns, suspends it the same way until the
 /// runner resumes it here.
-fn wait_hook() -> bool {
+fn wait_hook(ready: Option<&mut dyn FnMut() -> bool>) -> Hooked {
     let Some((yielder, late)) = due() else {
-        return false;
+        return Hooked::Passed;
     };
     // Kept in this frame, on the coroutine's stack, while it is suspended (see [`Pause`]).
     let context = detach();
-    yielder.suspend(if late { Pause::Late } else { Pause::Turn });
+    // A pool thread that takes a late kernel thread over resumes it without a probe.
+    let pause = match late {
+        true => Pause::Late,
+        false => Pause::Turn(ready.map(Probe::new)),
+    };
+    let held = yielder.suspend(pause);
     // Now on the thread that resumed the coroutine.
     attach(context);
-    true
+    match held {
+        true => Hooked::Ready,
+        false => Hooked::Suspended,
+    }
 }
 
 #[cfg(test)]

@@ -113,11 +113,31 @@ impl SpinHistory {
 const SWITCH_COST: Duration = Duration::from_micros(1);
 
 /// What the emulator has a thread run at each wait of the kernel thread it runs (see
-/// [`set_wait_hook`]). It may return on another OS thread than the one that called it;
-/// it returns whether it suspended the kernel thread (other work ran meanwhile, which
-/// stands in for the wait's spinning).
+/// [`set_wait_hook`]), given the wait's condition where the wait has one that is a test of
+/// device memory only ([`spin_pause_until`](crate::arch::spin_pause_until)). It may return
+/// on another OS thread than the one that called it.
+///
+/// A hook that suspends the kernel thread may call the condition meanwhile, on another
+/// stack, instead of resuming the kernel thread for each poll (a switch to a suspended
+/// kernel thread and back costs some 40 ns; a test of a semaphore, a few); once the
+/// condition returned true it must not call it again, and the hook returns
+/// [`Hooked::Ready`].
 #[cfg(not(oxccl_loom))]
-pub type WaitHook = fn() -> bool;
+pub type WaitHook = fn(ready: Option<&mut dyn FnMut() -> bool>) -> Hooked;
+
+/// What a [`WaitHook`] did at a wait.
+#[cfg(not(oxccl_loom))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hooked {
+    /// Nothing: the kernel thread goes on with its wait's back-off.
+    Passed,
+    /// It suspended the kernel thread; other work ran meanwhile, which stands in for the
+    /// wait's spinning.
+    Suspended,
+    /// It suspended the kernel thread, and the wait's condition was called meanwhile and
+    /// returned true: the wait is over.
+    Ready,
+}
 
 /// Work the host has for any waiting thread of the process, in place of giving up its core
 /// (see [`set_wait_work`]): returns whether it did some.
@@ -210,8 +230,31 @@ pub fn spin_pause(iteration: u32) {
     {
         // The hook may move the kernel thread to another OS thread: `pause` is never
         // inlined, and reaches the thread-locals of the thread it runs on then.
-        let suspended = wait_hook().is_some_and(|hook| hook());
-        pause(iteration, suspended);
+        let hooked = wait_hook().map_or(Hooked::Passed, |hook| hook(None));
+        pause(iteration, hooked != Hooked::Passed);
+    }
+}
+
+/// [`spin_pause`] for a wait whose condition `ready` tests device memory only: the hook may
+/// call it while the kernel thread is suspended (see [`WaitHook`]). Returns true if it did
+/// and `ready` returned true: the wait is over, and nothing pauses.
+#[inline]
+pub fn spin_pause_until(iteration: u32, ready: &mut dyn FnMut() -> bool) -> bool {
+    #[cfg(oxccl_loom)]
+    {
+        let _ = (iteration, ready);
+        loom::thread::yield_now();
+        false
+    }
+    #[cfg(not(oxccl_loom))]
+    {
+        // As in `spin_pause`.
+        let hooked = wait_hook().map_or(Hooked::Passed, |hook| hook(Some(ready)));
+        if hooked == Hooked::Ready {
+            return true;
+        }
+        pause(iteration, hooked != Hooked::Passed);
+        false
     }
 }
 

@@ -31,9 +31,9 @@ mod global;
 mod last_failure;
 mod prefetch;
 
-pub use backoff::spin_pause;
 #[cfg(not(oxccl_loom))]
-pub use backoff::{WaitHook, WaitWork, set_wait_hook, set_wait_work, time_given_up};
+pub use backoff::{Hooked, WaitHook, WaitWork, set_wait_hook, set_wait_work, time_given_up};
+pub use backoff::{spin_pause, spin_pause_until};
 pub use block_barrier::BlockBarrier;
 pub(crate) use doorbell::ring_doorbell;
 pub use doorbell::{Assist, Doorbell};

@@ -20,11 +20,12 @@ use oxccl_device::kernel;
 use oxccl_device::launch::LaunchConfig;
 use oxccl_device::memory_channel::MemoryChannelDeviceHandle;
 use oxccl_device::semaphore::{
-    Device2DeviceSemaphoreDeviceHandle, Host2DeviceSemaphoreDeviceHandle,
+    Device2DeviceSemaphoreDeviceHandle, Host2DeviceSemaphoreDeviceHandle, SemaphoreRawParts,
 };
+use oxccl_device::wait::WaitPolicy;
 use parking_lot::Mutex;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::thread::ThreadId;
 use std::time::Duration;
 
@@ -37,7 +38,7 @@ const LONG: Duration = Duration::from_secs(60);
 const WATCHDOG: Duration = Duration::from_secs(15);
 
 /// One gate per use (tests run at the same time in one process); see [`gate`].
-static GATES: [AtomicBool; 32] = [const { AtomicBool::new(false) }; 32];
+static GATES: [AtomicBool; 40] = [const { AtomicBool::new(false) }; 40];
 static NEXT_GATE: AtomicU32 = AtomicU32::new(0);
 
 /// A fresh, closed gate.
@@ -674,10 +675,10 @@ impl Drop for Turns {
 /// Per test using [`hand_over`]: the hand-over token (kernel thread `parity` may go when
 /// it is `2 * round + parity`), whether the first has started, whether the second is done,
 /// and where each started and ended (`(parity, start, end)`).
-static TOKENS: [AtomicU32; 3] = [const { AtomicU32::new(0) }; 3];
-static FIRST_STARTED: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
-static SECOND_DONE: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
-static HANDED_WHERE: [Mutex<Vec<HandedWhere>>; 3] = [const { Mutex::new(Vec::new()) }; 3];
+static TOKENS: [AtomicU32; 5] = [const { AtomicU32::new(0) }; 5];
+static FIRST_STARTED: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
+static SECOND_DONE: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
+static HANDED_WHERE: [Mutex<Vec<HandedWhere>>; 5] = [const { Mutex::new(Vec::new()) }; 5];
 
 /// Where a kernel thread of [`play_hand_over`] started and ended: `(parity, start, end)`.
 type HandedWhere = (u32, ThreadId, ThreadId);
@@ -1014,4 +1015,124 @@ fn host_threads_launching_at_once_take_turns() {
         "{} of {ROUNDS} rounds ran apart (round, a pool thread's): {apart:?}",
         apart.len()
     );
+}
+
+/// The counters of the two semaphores of each slot of [`semaphore_hand_over`] and
+/// [`semaphore_never_signaled`]: for kernel thread `parity`, its inbound counter at
+/// `2 * parity` and its count of consumed signals at `2 * parity + 1`.
+static SEMAPHORE_COUNTERS: [[AtomicU64; 4]; 5] = [const { [const { AtomicU64::new(0) }; 4] }; 5];
+
+/// Kernel thread `parity`'s end of the semaphore pair of `slot`, whose waits give up after
+/// `limit_ms`.
+fn semaphore_of(
+    slot: u32,
+    parity: u32,
+    limit_ms: u32,
+) -> Device2DeviceSemaphoreDeviceHandle<'static> {
+    let c = &SEMAPHORE_COUNTERS[slot as usize];
+    let (mine, theirs) = (2 * parity as usize, 2 * (1 - parity) as usize);
+    let raw = SemaphoreRawParts {
+        inbound: c[mine].as_ptr() as u64,
+        expected: c[mine + 1].as_ptr() as u64,
+        remote_inbound: c[theirs].as_ptr() as u64,
+    };
+    let wait = WaitPolicy::with_timeout_ns(u64::from(limit_ms) * 1_000_000);
+    // SAFETY: the counters are statics, only accessed atomically.
+    unsafe { Device2DeviceSemaphoreDeviceHandle::from_raw_parts(raw, wait) }
+}
+
+/// Hands the token of `slot` back and forth with the other kernel thread for `rounds`
+/// rounds through a pair of the device library's semaphores (whose waits a runner polls by
+/// probe while the kernel thread is suspended), checking at each turn that it is its own.
+#[kernel]
+fn semaphore_hand_over(slot: u32, parity: u32, rounds: u32) -> Result<(), DeviceError> {
+    let i = slot as usize;
+    let start = std::thread::current().id();
+    let sem = semaphore_of(slot, parity, 60_000);
+    if parity == 0 {
+        FIRST_STARTED[i].store(true, Ordering::Release);
+    }
+    for round in 0..rounds {
+        if parity == 1 || round > 0 {
+            sem.wait()?;
+        }
+        let mine = 2 * round + parity;
+        let token = TOKENS[i].load(Ordering::Acquire);
+        assert_eq!(token, mine, "kernel thread {parity} went out of turn");
+        TOKENS[i].store(mine + 1, Ordering::Release);
+        if parity == 0 || round + 1 < rounds {
+            sem.signal()?;
+        }
+    }
+    HANDED_WHERE[i]
+        .lock()
+        .push((parity, start, std::thread::current().id()));
+    // The first waits for the second to end, which it then does on the runner.
+    if parity == 0 {
+        wait_until(|| SECOND_DONE[i].load(Ordering::Acquire));
+    } else {
+        SECOND_DONE[i].store(true, Ordering::Release);
+    }
+    Ok(())
+}
+
+/// Waits for a signal of the other kernel thread of `slot` that never comes, through the
+/// device library's semaphore, whose wait gives up after `limit_ms`.
+#[kernel]
+fn semaphore_never_signaled(slot: u32, parity: u32, limit_ms: u32) -> Result<(), DeviceError> {
+    let i = slot as usize;
+    let start = std::thread::current().id();
+    if parity == 0 {
+        FIRST_STARTED[i].store(true, Ordering::Release);
+    }
+    let waited = semaphore_of(slot, parity, limit_ms).wait();
+    HANDED_WHERE[i]
+        .lock()
+        .push((parity, start, std::thread::current().id()));
+    waited
+}
+
+/// Guards against a wait that a runner polls by probe (the device library's semaphore wait
+/// of a kernel thread taking turns) ending before its signal, or not when it comes: two
+/// kernel threads on the runner hand a token over 2000 times through two semaphores, each
+/// checking that the token says its turn, and both end on the runner.
+#[test]
+fn kernel_threads_taking_turns_at_semaphore_waits_end_each_at_its_signal() {
+    let rounds = 2000;
+    let (runner, seen, [first, second]) = take_turns_on_two_devices(3, 54, |stream, parity| {
+        semaphore_hand_over::launch(stream, LaunchConfig::grid(1), 3, parity, rounds).unwrap()
+    });
+    first.unwrap();
+    second.unwrap();
+    assert_eq!(TOKENS[3].load(Ordering::Acquire), 2 * rounds);
+    for (parity, start, end) in seen {
+        assert_eq!(
+            (start, end),
+            (runner, runner),
+            "kernel thread {parity} left the runner"
+        );
+    }
+}
+
+/// Guards against a wait polled by probe that is never resumed, and so never looks at its
+/// own limit: two kernel threads on the runner each wait for a signal that never comes,
+/// their waits limited to 300 ms; each must give up with a timeout (with the probes alone,
+/// the runner polled both forever, and the streams' 60 s deadline ended it).
+#[test]
+fn kernel_threads_taking_turns_at_semaphore_waits_give_up_at_their_limit() {
+    let (runner, seen, synced) = take_turns_on_two_devices(4, 56, |stream, parity| {
+        semaphore_never_signaled::launch(stream, LaunchConfig::grid(1), 4, parity, 300).unwrap()
+    });
+    assert_eq!(
+        seen[1].1, runner,
+        "the second did not start on the runner: {seen:?}"
+    );
+    for (parity, synced) in synced.into_iter().enumerate() {
+        match synced {
+            Err(Error::KernelError { error, .. }) => {
+                assert_eq!(error, DeviceError::Timeout, "kernel thread {parity}")
+            }
+            other => panic!("kernel thread {parity}: expected a timeout, got {other:?}"),
+        }
+    }
 }
