@@ -11,10 +11,13 @@
 //! - [`deferral`]: launches left for the `synchronize` that follows them, and the thread
 //!   that starts those nobody synchronizes.
 //!
+//! - [`coarse_clock`]: a cheap, never early reading of the clock for host deadlines.
+//!
 //! Every wait here backs off (spin, then yield, then sleep on a condition variable or
 //! park), so that several ranks, each with kernel threads and a proxy, progress on few
 //! cores.
 
+pub(crate) mod coarse_clock;
 pub(crate) mod corun;
 pub(crate) mod deferral;
 pub(crate) mod inline;

@@ -342,7 +342,9 @@ impl CpuStream {
     /// stream on the calling thread while it waits (see the module docs).
     pub(crate) fn synchronize(self: &Arc<Self>, timeout: Duration) -> crate::Result<()> {
         let target = self.submitted.load(Ordering::Relaxed);
-        let started = Instant::now();
+        // The coarse clock: a fine reading was a tenth of an empty launch's cost, at every
+        // call; the deadline may then be a tick late, never early.
+        let started = super::coarse_clock::now_or_later();
         let deadline = started.checked_add(timeout);
         // SeqCst: acquires the kernels' writes (pairs with the SeqCst increment in
         // `finish`), and is the waiter's half of the `Signal` handshake.
