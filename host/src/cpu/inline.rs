@@ -275,6 +275,18 @@ pub(crate) fn run(
 /// [`corun::TURN_LIMIT`] (the runner then closes, and `own` runs on alone). Returns whether
 /// `own` is late (suspended, to be resumed elsewhere) rather than returned.
 fn take_turns(own: &mut Turn, launch: &Launch, runner: Option<&Runner>) -> bool {
+    if runner.is_none() {
+        // Not the runner: no guest can come, and the own thread's waits end no turn, only
+        // its deadline (the guests' queue and its thread-local were some 5 % of an empty
+        // launch and its `synchronize`).
+        loop {
+            match own.step() {
+                Step::Returned => return false,
+                Step::Late => return true,
+                Step::Turn => {}
+            }
+        }
+    }
     // This thread's queue of guests, empty between calls: reused, so taking turns does not
     // allocate.
     let mut guests = take_guest_queue();
@@ -365,14 +377,14 @@ fn take_turns(own: &mut Turn, launch: &Launch, runner: Option<&Runner>) -> bool 
 /// This thread's (empty) queue of guests, with the capacity it grew to.
 #[inline(never)]
 fn take_guest_queue() -> VecDeque<Turn> {
-    GUESTS.take()
+    GUESTS.with(Cell::take)
 }
 
 /// Keeps `guests` (emptied) for this thread's next [`take_turns`].
 #[inline(never)]
 fn keep_guest_queue(guests: VecDeque<Turn>) {
     debug_assert!(guests.is_empty());
-    GUESTS.set(guests);
+    GUESTS.with(|g| g.set(guests));
 }
 
 /// One turn in this many is timed against [`corun::TURN_LIMIT`]: a clock read costs some
@@ -518,7 +530,7 @@ impl Turn {
 /// collective (a few percent of a small all-reduce's time in that lock's cache line alone).
 #[inline(never)]
 pub(crate) fn stack() -> Option<Stack> {
-    if let Some(stack) = KEPT_STACK.take() {
+    if let Some(stack) = KEPT_STACK.with(Cell::take) {
         return Some(stack);
     }
     if let Some(stack) = SPARES.lock().pop() {
@@ -531,7 +543,7 @@ pub(crate) fn stack() -> Option<Stack> {
 /// keeps one already, or unmaps it if enough are kept. Never inlined (see [`install`]).
 #[inline(never)]
 pub(crate) fn recycle(stack: Stack) {
-    let Some(older) = KEPT_STACK.replace(Some(stack)) else {
+    let Some(older) = KEPT_STACK.with(|k| k.replace(Some(stack))) else {
         return;
     };
     let mut spares = SPARES.lock();
