@@ -382,7 +382,10 @@ impl CpuStream {
         let Some(mut stack) = inline::stack() else {
             return;
         };
-        self.queue.lock().helpers += 1;
+        // Registered as a helper with the first claim, under the same lock (each lock the
+        // host and the kernel threads both take is a locked instruction or two on a shared
+        // line; two fewer were some 7 % of an empty launch and its `synchronize`).
+        let mut joined = false;
         let mut ran: u32 = 0;
         loop {
             // Read before the claim: a launch completed after it (whose successor is then
@@ -392,7 +395,9 @@ impl CpuStream {
             if seen >= target {
                 break;
             }
-            if let Some((launch, index)) = self.claim_for_helper() {
+            let claimed = self.claim_for_helper(!joined);
+            joined = true;
+            if let Some((launch, index)) = claimed {
                 let runner = match corun::place(self, &launch, index) {
                     Placement::Runner(runner) => Some(runner),
                     Placement::Alone => None,
@@ -442,7 +447,9 @@ impl CpuStream {
             }
         }
         inline::recycle(stack);
-        self.stop_helping();
+        if joined {
+            self.stop_helping();
+        }
     }
 
     /// Waits until more than `seen` launches have completed, or the deadline (then false).
@@ -481,9 +488,13 @@ impl CpuStream {
 
     /// A thread for a helper to run, claimed: one of the launch left for helpers (whose
     /// other threads go to workers), or the unclaimed thread of a running one-thread launch.
-    fn claim_for_helper(self: &Arc<Self>) -> Option<(Arc<Launch>, u32)> {
+    /// With `join`, the calling thread registers as a helper first, under the same lock.
+    fn claim_for_helper(self: &Arc<Self>, join: bool) -> Option<(Arc<Launch>, u32)> {
         let (launch, left_for_us, kept) = {
             let mut queue = self.queue.lock();
+            if join {
+                queue.helpers += 1;
+            }
             let left_for_us = queue.for_helper;
             queue.for_helper = false;
             let kept = self.end_deferral(&mut queue);
