@@ -24,7 +24,7 @@ use std::mem::MaybeUninit;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// A launch in flight or queued on a stream.
 pub(crate) struct Launch {
@@ -45,6 +45,9 @@ pub(crate) struct Launch {
     remaining: AtomicU32,
     /// The first failure of a thread of this launch, and how many threads failed.
     failure: Mutex<Failure>,
+    /// Whether `failure` has one: looked at without the lock, which every launch would
+    /// otherwise take once more (two locked instructions) to find none.
+    failed: AtomicBool,
 }
 
 #[derive(Default)]
@@ -108,6 +111,7 @@ impl Launch {
                     *old.worker.get_mut() = None;
                     *old.remaining.get_mut() = total;
                     *old.failure.get_mut() = Failure::default();
+                    *old.failed.get_mut() = false;
                     spare
                 }
                 None => Arc::new(Self::fresh(kernel, config, barriers)),
@@ -140,6 +144,7 @@ impl Launch {
             worker: Mutex::new(None),
             remaining: AtomicU32::new(config.total_threads() as u32),
             failure: Mutex::new(Failure::default()),
+            failed: AtomicBool::new(false),
         }
     }
 
@@ -242,6 +247,12 @@ impl Launch {
     /// Reports one thread done: whether it was the last, whose caller completes the launch
     /// on its stream.
     pub(crate) fn thread_done(&self) -> bool {
+        if self.total_threads() == 1 {
+            // The only thread is the last, and the one that completes the launch: nothing
+            // to acquire from others, and no locked instruction to count down.
+            self.remaining.store(0, Ordering::Relaxed);
+            return true;
+        }
         // AcqRel: each thread releases its writes; the last one acquires them all before it
         // completes the launch (and the host acquires them from the stream's counter).
         self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
@@ -250,6 +261,12 @@ impl Launch {
     /// What went wrong, if a thread failed: how the first thread failed, its message, and
     /// a count of the others.
     pub(crate) fn failure(&self) -> Option<(FailureKind, String)> {
+        // Acquire: pairs with the Release in `record_failure` (the launch's threads are
+        // done when this is asked, and their completion ordered their writes before it
+        // anyway).
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
         let failure = self.failure.lock();
         let (kind, first) = failure.first.as_ref()?;
         Some((
@@ -277,6 +294,8 @@ impl Launch {
                 ),
             ));
         }
+        // Release: the failure is written (under the lock) before it is announced.
+        self.failed.store(true, Ordering::Release);
     }
 }
 

@@ -165,7 +165,10 @@ impl CpuStream {
             // SAFETY: forwarded contract.
             let launch = unsafe { Launch::new(kernel, config, params, spare)? };
             self.device.launch_enqueued();
-            let number = self.submitted.fetch_add(1, Ordering::Relaxed) + 1;
+            // Written only here, under the queue's lock: a load and a store, not a locked
+            // instruction.
+            let number = self.submitted.load(Ordering::Relaxed) + 1;
+            self.submitted.store(number, Ordering::Relaxed);
             if queue.running.is_some() {
                 queue.pending.push_back(launch);
                 if queue.keep_alive.is_some() && queue.helpers == 0 {
