@@ -27,7 +27,7 @@
 //! - `tail > p` means the proxy has *executed* trigger `p` (for a `SYNC` trigger: the
 //!   connection was flushed), which is what [`FifoDeviceHandle::sync`] waits for.
 
-use crate::arch::{self, Scope, atomic, atomic::AtomicU64, atomic::Ordering};
+use crate::arch::{self, Awaited, Scope, atomic, atomic::AtomicU64, atomic::Ordering};
 use crate::error::{DeviceError, DeviceOp};
 use crate::wait::WaitPolicy;
 
@@ -350,6 +350,12 @@ impl<'a> FifoDeviceHandle<'a> {
         if position >= cached + size {
             self.wait.wait_on_memory(
                 DeviceOp::FifoPush,
+                // The slot is free once the tail is past `position - size` (at least
+                // `cached + 1` here).
+                Awaited::AtLeast {
+                    addr: self.raw.tail,
+                    value: position - size + 1,
+                },
                 || {
                     // Acquire: pairs with the proxy's Release store of `tail` after it read
                     // (and executed) the slot's previous trigger.
@@ -399,6 +405,10 @@ impl<'a> FifoDeviceHandle<'a> {
         // executed triggers (e.g. a flushed write) are ordered before what follows.
         self.wait.wait_on_memory(
             DeviceOp::FifoSync,
+            Awaited::AtLeast {
+                addr: self.raw.tail,
+                value: position + 1,
+            },
             || atomic::load(self.cell(self.raw.tail), Ordering::Acquire, Scope::System) > position,
             || [position, self.tail_now(), 0],
         )?;

@@ -34,7 +34,7 @@
 //! One launch at a time may use a barrier's cells: two kernels running at once on the same
 //! barrier would count each other's arrivals.
 
-use crate::arch::{self, Scope, atomic, atomic::AtomicU64, atomic::Ordering};
+use crate::arch::{self, Awaited, Scope, atomic, atomic::AtomicU64, atomic::Ordering};
 use crate::block::block_agrees;
 use crate::error::{DeviceError, DeviceOp};
 use crate::wait::WaitPolicy;
@@ -195,6 +195,10 @@ impl<'a> GridBarrierDeviceHandle<'a> {
         }
         self.wait.wait_on_memory(
             DeviceOp::GridBarrier,
+            Awaited::Changed {
+                addr: self.raw.generation,
+                value: current,
+            },
             // Acquire: pairs with the last arriver's Release of `generation`.
             || atomic::load(generation, Ordering::Acquire, Scope::Gpu) != current,
             || {

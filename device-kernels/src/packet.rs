@@ -14,7 +14,7 @@
 //! flag of the packet. The payload is half the packet, so a packet buffer needs twice the
 //! bytes it carries.
 
-use crate::arch::{Scope, atomic, atomic::AtomicU64};
+use crate::arch::{Awaited, Scope, atomic, atomic::AtomicU64};
 use crate::error::{DeviceError, DeviceOp};
 use crate::wait::{Deadline, WaitPolicy};
 
@@ -101,6 +101,8 @@ pub trait Packet: Copy + bytemuck::Pod {
         policy.wait_on_memory_within(
             deadline,
             op,
+            // The flag of the first half: the second, if any, is polled once resumed.
+            Awaited::Flag { addr, flag },
             || {
                 // SAFETY: forwarded contract.
                 out = unsafe { Self::try_load(addr, flag) };

@@ -13,7 +13,7 @@
 //! waits on a given semaphore (as in MSCCL++). Counters in device memory persist across
 //! kernel launches, so a later kernel continues where an earlier one stopped.
 
-use crate::arch::{Scope, atomic, atomic::AtomicU64, atomic::Ordering};
+use crate::arch::{Awaited, Scope, atomic, atomic::AtomicU64, atomic::Ordering};
 use crate::error::{DeviceError, DeviceOp};
 use crate::wait::WaitPolicy;
 
@@ -112,6 +112,10 @@ fn wait_inbound(raw: &SemaphoreRawParts, wait: &WaitPolicy<'_>) -> Result<(), De
     let inbound = cell(raw.inbound);
     wait.wait_on_memory(
         DeviceOp::SemaphoreWait,
+        Awaited::AtLeast {
+            addr: raw.inbound,
+            value: next,
+        },
         // Acquire: as in `poll_inbound`.
         || atomic::load(inbound, Ordering::Acquire, Scope::System) >= next,
         || {

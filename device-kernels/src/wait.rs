@@ -169,7 +169,7 @@ impl<'a> WaitPolicy<'a> {
         ready: impl FnMut() -> bool,
         detail: impl FnOnce() -> [u64; 3],
     ) -> Result<(), DeviceError> {
-        self.poll::<false>(&mut Deadline::default(), op, ready, detail)
+        self.poll(&mut Deadline::default(), op, None, ready, detail)
     }
 
     /// [`Self::wait_until`] against `deadline`, which several waits of one call share: the
@@ -186,22 +186,22 @@ impl<'a> WaitPolicy<'a> {
         ready: impl FnMut() -> bool,
         detail: impl FnOnce() -> [u64; 3],
     ) -> Result<(), DeviceError> {
-        self.poll::<false>(deadline, op, ready, detail)
+        self.poll(deadline, op, None, ready, detail)
     }
 
-    /// [`Self::wait_until`] for the library's own waits, whose `ready` tests device memory
-    /// only (loads and stores of semaphores, FIFO cells, packets): the emulator may call it
-    /// while the waiting kernel thread is suspended (see [`arch::spin_pause_until`]). A
-    /// kernel's own condition may read its thread index or anything else of its context,
-    /// which is off the OS thread then: those go through [`Self::wait_until`].
+    /// [`Self::wait_until`] for the library's own waits, which know what word of device
+    /// memory they wait for: `awaited` (a hint that may be looser than `ready`, see
+    /// [`arch::Awaited`]) lets the emulator tell when to resume a kernel thread suspended in
+    /// this wait without switching back to it for each poll.
     #[inline(always)]
     pub(crate) fn wait_on_memory(
         &self,
         op: DeviceOp,
+        awaited: arch::Awaited,
         ready: impl FnMut() -> bool,
         detail: impl FnOnce() -> [u64; 3],
     ) -> Result<(), DeviceError> {
-        self.poll::<true>(&mut Deadline::default(), op, ready, detail)
+        self.poll(&mut Deadline::default(), op, Some(awaited), ready, detail)
     }
 
     /// [`Self::wait_until_within`] as [`Self::wait_on_memory`].
@@ -210,19 +210,21 @@ impl<'a> WaitPolicy<'a> {
         &self,
         deadline: &mut Deadline,
         op: DeviceOp,
+        awaited: arch::Awaited,
         ready: impl FnMut() -> bool,
         detail: impl FnOnce() -> [u64; 3],
     ) -> Result<(), DeviceError> {
-        self.poll::<true>(deadline, op, ready, detail)
+        self.poll(deadline, op, Some(awaited), ready, detail)
     }
 
-    /// The wait loop of all of them; with `MEMORY_ONLY`, `ready` is handed to the pause (see
+    /// The wait loop of all of them; `awaited` goes to each pause (see
     /// [`Self::wait_on_memory`]).
     #[inline(always)]
-    fn poll<const MEMORY_ONLY: bool>(
+    fn poll(
         &self,
         deadline: &mut Deadline,
         op: DeviceOp,
+        awaited: Option<arch::Awaited>,
         mut ready: impl FnMut() -> bool,
         detail: impl FnOnce() -> [u64; 3],
     ) -> Result<(), DeviceError> {
@@ -250,12 +252,9 @@ impl<'a> WaitPolicy<'a> {
             }
             // `polls` is 0 at a wait's first pause: the emulator's back-off learns from it
             // that a new wait began.
-            if MEMORY_ONLY {
-                if arch::spin_pause_until(polls, &mut ready) {
-                    return Ok(());
-                }
-            } else {
-                arch::spin_pause(polls);
+            match awaited {
+                Some(awaited) => arch::spin_pause_awaiting(polls, awaited),
+                None => arch::spin_pause(polls),
             }
             polls = polls.wrapping_add(1);
         };

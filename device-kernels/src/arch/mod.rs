@@ -10,6 +10,7 @@
 //! bulk copy is made of.
 
 pub mod atomic;
+mod awaited;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod host;
 #[cfg(target_arch = "nvptx64")]
@@ -21,6 +22,7 @@ use host as imp;
 use nvptx as imp;
 
 pub use atomic::Scope;
+pub use awaited::Awaited;
 
 /// A three-dimensional index or extent, as CUDA's `dim3`.
 #[repr(C)]
@@ -173,19 +175,13 @@ pub fn spin_pause(iteration: u32) {
     imp::spin_pause(iteration)
 }
 
-/// [`spin_pause`] for a wait whose condition is `ready`, a test of device memory only (no
-/// thread index, no barrier, nothing but loads and stores of memory): returns true if
-/// `ready` was called during the pause and returned true, in which case the wait is over
-/// and must not call it again.
-///
-/// On the GPU it never does. In the emulator, a kernel thread that takes turns with others
-/// on one OS thread is suspended at its waits, and `ready` lets the emulator see whether
-/// the wait is over without switching back to it for each poll (see
-/// `host::WaitHook`); it is then called on another stack, with the kernel thread's context
-/// (indices, block barrier, last failure) off the OS thread.
+/// [`spin_pause`] for a wait that waits for what `awaited` tests: the same on the GPU. In
+/// the emulator, a kernel thread that takes turns with others on one OS thread is
+/// suspended at its waits, and `awaited` lets the emulator tell when to resume it without
+/// switching back to it for each poll (see `host::WaitHook`).
 #[inline(always)]
-pub fn spin_pause_until<F: FnMut() -> bool>(iteration: u32, ready: &mut F) -> bool {
-    imp::spin_pause_until(iteration, ready)
+pub fn spin_pause_awaiting(iteration: u32, awaited: Awaited) {
+    imp::spin_pause_awaiting(iteration, awaited)
 }
 
 /// Tells the host proxy that consumes a FIFO that a trigger was published, given the FIFO

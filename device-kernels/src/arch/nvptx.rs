@@ -112,9 +112,8 @@ pub(crate) fn spin_pause(iteration: u32) {
 }
 
 #[inline(always)]
-pub(crate) fn spin_pause_until<F: FnMut() -> bool>(iteration: u32, _ready: &mut F) -> bool {
+pub(crate) fn spin_pause_awaiting(iteration: u32, _awaited: super::Awaited) {
     spin_pause(iteration);
-    false
 }
 
 #[inline(always)]

@@ -15,10 +15,10 @@
 //! each on a coroutine of its own: at every wait of the running one the hook suspends it
 //! ([`Pause::Turn`]) and the next one runs until its own next wait ([`take_turns`]). When the host's own kernel thread returns
 //! or is late, those still running go to pool threads as [`Suspended`]. A kernel thread
-//! suspended at one of the device library's waits leaves its condition (a [`Probe`]): the
-//! runner calls it in place of resuming the kernel thread for a poll, and resumes it once
-//! the condition holds, or after [`SKIPS`] polls in a row (so that its own loop still looks
-//! at its deadline and its rank's stop word).
+//! suspended at one of the device library's waits leaves what it waits for (an
+//! [`Awaited`], a test of one word): the runner tests it in place of resuming the kernel
+//! thread for a poll, and resumes it once the test holds, or after [`SKIPS`] polls in a row
+//! (so that its own loop still looks at its deadline and its rank's stop word).
 //!
 //! Who touches what: the host thread that runs [`run`] owns its coroutines until they
 //! return or it hands them over; after that, the one pool thread given a [`Suspended`] owns
@@ -45,7 +45,8 @@ use super::pool::{WORKER_STACK, pool};
 use super::stream::CpuStream;
 pub(crate) use corosensei::stack::DefaultStack as Stack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
-use oxccl_device::arch::host::{Hooked, attach, detach, set_wait_hook, time_given_up};
+use oxccl_device::arch::Awaited;
+use oxccl_device::arch::host::{attach, detach, set_wait_hook, time_given_up};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -66,73 +67,26 @@ pub(crate) enum Pause {
     /// Past the host's deadline: it moves to a pool thread.
     Late,
     /// Its turn is over: another kernel thread taking turns here (see [`super::corun`])
-    /// runs until its next wait. With the wait's condition, where it tests device memory
-    /// only.
-    Turn(Option<Probe>),
+    /// runs until its next wait. With what the wait waits for, where it says.
+    Turn(Option<Awaited>),
 }
 
-/// A coroutine running one kernel thread: it yields why it stopped, and is resumed with
-/// whether its wait's condition was found true meanwhile (by a [`Probe`]).
-type KernelCoroutine = Coroutine<bool, Pause, (), Stack>;
-type KernelYielder = Yielder<bool, Pause>;
+/// A coroutine running one kernel thread: it yields why it stopped.
+type KernelCoroutine = Coroutine<(), Pause, (), Stack>;
+type KernelYielder = Yielder<(), Pause>;
 
-/// The condition of the wait a kernel thread is suspended at (see
-/// [`oxccl_device::arch::host::WaitHook`]), which the runner may call in place of
-/// resuming the kernel thread for a poll.
-///
-/// It lives in the suspended kernel thread's frame (its wait loop), on the coroutine's
-/// stack: valid while that kernel thread stays suspended in the [`wait_hook`] call that
-/// gave it, and only then. A [`Turn`] holds it from the suspension to the next resume.
-#[derive(Clone, Copy)]
-pub(crate) struct Probe(*mut (dyn FnMut() -> bool + 'static));
-
-impl Probe {
-    /// The probe of `ready`, its lifetime erased (see the type's docs for how long it may
-    /// be called).
-    fn new(ready: &mut dyn FnMut() -> bool) -> Self {
-        let ready: *mut (dyn FnMut() -> bool + '_) = ready;
-        // SAFETY: only the lifetime of the trait object changes; the pointer is called
-        // only while the frame it points into is suspended (see the type's docs).
-        Probe(unsafe {
-            std::mem::transmute::<
-                *mut (dyn FnMut() -> bool + '_),
-                *mut (dyn FnMut() -> bool + 'static),
-            >(ready)
-        })
-    }
-
-    /// Calls the condition; false if it panicked (the kernel thread, resumed, then calls it
-    /// itself, and panics where its launch catches it).
-    ///
-    /// # Safety
-    /// The kernel thread that gave the probe is still suspended in the `wait_hook` call
-    /// that gave it, and is not running on any thread.
-    unsafe fn holds(self) -> bool {
-        // SAFETY: the frame of the wait loop that owns the condition is suspended (caller's
-        // contract), so nothing else uses it: the wait loop borrowed it mutably to the
-        // hook, and uses it again only once resumed.
-        let ready = unsafe { &mut *self.0 };
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(ready)).unwrap_or(false)
-    }
-
-    /// The address of the condition: the same for as long as one wait lasts.
-    fn address(self) -> *mut u8 {
-        self.0.cast()
-    }
-}
-
-/// Polls in a row a runner makes with a suspended kernel thread's [`Probe`] in place of
+/// Polls in a row a runner makes with a suspended kernel thread's [`Awaited`] in place of
 /// resuming it; the next turn resumes it, and its own wait loop polls once more, which
 /// looks at its deadline and stop word every so many polls, and counts towards the host's
 /// deadline in [`due`].
 const SKIPS: u32 = 8;
 
-/// Polls a runner makes with [`Probe`]s for one wait in all, after which that wait is
-/// resumed at every turn again, as without probes. The wait's back-off counts only its own
+/// Tests of its [`Awaited`] a runner makes for one wait in all, after which that wait is
+/// resumed at every turn again, as without them. The wait's back-off counts only its own
 /// polls: it goes on to yield the core (and then sleep) after so many of them, whether or
-/// not polls by probe came between. Without this bound, a wait for a thread that needs
-/// this core would spin up to [`SKIPS`] + 1 times as long before its first yield; with it,
-/// it spins at most this many probes longer (a few microseconds).
+/// not tests came between. Without this bound, a wait for a thread that needs this core
+/// would spin up to [`SKIPS`] + 1 times as long before its first yield; with it, it spins
+/// at most this many tests longer (a few microseconds).
 const PROBES_PER_WAIT: u32 = 256;
 
 /// Stacks kept for the next kernel threads run here, at most this many: mapping a 2 MiB
@@ -182,7 +136,7 @@ impl Suspended {
         } = self;
         // A pool thread installs no wait hook, so the kernel thread runs to its end; the
         // loop only guards against a hook installed by mistake.
-        while let CoroutineResult::Yield(_) = coroutine.resume(false) {}
+        while let CoroutineResult::Yield(_) = coroutine.resume(()) {}
         recycle(coroutine.into_stack());
         (stream, launch)
     }
@@ -222,16 +176,14 @@ struct Turn {
     /// Whether its last timed turn ran longer than [`corun::TURN_LIMIT`] (its next turn
     /// is timed too).
     suspect: bool,
-    /// The condition of the wait it is suspended at, if it left one.
-    probe: Option<Probe>,
-    /// Whether `probe` returned true (the next resume says so).
-    ready: bool,
-    /// Turns skipped in a row because `probe` returned false.
+    /// What the wait it is suspended at waits for, if it says.
+    awaited: Option<Awaited>,
+    /// Turns skipped in a row because `awaited` did not hold.
     skipped: u32,
-    /// Polls by probe for the current wait (see [`PROBES_PER_WAIT`]).
+    /// Tests of `awaited` for the current wait (see [`PROBES_PER_WAIT`]).
     probed: u32,
-    /// The address of the last probe seen, to tell a new wait (see [`Probe::address`]).
-    last_probe: *mut u8,
+    /// What the last wait waited for, to tell a new wait.
+    last_awaited: Option<Awaited>,
 }
 
 /// Runs thread `index` of `launch` (of `stream`) on the calling thread, on `stack`, until
@@ -454,30 +406,27 @@ impl Turn {
             donated,
             yielder: std::ptr::null(),
             suspect: false,
-            probe: None,
-            ready: false,
+            awaited: None,
             skipped: 0,
             probed: 0,
-            last_probe: std::ptr::null_mut(),
+            last_awaited: None,
         }
     }
 
-    /// Whether this turn is skipped: the kernel thread is suspended at a wait whose
-    /// condition it left ([`Probe`]), the condition does not hold yet, and fewer than
-    /// [`SKIPS`] turns in a row were skipped. A condition that holds is not called again:
-    /// the next resume tells the wait so.
+    /// Whether this turn is skipped: the kernel thread is suspended at a wait that said
+    /// what it waits for ([`Awaited`]), that does not hold yet, and fewer than [`SKIPS`]
+    /// turns in a row (and [`PROBES_PER_WAIT`] for this wait) were skipped.
     fn skip(&mut self) -> bool {
-        let Some(probe) = self.probe else {
+        let Some(awaited) = self.awaited else {
             return false;
         };
         if self.skipped >= SKIPS || self.probed >= PROBES_PER_WAIT {
             return false;
         }
-        // SAFETY: `probe` is set from the suspension the coroutine is in (`step`), which
-        // clears it before resuming; a `Turn` is only stepped on the thread it lives on.
-        if unsafe { probe.holds() } {
-            self.probe = None;
-            self.ready = true;
+        // SAFETY: `awaited` is set from the suspension the coroutine is in (`step`), and
+        // cleared before it is resumed: the wait that gave it, and the handle whose memory
+        // it names, are live until then.
+        if unsafe { awaited.holds() } {
             return false;
         }
         self.skipped += 1;
@@ -499,23 +448,21 @@ impl Turn {
     /// end.
     fn step(&mut self) -> Step {
         set_yielder(self.yielder);
-        // The probe points into the frame this resume continues: gone from here on.
-        self.probe = None;
+        // What the wait waited for is not tested once it goes on (it may end, and its
+        // handle with it).
+        self.awaited = None;
         self.skipped = 0;
-        let ready = std::mem::take(&mut self.ready);
-        match self.coroutine.resume(ready) {
+        match self.coroutine.resume(()) {
             CoroutineResult::Return(()) => Step::Returned,
             CoroutineResult::Yield(Pause::Late) => Step::Late,
-            CoroutineResult::Yield(Pause::Turn(probe)) => {
+            CoroutineResult::Yield(Pause::Turn(awaited)) => {
                 self.yielder = yielder();
-                if let Some(p) = probe
-                    && (ready || p.address() != self.last_probe)
-                {
-                    // Another wait than the one probed last.
-                    self.last_probe = p.address();
+                if awaited.is_some() && awaited != self.last_awaited {
+                    // Another wait than the one tested last.
+                    self.last_awaited = awaited;
                     self.probed = 0;
                 }
-                self.probe = probe;
+                self.awaited = awaited;
                 Step::Turn
             }
         }
@@ -716,24 +663,19 @@ fn due() -> Option<(&'static KernelYielder, bool)> {
 /// running one (taking the emulator's context off this thread), and, once resumed on a
 /// pool thread, puts the context there; between turns, suspends it the same way until the
 /// runner resumes it here.
-fn wait_hook(ready: Option<&mut dyn FnMut() -> bool>) -> Hooked {
+fn wait_hook(awaited: Option<Awaited>) -> bool {
     let Some((yielder, late)) = due() else {
-        return Hooked::Passed;
+        return false;
     };
     // Kept in this frame, on the coroutine's stack, while it is suspended (see [`Pause`]).
     let context = detach();
-    // A pool thread that takes a late kernel thread over resumes it without a probe.
-    let pause = match late {
+    yielder.suspend(match late {
         true => Pause::Late,
-        false => Pause::Turn(ready.map(Probe::new)),
-    };
-    let held = yielder.suspend(pause);
+        false => Pause::Turn(awaited),
+    });
     // Now on the thread that resumed the coroutine.
     attach(context);
-    match held {
-        true => Hooked::Ready,
-        false => Hooked::Suspended,
-    }
+    true
 }
 
 #[cfg(test)]

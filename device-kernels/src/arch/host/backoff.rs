@@ -1,6 +1,7 @@
 //! How emulated kernel threads wait: spin, then yield the core, then sleep, with a spin
 //! budget that adapts to whether the thread waited for is sharing our core.
 
+use crate::arch::Awaited;
 #[cfg(not(oxccl_loom))]
 use std::cell::Cell;
 #[cfg(not(oxccl_loom))]
@@ -113,31 +114,17 @@ impl SpinHistory {
 const SWITCH_COST: Duration = Duration::from_micros(1);
 
 /// What the emulator has a thread run at each wait of the kernel thread it runs (see
-/// [`set_wait_hook`]), given the wait's condition where the wait has one that is a test of
-/// device memory only ([`spin_pause_until`](crate::arch::spin_pause_until)). It may return
-/// on another OS thread than the one that called it.
+/// [`set_wait_hook`]), given what the wait waits for where the device library knows it
+/// ([`spin_pause_awaiting`]). It may return on another OS thread than the one that called
+/// it; it returns whether it suspended the kernel thread (other work ran meanwhile, which
+/// stands in for the wait's spinning).
 ///
-/// A hook that suspends the kernel thread may call the condition meanwhile, on another
-/// stack, instead of resuming the kernel thread for each poll (a switch to a suspended
-/// kernel thread and back costs some 40 ns; a test of a semaphore, a few); once the
-/// condition returned true it must not call it again, and the hook returns
-/// [`Hooked::Ready`].
+/// A hook that suspends the kernel thread may test `awaited` meanwhile (a load), instead of
+/// resuming the kernel thread for each poll (a switch to a suspended kernel thread and back
+/// costs some 40 ns), and resume it once the test holds; the wait then polls its own
+/// condition.
 #[cfg(not(oxccl_loom))]
-pub type WaitHook = fn(ready: Option<&mut dyn FnMut() -> bool>) -> Hooked;
-
-/// What a [`WaitHook`] did at a wait.
-#[cfg(not(oxccl_loom))]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Hooked {
-    /// Nothing: the kernel thread goes on with its wait's back-off.
-    Passed,
-    /// It suspended the kernel thread; other work ran meanwhile, which stands in for the
-    /// wait's spinning.
-    Suspended,
-    /// It suspended the kernel thread, and the wait's condition was called meanwhile and
-    /// returned true: the wait is over.
-    Ready,
-}
+pub type WaitHook = fn(awaited: Option<Awaited>) -> bool;
 
 /// Work the host has for any waiting thread of the process, in place of giving up its core
 /// (see [`set_wait_work`]): returns whether it did some.
@@ -230,31 +217,25 @@ pub fn spin_pause(iteration: u32) {
     {
         // The hook may move the kernel thread to another OS thread: `pause` is never
         // inlined, and reaches the thread-locals of the thread it runs on then.
-        let hooked = wait_hook().map_or(Hooked::Passed, |hook| hook(None));
-        pause(iteration, hooked != Hooked::Passed);
+        let suspended = wait_hook().is_some_and(|hook| hook(None));
+        pause(iteration, suspended);
     }
 }
 
-/// [`spin_pause`] for a wait whose condition `ready` tests device memory only: the hook may
-/// call it while the kernel thread is suspended (see [`WaitHook`]). Returns true if it did
-/// and `ready` returned true: the wait is over, and nothing pauses.
+/// [`spin_pause`] for a wait that waits for what `awaited` tests: the hook may test it
+/// while the kernel thread is suspended (see [`WaitHook`]).
 #[inline]
-pub fn spin_pause_until(iteration: u32, ready: &mut dyn FnMut() -> bool) -> bool {
+pub fn spin_pause_awaiting(iteration: u32, awaited: Awaited) {
     #[cfg(oxccl_loom)]
     {
-        let _ = (iteration, ready);
+        let _ = (iteration, awaited);
         loom::thread::yield_now();
-        false
     }
     #[cfg(not(oxccl_loom))]
     {
         // As in `spin_pause`.
-        let hooked = wait_hook().map_or(Hooked::Passed, |hook| hook(Some(ready)));
-        if hooked == Hooked::Ready {
-            return true;
-        }
-        pause(iteration, hooked != Hooked::Passed);
-        false
+        let suspended = wait_hook().is_some_and(|hook| hook(Some(awaited)));
+        pause(iteration, suspended);
     }
 }
 

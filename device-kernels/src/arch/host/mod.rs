@@ -32,8 +32,8 @@ mod last_failure;
 mod prefetch;
 
 #[cfg(not(oxccl_loom))]
-pub use backoff::{Hooked, WaitHook, WaitWork, set_wait_hook, set_wait_work, time_given_up};
-pub use backoff::{spin_pause, spin_pause_until};
+pub use backoff::{WaitHook, WaitWork, set_wait_hook, set_wait_work, time_given_up};
+pub use backoff::{spin_pause, spin_pause_awaiting};
 pub use block_barrier::BlockBarrier;
 pub(crate) use doorbell::ring_doorbell;
 pub use doorbell::{Assist, Doorbell};
