@@ -710,10 +710,15 @@ fn play_hand_over(slot: u32, parity: u32, rounds: u32, busy_us: u32) {
         }
         TOKENS[slot].store(mine + 1, Ordering::Release);
     }
+    note_and_end_together(slot, parity, start);
+}
+
+/// Notes where kernel thread `parity` of `slot` started (`start`) and ends, the first
+/// returning only after the second: a second still on the runner when it ends ends there.
+fn note_and_end_together(slot: usize, parity: u32, start: ThreadId) {
     HANDED_WHERE[slot]
         .lock()
         .push((parity, start, std::thread::current().id()));
-    // A second still on the runner when it ends ends there.
     if parity == 0 {
         wait_until(|| SECOND_DONE[slot].load(Ordering::Acquire));
     } else {
@@ -1064,15 +1069,7 @@ fn semaphore_hand_over(slot: u32, parity: u32, rounds: u32) -> Result<(), Device
             sem.signal()?;
         }
     }
-    HANDED_WHERE[i]
-        .lock()
-        .push((parity, start, std::thread::current().id()));
-    // The first waits for the second to end, which it then does on the runner.
-    if parity == 0 {
-        wait_until(|| SECOND_DONE[i].load(Ordering::Acquire));
-    } else {
-        SECOND_DONE[i].store(true, Ordering::Release);
-    }
+    note_and_end_together(i, parity, start);
     Ok(())
 }
 
