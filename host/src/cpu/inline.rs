@@ -182,8 +182,6 @@ struct Turn {
     skipped: u32,
     /// Tests of `awaited` for the current wait (see [`PROBES_PER_WAIT`]).
     probed: u32,
-    /// What the last wait waited for, to tell a new wait.
-    last_awaited: Option<Awaited>,
 }
 
 /// Runs thread `index` of `launch` (of `stream`) on the calling thread, on `stack`, until
@@ -227,7 +225,7 @@ pub(crate) fn run(
 /// [`corun::TURN_LIMIT`] (the runner then closes, and `own` runs on alone). Returns whether
 /// `own` is late (suspended, to be resumed elsewhere) rather than returned.
 fn take_turns(own: &mut Turn, launch: &Launch, runner: Option<&Runner>) -> bool {
-    if runner.is_none() {
+    let Some(runner) = runner else {
         // Not the runner: no guest can come, and the own thread's waits end no turn, only
         // its deadline (the guests' queue and its thread-local were some 5 % of an empty
         // launch and its `synchronize`).
@@ -238,7 +236,7 @@ fn take_turns(own: &mut Turn, launch: &Launch, runner: Option<&Runner>) -> bool 
                 Step::Turn => {}
             }
         }
-    }
+    };
     // This thread's queue of guests, empty between calls: reused, so taking turns does not
     // allocate.
     let mut guests = take_guest_queue();
@@ -249,9 +247,7 @@ fn take_turns(own: &mut Turn, launch: &Launch, runner: Option<&Runner>) -> bool 
         (suspect || turns.is_multiple_of(TIME_EVERY)).then(TurnClock::start)
     };
     let outcome = loop {
-        if let Some(runner) = runner
-            && corun::mail()
-        {
+        if corun::mail() {
             runner.take_mail(|d| {
                 let coroutine = kernel_coroutine(&d.launch, d.index, d.stack);
                 guests.push_back(Turn::new(coroutine, Some((d.stream, d.launch))));
@@ -269,7 +265,6 @@ fn take_turns(own: &mut Turn, launch: &Launch, runner: Option<&Runner>) -> bool 
             let step = own.step();
             if let Some(began) = began
                 && own.judge(began)
-                && let Some(runner) = runner
             {
                 run_apart(runner, corun::kernel_key(launch), &mut guests);
             }
@@ -310,7 +305,7 @@ fn take_turns(own: &mut Turn, launch: &Launch, runner: Option<&Runner>) -> bool 
                     break;
                 }
             }
-            if long && let Some(runner) = runner {
+            if long {
                 let kernel = kernel.unwrap_or_else(|| corun::kernel_key(launch));
                 run_apart(runner, kernel, &mut guests);
                 break;
@@ -409,7 +404,6 @@ impl Turn {
             awaited: None,
             skipped: 0,
             probed: 0,
-            last_awaited: None,
         }
     }
 
@@ -450,16 +444,15 @@ impl Turn {
         set_yielder(self.yielder);
         // What the wait waited for is not tested once it goes on (it may end, and its
         // handle with it).
-        self.awaited = None;
+        let before = self.awaited.take();
         self.skipped = 0;
         match self.coroutine.resume(()) {
             CoroutineResult::Return(()) => Step::Returned,
             CoroutineResult::Yield(Pause::Late) => Step::Late,
             CoroutineResult::Yield(Pause::Turn(awaited)) => {
                 self.yielder = yielder();
-                if awaited.is_some() && awaited != self.last_awaited {
-                    // Another wait than the one tested last.
-                    self.last_awaited = awaited;
+                if awaited != before {
+                    // Another wait than the one suspended at before.
                     self.probed = 0;
                 }
                 self.awaited = awaited;

@@ -208,24 +208,19 @@ pub fn set_wait_hook(hook: Option<WaitHook>) -> Option<WaitHook> {
 /// How long a thread spins adapts to how its previous waits ended: the first call of a wait (`iteration == 0`) judges the last.
 #[inline]
 pub fn spin_pause(iteration: u32) {
-    #[cfg(oxccl_loom)]
-    {
-        let _ = iteration;
-        loom::thread::yield_now();
-    }
-    #[cfg(not(oxccl_loom))]
-    {
-        // The hook may move the kernel thread to another OS thread: `pause` is never
-        // inlined, and reaches the thread-locals of the thread it runs on then.
-        let suspended = wait_hook().is_some_and(|hook| hook(None));
-        pause(iteration, suspended);
-    }
+    pause_awaiting(iteration, None);
 }
 
 /// [`spin_pause`] for a wait that waits for what `awaited` tests: the hook may test it
 /// while the kernel thread is suspended (see [`WaitHook`]).
 #[inline]
 pub fn spin_pause_awaiting(iteration: u32, awaited: Awaited) {
+    pause_awaiting(iteration, Some(awaited));
+}
+
+/// The step of [`spin_pause`] and [`spin_pause_awaiting`].
+#[inline]
+fn pause_awaiting(iteration: u32, awaited: Option<Awaited>) {
     #[cfg(oxccl_loom)]
     {
         let _ = (iteration, awaited);
@@ -233,8 +228,9 @@ pub fn spin_pause_awaiting(iteration: u32, awaited: Awaited) {
     }
     #[cfg(not(oxccl_loom))]
     {
-        // As in `spin_pause`.
-        let suspended = wait_hook().is_some_and(|hook| hook(Some(awaited)));
+        // The hook may move the kernel thread to another OS thread: `pause` is never
+        // inlined, and reaches the thread-locals of the thread it runs on then.
+        let suspended = wait_hook().is_some_and(|hook| hook(awaited));
         pause(iteration, suspended);
     }
 }
