@@ -126,7 +126,8 @@ struct Channel {
 /// plain load) before executing, so the hot path takes no lock.
 #[derive(Default, Clone)]
 struct Tables {
-    memories: Vec<MemoryRegion>,
+    /// By id; `None` where a memory was removed (its id is free for the next one).
+    memories: Vec<Option<MemoryRegion>>,
     channels: Vec<Arc<Channel>>,
 }
 
@@ -392,21 +393,48 @@ impl ProxyService {
         self.cells.clone()
     }
 
-    /// Registers a memory; triggers name it by the returned id. The service keeps the
-    /// region (and what it keeps alive) until it is dropped.
+    /// Registers a memory; triggers name it by the returned id (the lowest free one). The
+    /// service keeps the region (and what it keeps alive) until it is dropped or the id
+    /// removed.
     ///
     /// # Errors
     /// More than [`MAX_MEMORY_IDS`] memories.
     pub fn add_memory(&self, region: MemoryRegion) -> Result<MemoryId, ProxyError> {
         self.register(|t| {
-            if t.memories.len() >= MAX_MEMORY_IDS as usize {
+            let free = t.memories.iter().position(Option::is_none);
+            let id = free.unwrap_or(t.memories.len());
+            if id >= MAX_MEMORY_IDS as usize {
                 return Err(ProxyError::InvalidUsage(format!(
                     "rank {}: more than {MAX_MEMORY_IDS} memories registered with one proxy",
                     self.config.rank
                 )));
             }
-            t.memories.push(region);
-            Ok(MemoryId(t.memories.len() as u32 - 1))
+            match free {
+                Some(_) => t.memories[id] = Some(region),
+                None => t.memories.push(Some(region)),
+            }
+            Ok(MemoryId(id as u32))
+        })
+    }
+
+    /// Removes memory `id`: triggers that name it from now on are refused as naming an
+    /// unknown memory, and a later [`Self::add_memory`] may take the id. The region is
+    /// dropped once the proxy has moved to the new tables (it stops naming it between two
+    /// triggers, never in the middle of one). The caller makes sure that no trigger naming
+    /// it is still queued (the kernels that pushed them have completed and waited for them).
+    ///
+    /// # Errors
+    /// An id that names no memory.
+    pub fn remove_memory(&self, id: MemoryId) -> Result<(), ProxyError> {
+        self.register(|t| match t.memories.get_mut(id.0 as usize) {
+            Some(slot @ Some(_)) => {
+                *slot = None;
+                Ok(())
+            }
+            _ => Err(ProxyError::InvalidUsage(format!(
+                "rank {}: memory id {} is not registered with this proxy",
+                self.config.rank, id.0
+            ))),
         })
     }
 
@@ -937,6 +965,7 @@ fn execute(shared: &Shared, t: &Tables, trigger: ProxyTrigger) {
                 let region = t
                     .memories
                     .get(id as usize)
+                    .and_then(Option::as_ref)
                     .ok_or(Refusal::UnknownMemory { side, id })?;
                 if region.owner_rank != owner {
                     return Err(Refusal::WrongRank {

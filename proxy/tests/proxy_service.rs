@@ -9,7 +9,7 @@ use oxccl_device::fifo::{ProxyTrigger, TriggerFields, trigger_type};
 use oxccl_device::wait::WaitPolicy;
 use oxccl_proxy::{
     Connection, FIFO_SITE, HostCell, IdlePolicy, MemoryRegion, PollSchedule, ProxyConfig,
-    ProxyError, ProxyService,
+    ProxyError, ProxyService, Refusal, Side,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -148,6 +148,68 @@ fn zero_wait_timeout_is_refused_by_the_proxy() {
     .err()
     .expect("a zero limit must be refused");
     assert!(err.to_string().contains("zero"), "{err}");
+}
+
+/// Guards against a removed memory that a trigger can still reach (its region, and what it
+/// keeps alive, would outlive its owner's deregistration), and against ids that run out
+/// when memories come and go: a removed id names nothing, and the next memory takes it.
+#[test]
+fn a_removed_memory_is_refused_and_its_id_taken_again() {
+    let mut counted = Counted::new(IdlePolicy::Doorbell, 8, Duration::from_secs(10));
+    let proxy = &mut counted.proxy;
+    let (ours, theirs) = ([0u64; 8], [0u64; 8]);
+    let region = |rank: u32, cells: &[u64; 8]| MemoryRegion::new(rank, cells.as_ptr() as u64, 64);
+    let src = proxy.add_memory(region(0, &ours)).unwrap();
+    let dst = proxy.add_memory(region(1, &theirs)).unwrap();
+    proxy.remove_memory(src).unwrap();
+    let again = proxy.remove_memory(src).unwrap_err();
+    assert!(again.to_string().contains("not registered"), "{again}");
+    let next = proxy.add_memory(region(0, &ours)).unwrap();
+    assert_eq!(next, src, "a removed id is taken by the next memory");
+    proxy.remove_memory(next).unwrap();
+
+    proxy.start().unwrap();
+    // SAFETY: the record and the stop word are kept alive by `counted`.
+    let wait =
+        unsafe { WaitPolicy::from_raw_parts(&*counted.record, &*counted.stop, 10_000_000_000, 0) };
+    let cells = counted.proxy.fifo_cells();
+    let fifo = cells.device_handle(wait);
+    let put = ProxyTrigger::encode(&TriggerFields {
+        kind: trigger_type::DATA,
+        src_memory_id: src.0,
+        dst_memory_id: dst.0,
+        size: 64,
+        semaphore_id: 0,
+        ..Default::default()
+    });
+    fifo.push(put).unwrap();
+    let refused = loop_until_error(&counted.proxy);
+    assert!(
+        matches!(
+            &refused,
+            ProxyError::TriggerRefused {
+                refusal: Refusal::UnknownMemory {
+                    side: Side::Src,
+                    id,
+                },
+                ..
+            } if *id == src.0
+        ),
+        "{refused:?}"
+    );
+    counted.proxy.stop().unwrap();
+}
+
+/// The first error `proxy` reports, within 10 s.
+fn loop_until_error(proxy: &ProxyService) -> ProxyError {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Err(e) = proxy.check() {
+            return e;
+        }
+        assert!(Instant::now() < deadline, "the proxy reported nothing");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// A proxy without assist, with a counting channel to peer 1, and what the wait policy of
