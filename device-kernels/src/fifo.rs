@@ -309,7 +309,7 @@ impl<'a> FifoDeviceHandle<'a> {
     #[inline(always)]
     fn cell(&self, addr: u64) -> &AtomicU64 {
         // SAFETY: `from_raw_parts`'s contract: the counters are live for 'a; a zeroed handle
-        // never gets here (`push` and `sync` check `size` first).
+        // never gets here (`push`, `sync` and `pushed` check `size` first).
         unsafe { atomic::cell(addr) }
     }
 
@@ -385,6 +385,34 @@ impl<'a> FifoDeviceHandle<'a> {
         arch::prefetch_for_write(self.slot(position + PREFETCH_AHEAD).as_ptr().cast());
         arch::ring_doorbell(self.raw.doorbell, claimed & PROXY_ASLEEP != 0);
         Ok(position)
+    }
+
+    /// The position the next push will take: every trigger pushed before this call, by
+    /// this thread or one it synchronized with, has a smaller one. Read after a round of
+    /// pushes, it lets [`Self::sync_before`] wait for that round alone later, after more
+    /// pushes. 0 for a zeroed handle.
+    #[inline(always)]
+    pub fn pushed(&self) -> u64 {
+        if !self.raw.size.is_power_of_two() {
+            return 0;
+        }
+        // Relaxed: a position, not data; the head's modification order has this thread's
+        // own claims before this load.
+        let head = atomic::load(self.cell(self.raw.head), Ordering::Relaxed, Scope::Gpu);
+        head & !PROXY_ASLEEP
+    }
+
+    /// Waits until the proxy has executed every trigger before `position` (a value of
+    /// [`Self::pushed`]); returns at once for 0.
+    ///
+    /// # Errors
+    /// As [`Self::sync`].
+    #[inline(always)]
+    pub fn sync_before(&self, position: u64) -> Result<(), DeviceError> {
+        match position {
+            0 => Ok(()),
+            p => self.sync(p - 1),
+        }
     }
 
     /// Waits until the proxy has executed the trigger at `position` (and so every earlier

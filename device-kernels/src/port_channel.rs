@@ -158,6 +158,19 @@ impl<'a> PortChannelDeviceHandle<'a> {
         }
     }
 
+    /// This channel with its puts going from `src` (ours) into the peer's memory it was
+    /// built with: [`Self::with_memories`] with the channel's own destination.
+    #[inline(always)]
+    pub const fn with_src_memory(self, src: SrcMemoryId) -> Self {
+        PortChannelDeviceHandle {
+            ids: PortChannelIds {
+                src_memory_id: src.0,
+                ..self.ids
+            },
+            ..self
+        }
+    }
+
     #[inline(always)]
     fn trigger(&self, kind: u64, dst_off: u64, src_off: u64, bytes: u64) -> ProxyTrigger {
         trigger_of(self.ids, kind, dst_off, src_off, bytes)
