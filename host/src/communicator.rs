@@ -1080,6 +1080,34 @@ impl Communicator {
         Ok(SrcMemoryId::from_raw(self.memory_id(region)?.0))
     }
 
+    /// `memory` of this rank as a put source with an id of its own at the proxy (not shared
+    /// with [`Self::port_src_memory`]'s), for memory that comes and goes: the collectives'
+    /// registered buffers. [`Self::release_port_source`] gives the id back.
+    ///
+    /// # Errors
+    /// As [`Self::port_src_memory`].
+    pub(crate) fn port_source(&mut self, memory: &RegisteredMemory) -> Result<SrcMemoryId> {
+        if memory.rank() != self.rank() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: the source of a put must be memory of this rank, not of rank {}",
+                self.rank(),
+                memory.rank()
+            )));
+        }
+        let region = self.reach(memory)?;
+        Ok(SrcMemoryId::from_raw(self.proxy.add_memory(region)?.0))
+    }
+
+    /// Gives back an id of [`Self::port_source`]: triggers naming it are refused from now on,
+    /// and the proxy drops its share of the memory. Only once no trigger naming it is
+    /// queued (the kernels that pushed them have completed, having waited for them).
+    ///
+    /// # Errors
+    /// An id the proxy does not know.
+    pub(crate) fn release_port_source(&mut self, id: SrcMemoryId) -> Result<()> {
+        Ok(self.proxy.remove_memory(MemoryId(id.raw()))?)
+    }
+
     /// A port channel to `peer` that copies from `src` (ours) into `dst` (the peer's).
     /// Pairwise: `peer` must build its channel to us at the same point.
     ///

@@ -1,7 +1,7 @@
 //! The all-reduce over port channels (`Algorithm::Ports`), which runs where ranks cannot
 //! load and store each other's memory: forced on one node (port channels over host IPC),
-//! and chosen by itself when the ranks reach each other over Ethernet, where collectives
-//! without a port algorithm and buffer registration refuse with a clear error.
+//! and chosen by itself when the ranks reach each other over Ethernet, where it puts from
+//! registered inputs.
 
 mod common;
 
@@ -190,12 +190,15 @@ fn every_type_op_and_placement(algo: Algorithm, shapes: &[(u32, u32, u32)]) {
 
 /// Guards against collectives that try memory channels between ranks that reach each
 /// other only over Ethernet: all-reduce picks the port algorithm by itself, at every size
-/// (and says so); buffer registration, which needs load/store access, is refused with an
-/// error that says why, on every rank, and nothing hangs.
+/// (and says so); buffer registration, with no load/store access to read the peers'
+/// buffers, registers for the port all-reduce, with the same errors as on one node
+/// (overlaps, a full table, an unknown buffer), and registered and plain calls agree.
 #[test]
-fn over_ethernet_all_reduce_takes_ports_and_registration_is_refused() {
+fn over_ethernet_all_reduce_takes_ports_and_registers_for_it() {
     let mut config = job(AlgorithmChoice::Auto, 1, 1);
     config.communicator.transport = TransportChoice::Ethernet;
+    config.communicator.collectives.registered_buffers = 1;
+    config.communicator.collectives.port_direct_bytes = Some(0);
     in_process::run(3, config, |comm| {
         let (rank, n) = (comm.rank(), comm.size());
         let stream = comm.device().stream()?;
@@ -209,15 +212,35 @@ fn over_ethernet_all_reduce_takes_ports_and_registration_is_refused() {
         assert_eq!(comm.all_reduce_algorithm(16)?, Algorithm::Ports);
         let want: Vec<i32> = (0..3).map(|i| reduced(n, ReduceOp::Sum, i, 0)).collect();
         assert_same("all_reduce over ethernet", &recv.to_vec()?[..3], &want);
-        let refused = |e: Result<()>, what: &str| match e {
-            Err(Error::InvalidUsage(why)) => assert!(why.contains("proxy"), "{what}: {why}"),
+        let refused = |e: Result<()>, what: &str, says: &str| match e {
+            Err(Error::InvalidUsage(why)) => assert!(why.contains(says), "{what}: {why}"),
             other => panic!("{what} over ethernet: {other:?}"),
         };
+        comm.register_collective_buffer(&send)?;
         refused(
             comm.register_collective_buffer(&send),
-            "register_collective_buffer",
+            "registering twice",
+            "registered already",
         );
-        Ok(())
+        refused(
+            comm.register_collective_buffer(&recv),
+            "a full table",
+            "slots are taken",
+        );
+        refused(
+            comm.deregister_collective_buffer(&recv, &stream),
+            "deregistering an unknown buffer",
+            "not registered",
+        );
+        comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+        comm.synchronize(&stream)?;
+        let want: Vec<i32> = (0..count)
+            .map(|i| reduced(n, ReduceOp::Sum, i, 0))
+            .collect();
+        assert_same("all_reduce from a registered input", &recv.to_vec()?, &want);
+        comm.deregister_collective_buffer(&send, &stream)?;
+        comm.register_collective_buffer(&recv)?;
+        comm.deregister_collective_buffer(&recv, &stream)
     })
     .unwrap();
 }

@@ -14,8 +14,8 @@ mod common;
 
 use common::{assert_all_gathered, assert_all_reduce_sums, exchange_over_both_rings, ring_buffer};
 use oxccl::{
-    Communicator, CommunicatorConfig, Error, IdlePolicy, PollSchedule, ReduceOp, Result,
-    TransportChoice,
+    CollectiveConfig, Communicator, CommunicatorConfig, Error, IdlePolicy, PollSchedule, ReduceOp,
+    Result, TransportChoice,
 };
 use oxccl_device::launch::LaunchConfig;
 use oxccl_kernels::all_reduce::{RingAllReduceArgs, ring_all_reduce_sum_f32};
@@ -142,6 +142,10 @@ fn run_rank_over_ethernet() -> Result<u32> {
         wait_timeout: Duration::from_secs(30),
         proxy_assist: false,
         proxy_idle: Some(IdlePolicy::Poll(PollSchedule::default())),
+        collectives: CollectiveConfig {
+            port_direct_bytes: Some(0),
+            ..Default::default()
+        },
         ..Default::default()
     })?;
     assert_eq!(comm.proxy().fifo_cells().raw_parts().doorbell, 0);
@@ -168,16 +172,19 @@ fn run_rank_over_ethernet() -> Result<u32> {
         other => panic!("a memory channel over Ethernet: {other:?}"),
     }
     // The communicator's all-reduce between processes over Ethernet: port channels, several
-    // rounds.
+    // rounds; staged, then put from registered inputs (the job puts from them at every
+    // size).
     let value = |r: u32, i: usize| ((i * 3 + r as usize * 5) % 97) as f32;
-    assert_all_reduce_sums(
-        &mut comm,
-        &stream,
-        200_003,
-        value,
-        "all-reduce over Ethernet",
-        false,
-    )?;
+    for registered in [false, true] {
+        assert_all_reduce_sums(
+            &mut comm,
+            &stream,
+            200_003,
+            value,
+            &format!("all-reduce over Ethernet, registered {registered}"),
+            registered,
+        )?;
+    }
     comm.barrier()?;
     Ok(rank)
 }

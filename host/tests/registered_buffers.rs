@@ -2,14 +2,17 @@
 //! read the peers' buffers in place): every type and operation, in place and not, 1 to 4
 //! ranks, one block and several; ranks that registered and ranks that did not in one call;
 //! calls back to back with the host rewriting its buffers between them; and the
-//! registration's own errors.
+//! registration's own errors. Over Ethernet, where ranks cannot read each other's buffers,
+//! the port all-reduce puts from a registered input instead of staging it.
 
 mod common;
 
 use common::assert_same;
 use oxccl::collectives::{Algorithm, AlgorithmChoice};
 use oxccl::in_process::{self, InProcessConfig};
-use oxccl::{Communicator, DeviceBuffer, Error, ReduceElement, ReduceOp, Result, bf16, f16};
+use oxccl::{
+    Communicator, DeviceBuffer, Error, ReduceElement, ReduceOp, Result, TransportChoice, bf16, f16,
+};
 use oxccl_device::launch::LaunchConfig;
 
 const OPS: [ReduceOp; 5] = [
@@ -120,6 +123,90 @@ fn registered_all_reduce_every_type_op_and_placement() {
         })
         .unwrap();
     }
+}
+
+/// A job whose ranks reach each other over Ethernet only: all-reduce takes the port
+/// algorithm, in rounds of `round_bytes`, on `blocks` blocks of one thread, and puts from
+/// registered inputs at every size.
+fn ethernet_job(blocks: u32, round_bytes: u64) -> InProcessConfig {
+    let mut config = job(blocks, 1);
+    config.communicator.transport = TransportChoice::Ethernet;
+    let c = &mut config.communicator.collectives;
+    c.algorithm = AlgorithmChoice::Use(Algorithm::Ports);
+    c.port_round_bytes = round_bytes;
+    // From the first byte, not from the emulator's default size.
+    c.port_direct_bytes = Some(0);
+    config
+}
+
+/// Guards against a port all-reduce that puts a registered input from the wrong offset,
+/// reduces in place over a round the proxy has not sent yet, or mixes ranks that put from
+/// their input with ranks that stage it (three ranks in place: the third stages), in one
+/// round and in several; every type and operation, over Ethernet.
+#[test]
+fn registered_port_all_reduce_over_ethernet_every_type_op_and_placement() {
+    for (ranks, blocks) in [(2, 1), (2, 3), (3, 2)] {
+        in_process::run(ranks, ethernet_job(blocks, 4096), |comm| {
+            assert_eq!(comm.all_reduce_algorithm(1 << 20)?, Algorithm::Ports);
+            let counts = [1usize, 7, 1000, 4099];
+            registered_case::<f32>(comm, &counts)?;
+            registered_case::<f64>(comm, &counts)?;
+            registered_case::<f16>(comm, &counts)?;
+            registered_case::<bf16>(comm, &counts)?;
+            registered_case::<i8>(comm, &counts)?;
+            registered_case::<u8>(comm, &counts)?;
+            registered_case::<i32>(comm, &counts)?;
+            registered_case::<u32>(comm, &counts)?;
+            registered_case::<i64>(comm, &counts)?;
+            registered_case::<u64>(comm, &counts)
+        })
+        .unwrap();
+    }
+}
+
+/// Guards against a port all-reduce that completes while the proxy may still read its
+/// registered input: each rank rewrites its input the moment its own call is complete, with
+/// no host barrier, out of place and in place, many rounds a call; a put that read late
+/// would carry the next call's data. Registration and deregistration come and go too (the
+/// proxy's ids are given back and taken again).
+#[test]
+fn registered_port_calls_back_to_back_with_host_writes_between() {
+    let mut config = ethernet_job(1, 16 << 10);
+    config.communicator.collectives.registered_buffers = 2;
+    in_process::run(2, config, |comm| {
+        let (rank, n) = (comm.rank(), comm.size());
+        let stream = comm.device().stream()?;
+        let count = 40_000;
+        for round in 0..3u32 {
+            let mut send = comm.alloc::<u32>(count + 1)?;
+            let mut recv = comm.alloc::<u32>(count + 1)?;
+            comm.register_collective_buffer(&send)?;
+            comm.register_collective_buffer(&recv)?;
+            for call in 0..40u32 {
+                let call = round * 100 + call;
+                let want: Vec<u32> = (0..count)
+                    .map(|i| reduced(n, ReduceOp::Sum, i, call))
+                    .collect();
+                fill(&mut send, &inputs::<u32>(rank, count, call))?;
+                fill(&mut recv, &vec![0; count])?;
+                comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+                comm.synchronize(&stream)?;
+                // At once: a late read of the input would send this.
+                fill(&mut send, &vec![7; count])?;
+                assert_same(&format!("call {call}"), &read(&recv, count)?, &want);
+                fill(&mut send, &inputs::<u32>(rank, count, call))?;
+                comm.all_reduce_in_place(&mut send, count, ReduceOp::Sum, &stream)?;
+                comm.synchronize(&stream)?;
+                let got = read(&send, count)?;
+                fill(&mut send, &vec![7; count])?;
+                assert_same(&format!("call {call} in place"), &got, &want);
+            }
+            comm.deregister_collective_buffer(&send, &stream)?;
+            comm.deregister_collective_buffer(&recv, &stream)?;
+        }
+        Ok(())
+    })
+    .unwrap();
 }
 
 /// Guards against ranks that take different paths when some registered their buffers and

@@ -12,7 +12,6 @@
 use super::case::{Buffers, Case, Expected};
 use super::options::CheckMode;
 use super::plan::Plan;
-use oxccl::collectives::Algorithm;
 use oxccl::{Communicator, ReduceElement, Result, Stream};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
@@ -73,10 +72,9 @@ fn sweep<T: ReduceElement>(comm: &mut Communicator, plan: &Plan) -> Result<Vec<S
             seed: 0,
             in_place: false,
         };
-        // Registration needs load/store access between the ranks, which the port
-        // algorithms are there for the lack of.
-        let register =
-            plan.registers() && !Algorithm::parse(&algo).is_ok_and(Algorithm::through_proxy);
+        // Registered on every path: the direct algorithms read the peers' buffers in
+        // place, the port all-reduce puts from the registered input.
+        let register = plan.registers();
         let out_of_place = time_case::<T>(comm, &case, plan, register, settle, &stream)?;
         settle = false;
         let in_place = if plan.collective.has_in_place() {

@@ -22,7 +22,8 @@ pub enum CheckMode {
 pub enum Register {
     /// Each size's buffers are registered on every rank
     /// (`Communicator::register_collective_buffer`): collectives that can read the peers'
-    /// buffers in place do (all-reduce).
+    /// buffers in place do (all-reduce); through the proxy, the port all-reduce puts from
+    /// the registered input (from `CollectiveConfig::port_direct_bytes` on).
     On,
     /// Plain buffers: every call stages its data through the communicator's scratch.
     Off,

@@ -4,6 +4,7 @@
 //! the first collective call.
 
 use super::collective_config::CollectiveConfig;
+use super::port_sources::PortSources;
 use super::registered_buffers::RegisteredBuffers;
 use super::shape::Shape;
 use crate::channel_set::ChannelSet;
@@ -73,6 +74,8 @@ pub(crate) struct PortPath {
     /// The protocol of the last call and the waits it left owed on this rank (see
     /// `PortCollectiveArgs::protocol`).
     pub(crate) protocol: CallProtocol,
+    /// The buffers registered for these collectives.
+    pub(crate) sources: PortSources,
 }
 
 impl CollectiveContext {
@@ -166,6 +169,26 @@ impl CollectiveContext {
         }
     }
 
+    /// The port path, once set up.
+    ///
+    /// # Errors
+    /// It is not set up.
+    pub(crate) fn port_path(&self, rank: u32) -> Result<&PortPath> {
+        self.ports
+            .as_ref()
+            .ok_or_else(|| Error::Internal(format!("rank {rank}: port collectives not set up")))
+    }
+
+    /// As [`Self::port_path`], to change.
+    ///
+    /// # Errors
+    /// As [`Self::port_path`].
+    pub(crate) fn port_path_mut(&mut self, rank: u32) -> Result<&mut PortPath> {
+        self.ports
+            .as_mut()
+            .ok_or_else(|| Error::Internal(format!("rank {rank}: port collectives not set up")))
+    }
+
     /// Sets up the port path (a collective call: the first call that takes it, on every
     /// rank), unless done.
     ///
@@ -207,7 +230,7 @@ fn no_load_store(rank: u32, what: &str) -> Error {
     Error::InvalidUsage(format!(
         "rank {rank}: {what} needs every rank to load and store every other's memory (ranks \
          of one node, transport not ethernet); these ranks reach each other only through the \
-         proxy (port channels, where every collective runs, but not on registered buffers)"
+         proxy (port channels, where every collective runs)"
     ))
 }
 
@@ -300,6 +323,7 @@ impl PortPath {
             scratch,
             sequence: 0,
             protocol: CallProtocol::default(),
+            sources: PortSources::default(),
         })
     }
 }

@@ -34,8 +34,10 @@
 //! [`CollectiveConfig::doubling_max_bytes`]; among such ranks all-gather and reduce-scatter
 //! take it at every size); and all-gather, reduce-scatter, all-to-all, all-to-all-v (one
 //! exchange a round), broadcast and reduce (eager: data one way, the sender runs ahead of
-//! its receivers) and the device barrier; buffer
-//! registration is refused with an error that says so. Forcing ports (`OXCCL_ALGO=ports`
+//! its receivers) and the device barrier. Buffers registered there
+//! ([`Communicator::register_collective_buffer`]) are puts' sources of their own at the
+//! proxy: the port all-reduce puts from a registered input instead of staging it, from
+//! [`CollectiveConfig::port_direct_bytes`] on. Forcing ports (`OXCCL_ALGO=ports`
 //! or [`CollectiveConfig::algorithm`]) sends every collective through the proxy on one
 //! node too; forcing `ring` (or the ring's rank count, through the proxy) sends all-reduce,
 //! all-gather and reduce-scatter round the ring and the others through their port
@@ -45,6 +47,7 @@ pub mod algorithm;
 mod check;
 pub mod collective_config;
 pub(crate) mod collective_context;
+mod port_sources;
 mod registered_buffers;
 pub(crate) mod shape;
 
@@ -1046,6 +1049,7 @@ impl Communicator {
         let collective = call.shape.collective;
         let ring = algo == Algorithm::Ring;
         let doubling = algo == Algorithm::Doubling;
+        let direct_from = self.config().collectives.port_direct_from(self.device());
         let mut ctx = self
             .collectives
             .take()
@@ -1074,6 +1078,16 @@ impl Communicator {
             args.protocol = switched;
         }
         let started = args.protocol;
+        // Puts from a registered input, from the size that pays (see
+        // `CollectiveConfig::port_direct_bytes`).
+        if collective == Collective::AllReduce
+            && !ring
+            && !doubling
+            && call.input.len() >= direct_from
+            && let Some(p) = ctx.ports.as_ref()
+        {
+            args.input_source = p.sources.source_of(call.input.addr(), call.input.len());
+        }
         args.input = call.input;
         args.output = call.output;
         args.count = call.count;

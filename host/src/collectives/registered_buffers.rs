@@ -94,6 +94,12 @@ impl Communicator {
     /// same point (and then the same ranks' buffers share a slot). Optional, as NCCL's
     /// `ncclCommRegister`: unregistered buffers work as before.
     ///
+    /// Where the ranks reach each other only through the proxy (another node, or
+    /// `OXCCL_TRANSPORT=ethernet`), nothing is exchanged: the buffer becomes a source the
+    /// proxy puts from, and the port all-reduce puts a registered input straight to the
+    /// peers (see [`CollectiveConfig::port_direct_bytes`](super::CollectiveConfig::port_direct_bytes));
+    /// it sets up the port collectives first, which is a collective call.
+    ///
     /// The communicator keeps the buffer's memory allocated until
     /// [`Self::deregister_collective_buffer`], and its mappings of the peers' buffers until it
     /// is dropped.
@@ -110,6 +116,9 @@ impl Communicator {
     ) -> Result<()> {
         let rank = self.rank();
         self.collectives_set_up()?;
+        if self.collective_context()?.memory.is_none() {
+            return self.register_port_buffer(buffer);
+        }
         let (addr, bytes) = (buffer.addr(), buffer.size_bytes() as u64);
         let slot = {
             let b = &self
@@ -183,6 +192,9 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         let rank = self.rank();
+        if (self.collectives.as_deref()).is_some_and(|ctx| ctx.memory.is_none()) {
+            return self.deregister_port_buffer(buffer, stream);
+        }
         let (addr, bytes) = (buffer.addr(), buffer.size_bytes() as u64);
         let slot = self
             .collectives

@@ -23,6 +23,10 @@
 //! stages and sends the next round, then reduces its staged round and the peer's slot, in
 //! rank order, into its output.
 //!
+//! Where the input is registered ([`PortInputSource`](super::PortInputSource)), the one-shot
+//! puts each round straight from it instead of staging it (see `one_shot`); the peers'
+//! side, and so the protocol below, is the same.
+//!
 //! Round `k` takes set `k % 3` of the scratch ([`PortLayout::SETS`](super::PortLayout::SETS)).
 //! A rank stages round `k + 1` (overwriting its staged round of `k - 2`, which its proxy read
 //! for the puts of `k - 2`) once it has the peers' first signals of round `k`; a peer sends
@@ -35,13 +39,16 @@
 
 use super::elementwise::reduce_ranks;
 use super::port_collective_args::PortCollectiveArgs;
-use super::port_exchange::{Part, send_to_peers, wait_for_peers};
+use super::port_exchange::{
+    Part, pushed, release_before, send_to_peers, send_to_peers_from, wait_for_peers,
+};
 use super::reduce_ports::reduce_round;
 use super::round_views::{typed, typed_mut, window, window_mut};
 use oxccl_device::coop::{Grid, contiguous_chunk};
 use oxccl_device::dispatch_element;
 use oxccl_device::error::DeviceError;
 use oxccl_device::kernel;
+use oxccl_device::port_channel::SrcMemoryId;
 use oxccl_device::reduce::{ReduceElement, ReduceOp};
 use oxccl_device::{DeviceView, DeviceViewMut};
 
@@ -147,6 +154,14 @@ fn stage_and_send<T: ReduceElement>(
 /// The one-shot all-reduce: every rank's `input` reduced into every rank's `output`, in
 /// rounds of [`PortLayout::copy_round_bytes`](super::PortLayout::copy_round_bytes) (see the
 /// module docs).
+///
+/// Where the input is registered ([`PortInputSource`](super::PortInputSource)), each round is
+/// put straight from it, not staged first. In place, the reduction of a round then writes
+/// what that round's puts read: it waits for them to be executed first (they were pushed a
+/// round before, so they mostly are). Out of place, nothing writes the input, and the call
+/// waits for its puts only at its end. In place on a rank after the second, the input stays
+/// staged: it would be the third source of the reduction into itself, which
+/// [`reduce_ranks`] does not take.
 #[inline(always)]
 fn one_shot<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Result<(), DeviceError> {
     let (c, l) = (a.count, a.layout);
@@ -155,34 +170,55 @@ fn one_shot<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Resul
     let output = typed_mut::<T>(a.output, 0, c)?;
     let scratch = a.scratch.cast::<T>()?;
     let per = l.copy_round_bytes() / size;
+    let in_place = a.input.overlaps(a.output.as_view());
+    let direct = match a.input_source.memory() {
+        Some(_) if a.n_ranks < 2 || (in_place && a.rank >= 2) => None,
+        source => source,
+    };
     let (mut off, mut seq) = (0, a.sequence);
     if c > 0 {
-        one_shot_stage_and_send(a, input, scratch, 0, per.min(c), seq)?;
+        one_shot_send(a, direct, input, scratch, 0, per.min(c), seq)?;
     }
     while off < c {
         let len = per.min(c - off);
         let set = super::PortLayout::set_of(seq);
-        let staged = window_mut(scratch, l.staged(set) / size, len)?;
         wait_for_peers(a)?;
+        // Every push so far, this round's puts included (on the thread that put them).
+        let this_round = pushed(a)?;
         if off + len < c {
             let next = per.min(c - off - len);
-            one_shot_stage_and_send(a, input, scratch, off + len, next, seq + 1)?;
+            one_shot_send(a, direct, input, scratch, off + len, next, seq + 1)?;
         }
         let out = window_mut(output, off, len)?;
-        reduce_round(a, op, out, staged.as_view(), scratch, set, len)?;
+        let ours = match direct {
+            Some(_) => {
+                if in_place {
+                    release_before(a, this_round)?;
+                }
+                window(input, off, len)?
+            }
+            None => window_mut(scratch, l.staged(set) / size, len)?.as_view(),
+        };
+        reduce_round(a, op, out, ours, scratch, set, len)?;
         off += len;
         seq += 1;
+    }
+    if direct.is_some() {
+        // The caller may write the input once the call has completed.
+        release_before(a, pushed(a)?)?;
     }
     Ok(())
 }
 
-/// Stages the `len` elements of `input` from `off` on (round number `seq`) and puts them
-/// into our reduce slot of every peer, with a signal; does not wait. Staged, not put from
-/// the input: in place, the reduction writes its output (its input) before it reads its
-/// own part. (A function, not a closure: see `all_gather_ports`.)
+/// Puts the `len` elements of `input` from `off` on (round number `seq`) into our reduce
+/// slot of every peer, with a signal; does not wait. From `direct`, the input's memory at the
+/// proxy, where given; else staged first: in place, the reduction writes its output (its
+/// input) before it reads its own part. (A function, not a closure: see
+/// `all_gather_ports`.)
 #[inline(always)]
-fn one_shot_stage_and_send<T: ReduceElement>(
+fn one_shot_send<T: ReduceElement>(
     a: &PortCollectiveArgs<'_>,
+    direct: Option<SrcMemoryId>,
     input: DeviceView<'_, T>,
     scratch: DeviceViewMut<'_, T>,
     off: u64,
@@ -191,13 +227,13 @@ fn one_shot_stage_and_send<T: ReduceElement>(
 ) -> Result<(), DeviceError> {
     let size = core::mem::size_of::<T>() as u64;
     let set = super::PortLayout::set_of(seq);
+    let dst = a.layout.reduce_slot(set, a.rank);
+    let bytes = len * size;
+    if let Some(src) = direct {
+        let at = a.input_source.offset + off * size;
+        return send_to_peers_from(a, src, dst, at, Part::Whole { bytes });
+    }
     let staged_at = a.layout.staged(set);
     window_mut(scratch, staged_at / size, len)?.copy_from(Grid, window(input, off, len)?)?;
-    let bytes = len * size;
-    send_to_peers(
-        a,
-        a.layout.reduce_slot(set, a.rank),
-        staged_at,
-        Part::Whole { bytes },
-    )
+    send_to_peers(a, dst, staged_at, Part::Whole { bytes })
 }

@@ -3,6 +3,7 @@
 
 use super::call_protocol::CallProtocol;
 use super::collective_args::{CallIds, eager_start, invalid_argument};
+use super::port_input_source::PortInputSource;
 use super::port_layout::PortLayout;
 use oxccl_device::KernelArg;
 use oxccl_device::arch;
@@ -38,6 +39,9 @@ pub struct PortCollectiveArgs<'a> {
     pub count: u64,
     /// The call's first round number (the same on every rank; a call takes one per round).
     pub sequence: u64,
+    /// The input's memory at the proxy, where the input is registered (see
+    /// [`PortInputSource`]); zeroed: it is staged.
+    pub input_source: PortInputSource,
     /// The protocol of the communicator's last port collective and how far its sender has
     /// heard back (see [`CallProtocol`]); the host keeps it.
     pub protocol: CallProtocol,

@@ -31,7 +31,7 @@ use oxccl_device::block::{block_signal, block_wait};
 use oxccl_device::channel_set::ChannelSetDeviceHandle;
 use oxccl_device::coop::contiguous_chunk;
 use oxccl_device::error::DeviceError;
-use oxccl_device::port_channel::PortChannelDeviceHandle;
+use oxccl_device::port_channel::{PortChannelDeviceHandle, SrcMemoryId};
 
 /// What of the staged round an exchange puts to each peer: offsets and lengths in bytes
 /// from the start of the staged round.
@@ -105,6 +105,70 @@ pub(crate) fn send_to_peers(
         block_signal(move || put_to_peers(peers, rank, n_ranks, dst, staged_at, what))?;
     }
     Ok(())
+}
+
+/// [`send_to_peers`] from `src` (our memory at the proxy: the input, where it is registered;
+/// see [`PortInputSource`](super::PortInputSource)) at `at`, instead of from the staged
+/// round. A loop of its own rather than an optional source in [`put_to_peers`]: that cost
+/// every staged port collective registers on the GPU (2-14 at sm_90).
+///
+/// # Errors
+/// As [`send_to_peers`].
+#[inline(always)]
+pub(crate) fn send_to_peers_from(
+    a: &PortCollectiveArgs<'_>,
+    src: SrcMemoryId,
+    dst: u64,
+    at: u64,
+    what: Part<'_>,
+) -> Result<(), DeviceError> {
+    a.barrier.sync_grid()?;
+    let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
+    if n_ranks > 1 && arch::block_rank() == 0 {
+        block_signal(move || {
+            for p in (0..n_ranks).filter(|&p| p != rank) {
+                let (off, bytes) = what.for_peer(p, rank, n_ranks);
+                let channel = peers.get(p)?.with_src_memory(src);
+                put_or_signal(&channel, dst, at + off, bytes)?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// Where the port channels' FIFO stands: the position our next push will take
+/// ([`FifoDeviceHandle::pushed`](oxccl_device::fifo::FifoDeviceHandle::pushed)), for
+/// [`release_before`]. Meaningful on the thread that puts (thread 0 of block 0), which is
+/// the one that waits in [`release_before`].
+///
+/// # Errors
+/// None in practice (the channel to the next rank exists).
+#[inline(always)]
+pub(crate) fn pushed(a: &PortCollectiveArgs<'_>) -> Result<u64, DeviceError> {
+    if a.n_ranks < 2 {
+        return Ok(0);
+    }
+    Ok(a.peers.get((a.rank + 1) % a.n_ranks)?.fifo().pushed())
+}
+
+/// Waits until the proxy has executed every put pushed before `position` (what
+/// [`pushed`] returned on the thread that puts); then every block proceeds and may write
+/// what those puts read (see [`PortInputSource`](super::PortInputSource)). Every thread
+/// calls it.
+///
+/// # Errors
+/// The FIFO's wait (a proxy that does not get there), the grid barrier's.
+#[inline(always)]
+pub(crate) fn release_before(a: &PortCollectiveArgs<'_>, position: u64) -> Result<(), DeviceError> {
+    let (peers, rank, n_ranks) = (a.peers, a.rank, a.n_ranks);
+    if n_ranks > 1 && arch::block_rank() == 0 {
+        block_wait(move || {
+            let channel = peers.get((rank + 1) % n_ranks)?;
+            channel.fifo().sync_before(position)
+        })?;
+    }
+    a.barrier.sync_grid()
 }
 
 /// The second half of an exchange ([`send_to_peers`]): waits for every peer's next signal; then
