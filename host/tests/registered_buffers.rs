@@ -145,7 +145,7 @@ fn ethernet_job(blocks: u32, round_bytes: u64) -> InProcessConfig {
 /// round and in several; every type and operation, over Ethernet.
 #[test]
 fn registered_port_all_reduce_over_ethernet_every_type_op_and_placement() {
-    for (ranks, blocks) in [(2, 1), (2, 3), (3, 2)] {
+    for (ranks, blocks) in [(2, 1), (2, 3), (3, 2), (4, 1)] {
         in_process::run(ranks, ethernet_job(blocks, 4096), |comm| {
             assert_eq!(comm.all_reduce_algorithm(1 << 20)?, Algorithm::Ports);
             let counts = [1usize, 7, 1000, 4099];
@@ -171,42 +171,45 @@ fn registered_port_all_reduce_over_ethernet_every_type_op_and_placement() {
 /// proxy's ids are given back and taken again).
 #[test]
 fn registered_port_calls_back_to_back_with_host_writes_between() {
-    let mut config = ethernet_job(1, 16 << 10);
-    config.communicator.collectives.registered_buffers = 2;
-    in_process::run(2, config, |comm| {
-        let (rank, n) = (comm.rank(), comm.size());
-        let stream = comm.device().stream()?;
-        let count = 40_000;
-        for round in 0..3u32 {
-            let mut send = comm.alloc::<u32>(count + 1)?;
-            let mut recv = comm.alloc::<u32>(count + 1)?;
-            comm.register_collective_buffer(&send)?;
-            comm.register_collective_buffer(&recv)?;
-            for call in 0..40u32 {
-                let call = round * 100 + call;
-                let want: Vec<u32> = (0..count)
-                    .map(|i| reduced(n, ReduceOp::Sum, i, call))
-                    .collect();
-                fill(&mut send, &inputs::<u32>(rank, count, call))?;
-                fill(&mut recv, &vec![0; count])?;
-                comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
-                comm.synchronize(&stream)?;
-                // At once: a late read of the input would send this.
-                fill(&mut send, &vec![7; count])?;
-                assert_same(&format!("call {call}"), &read(&recv, count)?, &want);
-                fill(&mut send, &inputs::<u32>(rank, count, call))?;
-                comm.all_reduce_in_place(&mut send, count, ReduceOp::Sum, &stream)?;
-                comm.synchronize(&stream)?;
-                let got = read(&send, count)?;
-                fill(&mut send, &vec![7; count])?;
-                assert_same(&format!("call {call} in place"), &got, &want);
+    // Two ranks take the one-shot, three the two-shot (which puts from the output too).
+    for ranks in [2, 3] {
+        let mut config = ethernet_job(1, 16 << 10);
+        config.communicator.collectives.registered_buffers = 2;
+        in_process::run(ranks, config, |comm| {
+            let (rank, n) = (comm.rank(), comm.size());
+            let stream = comm.device().stream()?;
+            let count = 40_000;
+            for round in 0..3u32 {
+                let mut send = comm.alloc::<u32>(count + 1)?;
+                let mut recv = comm.alloc::<u32>(count + 1)?;
+                comm.register_collective_buffer(&send)?;
+                comm.register_collective_buffer(&recv)?;
+                for call in 0..40u32 {
+                    let call = round * 100 + call;
+                    let want: Vec<u32> = (0..count)
+                        .map(|i| reduced(n, ReduceOp::Sum, i, call))
+                        .collect();
+                    fill(&mut send, &inputs::<u32>(rank, count, call))?;
+                    fill(&mut recv, &vec![0; count])?;
+                    comm.all_reduce(&send, &mut recv, count, ReduceOp::Sum, &stream)?;
+                    comm.synchronize(&stream)?;
+                    // At once: a late read of the input would send this.
+                    fill(&mut send, &vec![7; count])?;
+                    assert_same(&format!("call {call}"), &read(&recv, count)?, &want);
+                    fill(&mut send, &inputs::<u32>(rank, count, call))?;
+                    comm.all_reduce_in_place(&mut send, count, ReduceOp::Sum, &stream)?;
+                    comm.synchronize(&stream)?;
+                    let got = read(&send, count)?;
+                    fill(&mut send, &vec![7; count])?;
+                    assert_same(&format!("call {call} in place"), &got, &want);
+                }
+                comm.deregister_collective_buffer(&send, &stream)?;
+                comm.deregister_collective_buffer(&recv, &stream)?;
             }
-            comm.deregister_collective_buffer(&send, &stream)?;
-            comm.deregister_collective_buffer(&recv, &stream)?;
-        }
-        Ok(())
-    })
-    .unwrap();
+            Ok(())
+        })
+        .unwrap();
+    }
 }
 
 /// Guards against ranks that take different paths when some registered their buffers and

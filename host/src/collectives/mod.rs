@@ -1078,7 +1078,7 @@ impl Communicator {
             args.protocol = switched;
         }
         let started = args.protocol;
-        // Puts from a registered input, from the size that pays (see
+        // Puts from registered buffers, from the size that pays (see
         // `CollectiveConfig::port_direct_bytes`).
         if collective == Collective::AllReduce
             && !ring
@@ -1087,6 +1087,8 @@ impl Communicator {
             && let Some(p) = ctx.ports.as_ref()
         {
             args.input_source = p.sources.source_of(call.input.addr(), call.input.len());
+            let output = call.output.as_view();
+            args.output_source = p.sources.source_of(output.addr(), output.len());
         }
         args.input = call.input;
         args.output = call.output;

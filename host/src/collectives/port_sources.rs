@@ -1,7 +1,7 @@
 //! Buffers registered for the collectives where the ranks reach each other only through the
 //! proxy (another node, or Ethernet asked for): each is a put source of its own at the
 //! proxy, so the port all-reduce puts from a registered input instead of staging it through
-//! the scratch first (see [`PortInputSource`]). Registration stays local: a peer's buffer is
+//! the scratch first, and from a registered output its reduced chunk (see [`PortSource`]). Registration stays local: a peer's buffer is
 //! never read in place over the network, so there is nothing to exchange.
 //!
 //! A put's source may be written again only once the transport has read it. The kernels
@@ -18,11 +18,11 @@ use crate::error::{Error, Result};
 use crate::registered_memory::RegisteredMemory;
 use crate::transport::Transport;
 use oxccl_device::port_channel::SrcMemoryId;
-use oxccl_kernels::collectives::PortInputSource;
+use oxccl_kernels::collectives::PortSource;
 use std::collections::BTreeMap;
 
 /// One registered buffer.
-struct PortSource {
+struct Registration {
     /// Bytes of the buffer.
     bytes: u64,
     /// Its id as a put source at the proxy, where the channels' transports allow puts from
@@ -36,20 +36,20 @@ struct PortSource {
 #[derive(Default)]
 pub(crate) struct PortSources {
     /// By the buffer's address.
-    by_addr: BTreeMap<u64, PortSource>,
+    by_addr: BTreeMap<u64, Registration>,
 }
 
 impl PortSources {
     /// The registered buffer that holds `bytes` bytes at `addr`, as a kernel takes it
     /// (zeroed for none, or one the kernels may not put from).
-    pub(crate) fn source_of(&self, addr: u64, bytes: u64) -> PortInputSource {
+    pub(crate) fn source_of(&self, addr: u64, bytes: u64) -> PortSource {
         let found = self.by_addr.range(..=addr).next_back();
         match found {
             Some((&base, s)) if addr - base + bytes <= s.bytes => match s.id {
-                Some(id) => PortInputSource::new(id, addr - base),
-                None => PortInputSource::default(),
+                Some(id) => PortSource::new(id, addr - base),
+                None => PortSource::default(),
             },
-            _ => PortInputSource::default(),
+            _ => PortSource::default(),
         }
     }
 
@@ -111,7 +111,7 @@ impl Communicator {
             false => None,
         };
         let ports = self.collective_context_mut()?.port_path_mut(rank)?;
-        let source = PortSource {
+        let source = Registration {
             bytes,
             id,
             _mine: mine,

@@ -23,9 +23,10 @@
 //! stages and sends the next round, then reduces its staged round and the peer's slot, in
 //! rank order, into its output.
 //!
-//! Where the input is registered ([`PortInputSource`](super::PortInputSource)), the one-shot
-//! puts each round straight from it instead of staging it (see `one_shot`); the peers'
-//! side, and so the protocol below, is the same.
+//! Where the input is registered ([`PortSource`](super::PortSource)), step 1 (and the
+//! one-shot's exchange) puts each round straight from it instead of staging it, and where
+//! the output is, step 2 puts our reduced chunk from it instead of copying it into the
+//! staged round (see `Sources`); the peers' side, and so the protocol below, is the same.
 //!
 //! Round `k` takes set `k % 3` of the scratch ([`PortLayout::SETS`](super::PortLayout::SETS)).
 //! A rank stages round `k + 1` (overwriting its staged round of `k - 2`, which its proxy read
@@ -81,8 +82,9 @@ fn all_reduce<T: ReduceElement>(
     let input = typed::<T>(a.input, 0, n)?;
     let output = typed_mut::<T>(a.output, 0, n)?;
     let scratch = a.scratch.cast::<T>()?;
+    let src = Sources::of(a);
     // Round 0's first exchange; each round then sends the next one's.
-    stage_and_send::<T>(a, input, scratch, 0, per)?;
+    send_round::<T>(a, src.input, input, scratch, 0, per)?;
     let mut off = 0;
     let mut round = 0;
     while off < n {
@@ -94,26 +96,54 @@ fn all_reduce<T: ReduceElement>(
         let mine = contiguous_chunk(r as u64, nr as u64, len);
         let mine_len = mine.end - mine.start;
         let dst = window_mut(output, off + mine.start, mine_len)?;
+        // Ours from the input where the first puts took it from there.
+        let own = match src.input {
+            Some(_) => window(input, off, len)?,
+            None => staged.as_view(),
+        };
         reduce_ranks(dst, nr, op, |p| {
             if p == r {
-                window(staged.as_view(), mine.start, mine_len)
+                window(own, mine.start, mine_len)
             } else {
                 Ok(window_mut(scratch, l.reduce_slot(set, p) / size, mine_len)?.as_view())
             }
         })?;
-        // Our reduced chunk, in place of our part of the staged round, for the puts: an
-        // element-wise pass split as the reduction was, so each thread copies what it
-        // reduced itself.
-        window_mut(staged, mine.start, mine_len)?.combine_from(Grid, dst.as_view(), |_, x| x)?;
-        send_to_peers(
-            a,
-            l.gather_slot(set, r),
-            staged_at,
-            Part::OurChunk { len, size },
-        )?;
-        if off + len < n {
-            stage_and_send::<T>(a, input, scratch, round + 1, per)?;
+        match src.output {
+            // Our reduced chunk, from the output.
+            Some(from) => {
+                let at = a.output_source.offset + off * size;
+                send_to_peers_from(
+                    a,
+                    from,
+                    l.gather_slot(set, r),
+                    at,
+                    Part::OurChunk { len, size },
+                )?
+            }
+            // Our reduced chunk, in place of our part of the staged round, for the puts: an
+            // element-wise pass split as the reduction was, so each thread copies what it
+            // reduced itself.
+            None => {
+                window_mut(staged, mine.start, mine_len)?.combine_from(
+                    Grid,
+                    dst.as_view(),
+                    |_, x| x,
+                )?;
+                send_to_peers(
+                    a,
+                    l.gather_slot(set, r),
+                    staged_at,
+                    Part::OurChunk { len, size },
+                )?
+            }
         }
+        if off + len < n {
+            send_round::<T>(a, src.input, input, scratch, round + 1, per)?;
+        }
+        // In place from the input, the peers' chunks go where our first puts of the round
+        // read theirs from: each peer's reduced chunk comes after it had our first put
+        // (it waits for our first signal, which follows the put on the channel), so the
+        // proxy has read it; no wait for the puts is needed.
         wait_for_peers(a)?;
         for p in (0..nr).filter(|&p| p != r) {
             let c = contiguous_chunk(p as u64, nr as u64, len);
@@ -123,14 +153,54 @@ fn all_reduce<T: ReduceElement>(
         off += len;
         round += 1;
     }
-    Ok(())
+    src.release_at_end(a)
 }
 
-/// Stages round `round` (of `per` elements) of the input in its set and puts each peer's
-/// chunk of it into that peer's reduce slot of this rank, with a signal; does not wait.
+/// What this rank puts from besides the scratch (see [`PortSource`](super::PortSource)): its
+/// input and its output where they are registered. Not the input in place on a rank after
+/// the second: the reduction into the output would have it as its third source, which
+/// [`reduce_ranks`] does not take (the input is staged there).
+#[derive(Clone, Copy)]
+struct Sources {
+    input: Option<SrcMemoryId>,
+    output: Option<SrcMemoryId>,
+    /// Whether the input is the output.
+    in_place: bool,
+}
+
+impl Sources {
+    #[inline(always)]
+    fn of(a: &PortCollectiveArgs<'_>) -> Sources {
+        let in_place = a.input.overlaps(a.output.as_view());
+        let peers = a.n_ranks > 1;
+        Sources {
+            input: a
+                .input_source
+                .memory()
+                .filter(|_| peers && !(in_place && a.rank >= 2)),
+            output: a.output_source.memory().filter(|_| peers),
+            in_place,
+        }
+    }
+
+    /// Before the call completes: waits until the proxy has executed every put from the
+    /// caller's buffers (the caller may write them once the call has completed).
+    #[inline(always)]
+    fn release_at_end(self, a: &PortCollectiveArgs<'_>) -> Result<(), DeviceError> {
+        if self.input.is_some() || self.output.is_some() {
+            release_before(a, pushed(a)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Puts each peer's chunk of round `round` (of `per` elements) of the input into that peer's
+/// reduce slot of this rank, with a signal; does not wait. From the input's memory at the
+/// proxy, `direct`, where given; else staged in the round's set first.
 #[inline(always)]
-fn stage_and_send<T: ReduceElement>(
+fn send_round<T: ReduceElement>(
     a: &PortCollectiveArgs<'_>,
+    direct: Option<SrcMemoryId>,
     input: DeviceView<'_, T>,
     scratch: DeviceViewMut<'_, T>,
     round: u64,
@@ -141,21 +211,21 @@ fn stage_and_send<T: ReduceElement>(
     let off = round * per;
     let len = per.min(n - off);
     let set = super::PortLayout::set_of(a.sequence + round);
+    let dst = l.reduce_slot(set, a.rank);
+    if let Some(from) = direct {
+        let at = a.input_source.offset + off * size;
+        return send_to_peers_from(a, from, dst, at, Part::TheirChunk { len, size });
+    }
     let staged_at = l.staged(set);
     window_mut(scratch, staged_at / size, len)?.copy_from(Grid, window(input, off, len)?)?;
-    send_to_peers(
-        a,
-        l.reduce_slot(set, a.rank),
-        staged_at,
-        Part::TheirChunk { len, size },
-    )
+    send_to_peers(a, dst, staged_at, Part::TheirChunk { len, size })
 }
 
 /// The one-shot all-reduce: every rank's `input` reduced into every rank's `output`, in
 /// rounds of [`PortLayout::copy_round_bytes`](super::PortLayout::copy_round_bytes) (see the
 /// module docs).
 ///
-/// Where the input is registered ([`PortInputSource`](super::PortInputSource)), each round is
+/// Where the input is registered ([`PortSource`](super::PortSource)), each round is
 /// put straight from it, not staged first. In place, the reduction of a round then writes
 /// what that round's puts read: it waits for them to be executed first (they were pushed a
 /// round before, so they mostly are). Out of place, nothing writes the input, and the call
@@ -170,11 +240,8 @@ fn one_shot<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Resul
     let output = typed_mut::<T>(a.output, 0, c)?;
     let scratch = a.scratch.cast::<T>()?;
     let per = l.copy_round_bytes() / size;
-    let in_place = a.input.overlaps(a.output.as_view());
-    let direct = match a.input_source.memory() {
-        Some(_) if a.n_ranks < 2 || (in_place && a.rank >= 2) => None,
-        source => source,
-    };
+    let src = Sources::of(a);
+    let direct = src.input;
     let (mut off, mut seq) = (0, a.sequence);
     if c > 0 {
         one_shot_send(a, direct, input, scratch, 0, per.min(c), seq)?;
@@ -192,7 +259,7 @@ fn one_shot<T: ReduceElement>(a: &PortCollectiveArgs<'_>, op: ReduceOp) -> Resul
         let out = window_mut(output, off, len)?;
         let ours = match direct {
             Some(_) => {
-                if in_place {
+                if src.in_place {
                     release_before(a, this_round)?;
                 }
                 window(input, off, len)?

@@ -3,8 +3,8 @@
 
 use super::call_protocol::CallProtocol;
 use super::collective_args::{CallIds, eager_start, invalid_argument};
-use super::port_input_source::PortInputSource;
 use super::port_layout::PortLayout;
+use super::port_source::PortSource;
 use oxccl_device::KernelArg;
 use oxccl_device::arch;
 use oxccl_device::block::block_signal_and_wait;
@@ -40,8 +40,10 @@ pub struct PortCollectiveArgs<'a> {
     /// The call's first round number (the same on every rank; a call takes one per round).
     pub sequence: u64,
     /// The input's memory at the proxy, where the input is registered (see
-    /// [`PortInputSource`]); zeroed: it is staged.
-    pub input_source: PortInputSource,
+    /// [`PortSource`]); zeroed: it is staged.
+    pub input_source: PortSource,
+    /// The output's, likewise (the two-shot all-reduce puts its reduced chunk from it).
+    pub output_source: PortSource,
     /// The protocol of the communicator's last port collective and how far its sender has
     /// heard back (see [`CallProtocol`]); the host keeps it.
     pub protocol: CallProtocol,

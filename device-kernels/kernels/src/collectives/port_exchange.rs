@@ -108,7 +108,7 @@ pub(crate) fn send_to_peers(
 }
 
 /// [`send_to_peers`] from `src` (our memory at the proxy: the input, where it is registered;
-/// see [`PortInputSource`](super::PortInputSource)) at `at`, instead of from the staged
+/// see [`PortSource`](super::PortSource)) at `at`, instead of from the staged
 /// round. A loop of its own rather than an optional source in [`put_to_peers`]: that cost
 /// every staged port collective registers on the GPU (2-14 at sm_90).
 ///
@@ -154,7 +154,7 @@ pub(crate) fn pushed(a: &PortCollectiveArgs<'_>) -> Result<u64, DeviceError> {
 
 /// Waits until the proxy has executed every put pushed before `position` (what
 /// [`pushed`] returned on the thread that puts); then every block proceeds and may write
-/// what those puts read (see [`PortInputSource`](super::PortInputSource)). Every thread
+/// what those puts read (see [`PortSource`](super::PortSource)). Every thread
 /// calls it.
 ///
 /// # Errors
