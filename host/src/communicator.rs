@@ -1069,6 +1069,12 @@ impl Communicator {
     /// Memory of another rank, a copy of a registration instead of the one `register`
     /// returned, or more memories than the proxy can name.
     pub fn port_src_memory(&mut self, memory: &RegisteredMemory) -> Result<SrcMemoryId> {
+        let region = self.own_source(memory)?;
+        Ok(SrcMemoryId::from_raw(self.memory_id(region)?.0))
+    }
+
+    /// `memory` as a put's source at this rank: memory of this rank, reached here.
+    fn own_source(&mut self, memory: &RegisteredMemory) -> Result<MemoryRegion> {
         if memory.rank() != self.rank() {
             return Err(Error::InvalidUsage(format!(
                 "rank {}: the source of a put must be memory of this rank, not of rank {}",
@@ -1076,8 +1082,7 @@ impl Communicator {
                 memory.rank()
             )));
         }
-        let region = self.reach(memory)?;
-        Ok(SrcMemoryId::from_raw(self.memory_id(region)?.0))
+        self.reach(memory)
     }
 
     /// `memory` of this rank as a put source with an id of its own at the proxy (not shared
@@ -1087,14 +1092,7 @@ impl Communicator {
     /// # Errors
     /// As [`Self::port_src_memory`].
     pub(crate) fn port_source(&mut self, memory: &RegisteredMemory) -> Result<SrcMemoryId> {
-        if memory.rank() != self.rank() {
-            return Err(Error::InvalidUsage(format!(
-                "rank {}: the source of a put must be memory of this rank, not of rank {}",
-                self.rank(),
-                memory.rank()
-            )));
-        }
-        let region = self.reach(memory)?;
+        let region = self.own_source(memory)?;
         Ok(SrcMemoryId::from_raw(self.proxy.add_memory(region)?.0))
     }
 

@@ -102,26 +102,28 @@ fn registered_case<T: ReduceElement>(comm: &mut Communicator, counts: &[usize]) 
     comm.deregister_collective_buffer(&recv, &stream)
 }
 
+/// [`registered_case`] of every type, for counts of one element to several rounds.
+fn every_type(comm: &mut Communicator) -> Result<()> {
+    let counts = [1usize, 7, 1000, 4099];
+    registered_case::<f32>(comm, &counts)?;
+    registered_case::<f64>(comm, &counts)?;
+    registered_case::<f16>(comm, &counts)?;
+    registered_case::<bf16>(comm, &counts)?;
+    registered_case::<i8>(comm, &counts)?;
+    registered_case::<u8>(comm, &counts)?;
+    registered_case::<i32>(comm, &counts)?;
+    registered_case::<u32>(comm, &counts)?;
+    registered_case::<i64>(comm, &counts)?;
+    registered_case::<u64>(comm, &counts)
+}
+
 /// Guards against a zero-copy all-reduce that reads a peer's buffer at the wrong offset,
 /// combines out of rank order (in place on rank 2 and up reads its own input after
 /// overwriting it), or mishandles a type, an operation or a grid.
 #[test]
 fn registered_all_reduce_every_type_op_and_placement() {
     for (ranks, blocks, threads) in [(1, 1, 1), (2, 1, 1), (2, 3, 2), (3, 2, 1), (4, 1, 2)] {
-        in_process::run(ranks, job(blocks, threads), |comm| {
-            let counts = [1usize, 7, 1000, 4099];
-            registered_case::<f32>(comm, &counts)?;
-            registered_case::<f64>(comm, &counts)?;
-            registered_case::<f16>(comm, &counts)?;
-            registered_case::<bf16>(comm, &counts)?;
-            registered_case::<i8>(comm, &counts)?;
-            registered_case::<u8>(comm, &counts)?;
-            registered_case::<i32>(comm, &counts)?;
-            registered_case::<u32>(comm, &counts)?;
-            registered_case::<i64>(comm, &counts)?;
-            registered_case::<u64>(comm, &counts)
-        })
-        .unwrap();
+        in_process::run(ranks, job(blocks, threads), every_type).unwrap();
     }
 }
 
@@ -148,17 +150,7 @@ fn registered_port_all_reduce_over_ethernet_every_type_op_and_placement() {
     for (ranks, blocks) in [(2, 1), (2, 3), (3, 2), (4, 1)] {
         in_process::run(ranks, ethernet_job(blocks, 4096), |comm| {
             assert_eq!(comm.all_reduce_algorithm(1 << 20)?, Algorithm::Ports);
-            let counts = [1usize, 7, 1000, 4099];
-            registered_case::<f32>(comm, &counts)?;
-            registered_case::<f64>(comm, &counts)?;
-            registered_case::<f16>(comm, &counts)?;
-            registered_case::<bf16>(comm, &counts)?;
-            registered_case::<i8>(comm, &counts)?;
-            registered_case::<u8>(comm, &counts)?;
-            registered_case::<i32>(comm, &counts)?;
-            registered_case::<u32>(comm, &counts)?;
-            registered_case::<i64>(comm, &counts)?;
-            registered_case::<u64>(comm, &counts)
+            every_type(comm)
         })
         .unwrap();
     }

@@ -1,8 +1,9 @@
 //! Buffers registered for the collectives where the ranks reach each other only through the
 //! proxy (another node, or Ethernet asked for): each is a put source of its own at the
 //! proxy, so the port all-reduce puts from a registered input instead of staging it through
-//! the scratch first, and from a registered output its reduced chunk (see [`PortSource`]). Registration stays local: a peer's buffer is
-//! never read in place over the network, so there is nothing to exchange.
+//! the scratch first, and from a registered output its reduced chunk (see [`PortSource`]).
+//! Registration stays local: a peer's buffer is never read in place over the network, so
+//! there is nothing to exchange.
 //!
 //! A put's source may be written again only once the transport has read it. The kernels
 //! wait until the proxy has executed their puts, which is that moment only where the
