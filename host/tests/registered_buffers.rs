@@ -156,6 +156,62 @@ fn registered_port_all_reduce_over_ethernet_every_type_op_and_placement() {
     }
 }
 
+/// Guards against a port all-reduce that writes a registered buffer the proxy still sends
+/// from (in place, a round before its puts were executed), and against calls queued
+/// behind each other with no host barrier that do: chains of in-place calls on one buffer
+/// (each call's input is the last one's output) and out-of-place calls from it, all
+/// enqueued back to back, checked after one synchronize; one round and several.
+#[test]
+fn registered_port_calls_queued_back_to_back() {
+    for ranks in [2, 3] {
+        in_process::run(ranks, ethernet_job(1, 16 << 10), |comm| {
+            let (rank, n) = (comm.rank(), comm.size());
+            let stream = comm.device().stream()?;
+            let calls = 6u32;
+            for count in [1000usize, 40_000] {
+                let mut buf = comm.alloc::<u64>(count + 1)?;
+                let mut outs = Vec::new();
+                for _ in 0..calls {
+                    let mut out = comm.alloc::<u64>(count + 1)?;
+                    fill(&mut out, &vec![0; count])?;
+                    outs.push(out);
+                }
+                comm.register_collective_buffer(&buf)?;
+                for out in &outs {
+                    comm.register_collective_buffer(out)?;
+                }
+                fill(&mut buf, &inputs::<u64>(rank, count, 0))?;
+                for out in outs.iter_mut() {
+                    comm.all_reduce_in_place(&mut buf, count, ReduceOp::Sum, &stream)?;
+                    comm.all_reduce(&buf, out, count, ReduceOp::Sum, &stream)?;
+                }
+                comm.synchronize(&stream)?;
+                // After call k in place, element i is n^(k - 1) times the ranks' sum; the
+                // out-of-place call after it sums that once more.
+                let sum = |i: usize| reduced::<u64>(n, ReduceOp::Sum, i, 0);
+                for (k, out) in outs.iter().enumerate() {
+                    let scale = (n as u64).pow(k as u32 + 1);
+                    let want: Vec<u64> = (0..count).map(|i| sum(i) * scale).collect();
+                    assert_same(
+                        &format!("{count}: out of place after call {k}"),
+                        &read(out, count)?,
+                        &want,
+                    );
+                }
+                let scale = (n as u64).pow(calls - 1);
+                let want: Vec<u64> = (0..count).map(|i| sum(i) * scale).collect();
+                assert_same(&format!("{count}: in place"), &read(&buf, count)?, &want);
+                for out in &outs {
+                    comm.deregister_collective_buffer(out, &stream)?;
+                }
+                comm.deregister_collective_buffer(&buf, &stream)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+}
+
 /// Guards against a port all-reduce that completes while the proxy may still read its
 /// registered input: each rank rewrites its input the moment its own call is complete, with
 /// no host barrier, out of place and in place, many rounds a call; a put that read late
